@@ -1,0 +1,118 @@
+# kvpull: one plain Makefile. Targets: all test check-rdma install uninstall
+# clean bench. Variables: PREFIX DESTDIR CC SANITIZE=1 WERROR=1.
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+INCDIR ?= $(PREFIX)/include
+BINDIR ?= $(PREFIX)/bin
+PKGDIR ?= $(LIBDIR)/pkgconfig
+
+VERSION := 0.1.0
+SOMAJOR := 0
+
+CC ?= cc
+CFLAGS ?= -O2 -g
+WARN := -Wall -Wextra -Wmissing-prototypes -Wformat=2 -Wshadow -Wno-unused-parameter
+ifeq ($(WERROR),1)
+WARN += -Werror
+endif
+ifdef CI
+WARN += -Werror
+endif
+ifeq ($(SANITIZE),1)
+CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+ALL_CFLAGS := -std=gnu11 $(WARN) -fPIC -fvisibility=hidden -Iinclude $(CFLAGS)
+
+PLAN_SRC := $(sort $(wildcard plan/*.c))
+VERBS_SRC := $(sort $(wildcard verbs/*.c))
+PLAN_OBJ := $(PLAN_SRC:%.c=build/%.o)
+VERBS_OBJ := $(VERBS_SRC:%.c=build/%.o)
+VERBS_LIBS := $(if $(VERBS_SRC),-lrdmacm -libverbs -lpthread)
+
+UNIT_SRC := $(sort $(wildcard tests/test_*.c))
+UNIT_BIN := $(UNIT_SRC:tests/%.c=build/tests/%)
+RDMA_SRC := $(sort $(wildcard tests/rdma_*.c))
+RDMA_BIN := $(RDMA_SRC:tests/%.c=build/tests/%)
+TOOL_SRC := $(sort $(wildcard tools/*.c))
+TOOL_BIN := $(TOOL_SRC:tools/%.c=build/tools/%)
+TESTLIB_SRC := $(sort $(wildcard tests/lib/*.c))
+TESTLIB_OBJ := $(TESTLIB_SRC:%.c=build/%.o)
+
+all: build/libkvpull.a build/libkvpull.so build/kvpull.pc $(TOOL_BIN)
+
+build/%.o: %.c $(wildcard include/*.h plan/*.h verbs/*.h tests/lib/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c -o $@ $<
+
+# plan/ and verbs/ are separate archives: plan/ must link without verbs.
+build/libkvpull_plan.a: $(PLAN_OBJ)
+	rm -f $@ && ar rcs $@ $^
+build/libkvpull_verbs.a: $(VERBS_OBJ)
+	rm -f $@ && ar rcs $@ $^
+build/libkvpull.a: $(PLAN_OBJ) $(VERBS_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+build/libkvpull.so: $(PLAN_OBJ) $(VERBS_OBJ) kvpull.map
+	$(CC) -shared -Wl,-soname,libkvpull.so.$(SOMAJOR) -Wl,-z,defs \
+		-Wl,--version-script=kvpull.map $(LDFLAGS) -o build/libkvpull.so.$(VERSION) \
+		$(PLAN_OBJ) $(VERBS_OBJ) $(VERBS_LIBS)
+	ln -sf libkvpull.so.$(VERSION) build/libkvpull.so.$(SOMAJOR)
+	ln -sf libkvpull.so.$(VERSION) $@
+
+build/kvpull.pc: Makefile
+	@mkdir -p build
+	printf 'prefix=%s\nlibdir=%s\nincludedir=%s\n\nName: kvpull\nDescription: KV-cache block transfer over RDMA READs\nVersion: %s\nLibs: -L$${libdir} -lkvpull\nLibs.private: %s\nCflags: -I$${includedir}\n' \
+		'$(PREFIX)' '$(LIBDIR)' '$(INCDIR)' '$(VERSION)' '$(VERBS_LIBS)' > $@
+
+build/tests/test_%: tests/test_%.c $(TESTLIB_OBJ) build/libkvpull_plan.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Iplan -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) build/libkvpull_plan.a -lcmocka
+
+build/tests/rdma_%: tests/rdma_%.c $(TESTLIB_OBJ) build/libkvpull.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) build/libkvpull.a $(VERBS_LIBS)
+
+build/tools/%: tools/%.c $(TESTLIB_OBJ) build/libkvpull.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) build/libkvpull.a $(VERBS_LIBS)
+
+# The header must compile alone, as C and as C++.
+build/header-check: include/kvpull.h
+	@mkdir -p build
+	echo '#include "kvpull.h"' | $(CC) -std=c11 -Wall -Wextra -Werror -Iinclude -x c -fsyntax-only -
+	echo '#include "kvpull.h"' | $(CXX) -std=c++11 -Wall -Wextra -Werror -Iinclude -x c++ -fsyntax-only -
+	touch $@
+
+unit: $(UNIT_BIN) build/header-check
+	@pass=0; fail=0; \
+	for t in $(UNIT_BIN); do \
+		if $$t; then pass=$$((pass+1)); else fail=$$((fail+1)); echo "FAILED: $$t"; fi; \
+	done; \
+	echo "unit programs: $$pass passed, $$fail failed"; test $$fail -eq 0
+
+test: unit
+
+bench: build/tools/kvpull-bench
+	build/tools/kvpull-bench
+
+install: all
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PKGDIR) $(DESTDIR)$(BINDIR)
+	install -m 644 include/kvpull.h $(DESTDIR)$(INCDIR)/
+	install -m 644 build/libkvpull.a $(DESTDIR)$(LIBDIR)/
+	install -m 755 build/libkvpull.so.$(VERSION) $(DESTDIR)$(LIBDIR)/
+	ln -sf libkvpull.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libkvpull.so.$(SOMAJOR)
+	ln -sf libkvpull.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libkvpull.so
+	install -m 644 build/kvpull.pc $(DESTDIR)$(PKGDIR)/
+	$(if $(TOOL_BIN),install -m 755 $(TOOL_BIN) $(DESTDIR)$(BINDIR)/)
+
+uninstall:
+	rm -f $(DESTDIR)$(INCDIR)/kvpull.h $(DESTDIR)$(LIBDIR)/libkvpull.a \
+		$(DESTDIR)$(LIBDIR)/libkvpull.so* $(DESTDIR)$(PKGDIR)/kvpull.pc \
+		$(addprefix $(DESTDIR)$(BINDIR)/,$(notdir $(TOOL_BIN)))
+
+clean:
+	rm -rf build
+
+.SECONDARY:
+.PHONY: all unit test bench install uninstall clean

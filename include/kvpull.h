@@ -1,0 +1,448 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvpull: pull KV-cache blocks between LLM inference engines with RDMA READs.
+ *
+ * The one public header. Two halves:
+ *  - planning (pure, no I/O): describe each engine's KV-cache layout, compile
+ *    a transfer plan for one consumer rank against a producer engine, and emit
+ *    the work requests of a request into caller-provided arrays;
+ *  - transport (libibverbs/librdmacm): agents, handshake, pull, poll.
+ *
+ * Conventions, everywhere:
+ *  - Functions return 0 (or a count >= 0) on success and a negative errno on
+ *    failure; they never set errno. kvp_strerror() describes every code.
+ *  - A failed call changes nothing: out-parameters are left untouched and
+ *    partially built resources are released.
+ *  - Opaque handles are created by one call and released by the matching
+ *    *_destroy(), which accepts NULL.
+ *  - Structs passed in are copied unless a prototype says otherwise.
+ */
+#ifndef KVPULL_H
+#define KVPULL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVP_VERSION_MAJOR 0
+#define KVP_VERSION_MINOR 1
+#define KVP_VERSION_PATCH 0
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KVP_API __attribute__((visibility("default")))
+#define KVP_MUST_CHECK __attribute__((warn_unused_result))
+#else
+#define KVP_API
+#define KVP_MUST_CHECK
+#endif
+
+/* Returns the library's version as (major << 16) | (minor << 8) | patch. */
+KVP_API uint32_t kvp_version(void);
+
+/* Returns a static, human-readable description of `err` (a negative errno
+ * returned by any kvp_ call, or 0). Never NULL; thread-safe. */
+KVP_API const char *kvp_strerror(int err);
+
+/* ------------------------------------------------------------------------
+ * Layout model
+ *
+ * An engine's KV cache is a set of registered *regions* (tensors). A *group*
+ * is a KV-cache group with its own block table. A *view* is how one group
+ * sees one region for one layer: the page of block b starts at
+ * `offset + b * stride` and holds the view's *fields*. A field is a strided
+ * sub-tensor of the page: dims with a size, a byte stride and a named axis.
+ * Dims that share an axis compose in mixed radix, the first listed being the
+ * most significant (a logical block of 64 tokens stored as 4 kernel pages of
+ * 16 tokens is two KVP_AXIS_TOKEN dims: {4, kernel page stride}, {16, ...}).
+ * The innermost unit is an element of `elem_size` bytes.
+ *
+ * At most one dim may be sharded across TP ranks. The field then records the
+ * axis' global extent (`shard_total`); the rank's range follows from the
+ * engine's TP size and rank with kvp_shard_range(), and the dim's size must
+ * equal the range's length. A field without a sharded dim is replicated: every
+ * rank holds all of it (MLA).
+ *
+ * A byte's identity is (group, layer, field kind, coordinate on every axis),
+ * the token coordinate being the position in the request's sequence. A
+ * transfer copies every byte of the consumer's requested blocks from the
+ * producer byte of the same identity.
+ * ---------------------------------------------------------------------- */
+
+enum kvp_axis {
+	KVP_AXIS_TOKEN = 0, /* position in the block, in tokens */
+	KVP_AXIS_HEAD,	    /* attention or SSM head */
+	KVP_AXIS_DIM,	    /* head dim, latent dim */
+	KVP_AXIS_CHANNEL,   /* conv channel */
+	KVP_AXIS_STATE,	    /* conv window position, SSM state dim */
+	KVP_AXIS_AUX,	    /* anything else that is never sharded */
+	KVP_AXIS_COUNT
+};
+
+/* Field kinds: the field's name in the identity. Both engines must use the
+ * same kind for the same data. */
+enum kvp_field_kind {
+	KVP_FIELD_K = 0,
+	KVP_FIELD_V,
+	KVP_FIELD_LATENT,  /* MLA compressed KV (+ rope part) */
+	KVP_FIELD_CONV_X,  /* conv state, x part of the channels */
+	KVP_FIELD_CONV_B,  /* conv state, B part */
+	KVP_FIELD_CONV_C,  /* conv state, C part */
+	KVP_FIELD_SSM,	   /* SSM / recurrent state */
+	KVP_FIELD_CONV_Q,  /* linear attention conv, q part */
+	KVP_FIELD_CONV_K,  /* linear attention conv, k part */
+	KVP_FIELD_CONV_V,  /* linear attention conv, v part */
+	KVP_FIELD_KIND_COUNT
+};
+
+enum kvp_group_kind {
+	KVP_GROUP_FULL = 0, /* full attention: blocks of tokens, tail on a hit */
+	KVP_GROUP_SLIDING,  /* sliding window: like FULL, reads only the tail */
+	KVP_GROUP_MLA,	    /* MLA: like FULL, fields replicated */
+	KVP_GROUP_STATE,    /* Mamba / linear-attention state: whole states,
+			     * never trimmed, never split by tokens */
+	KVP_GROUP_KIND_COUNT
+};
+
+#define KVP_MAX_DIMS 6
+#define KVP_NO_SHARD 0xffu
+
+struct kvp_dim {
+	uint64_t stride; /* bytes between consecutive indices */
+	uint32_t size;	 /* indices held by this rank */
+	uint32_t axis;	 /* enum kvp_axis */
+};
+
+struct kvp_field_desc {
+	uint32_t kind;	    /* enum kvp_field_kind */
+	uint32_t elem_size; /* bytes per element (dtype size) */
+	uint64_t offset;    /* byte offset of element 0 in the page */
+	uint32_t ndim;	    /* 1..KVP_MAX_DIMS */
+	uint32_t shard_dim; /* index into dim[] or KVP_NO_SHARD */
+	uint32_t shard_total; /* global extent of the sharded axis */
+	uint32_t comp_mask;   /* must be 0 */
+	struct kvp_dim dim[KVP_MAX_DIMS];
+};
+
+struct kvp_group_desc {
+	uint32_t kind;	       /* enum kvp_group_kind */
+	uint32_t block_tokens; /* tokens per block id; 0 for STATE groups */
+	uint32_t comp_mask;    /* must be 0 */
+};
+
+struct kvp_view_desc {
+	uint32_t group;	     /* from kvp_layout_add_group() */
+	uint32_t region;     /* from kvp_layout_add_region() */
+	uint32_t layer;	     /* model layer this view belongs to */
+	uint32_t num_blocks; /* pages addressable through this view */
+	uint64_t offset;     /* byte offset of page 0 in the region */
+	uint64_t stride;     /* bytes between consecutive pages */
+	uint32_t comp_mask;  /* must be 0 */
+};
+
+struct kvp_layout_attr {
+	uint64_t engine_id;
+	uint32_t tp_size;
+	uint32_t tp_rank;
+	uint32_t comp_mask; /* must be 0 */
+};
+
+typedef struct kvp_layout kvp_layout;
+
+/* Computes the global range [*start, *start + *len) of an axis of global
+ * extent `total` held by `rank` of `tp_size`: total/tp_size indices per rank
+ * when tp_size divides total, one index replicated on tp_size/total ranks
+ * when total divides tp_size. Returns 0, or -EINVAL when neither divides or
+ * rank >= tp_size (outputs untouched). Pure; thread-safe. */
+KVP_API KVP_MUST_CHECK int kvp_shard_range(uint32_t total, uint32_t tp_size,
+					   uint32_t rank, uint32_t *start,
+					   uint32_t *len);
+
+/* Creates an empty layout for one rank of an engine. Returns 0 and a layout
+ * owned by the caller (kvp_layout_destroy()), -EINVAL if tp_rank >= tp_size
+ * or tp_size is 0, -ENOMEM. */
+KVP_API KVP_MUST_CHECK int kvp_layout_create(const struct kvp_layout_attr *attr,
+					     kvp_layout **out);
+
+/* Releases a layout. NULL is a no-op. */
+KVP_API void kvp_layout_destroy(kvp_layout *layout);
+
+/* Copies a layout. Returns 0 and a new layout owned by the caller, -ENOMEM. */
+KVP_API KVP_MUST_CHECK int kvp_layout_clone(const kvp_layout *layout,
+					    kvp_layout **out);
+
+/* Adds a group, a region of `size` bytes, or a view. Each returns 0 and the
+ * new object's index in *id (ids count from 0 in order of addition), or
+ * -EINVAL for a bad description (the layout is unchanged), -ENOMEM. A view
+ * must reference an existing group and region. */
+KVP_API KVP_MUST_CHECK int kvp_layout_add_group(kvp_layout *layout,
+						const struct kvp_group_desc *g,
+						uint32_t *id);
+KVP_API KVP_MUST_CHECK int kvp_layout_add_region(kvp_layout *layout,
+						 uint64_t size, uint32_t *id);
+KVP_API KVP_MUST_CHECK int kvp_layout_add_view(kvp_layout *layout,
+					       const struct kvp_view_desc *v,
+					       uint32_t *id);
+
+/* Adds a field to view `view`. Returns 0, or -EINVAL (layout unchanged) when
+ * the field is malformed: no dims or too many, a zero size or element size,
+ * a sharded dim whose size is not the rank's shard length, a sharded axis
+ * that also appears in another dim, a token axis whose dims do not compose to
+ * the group's block_tokens, a token axis in a STATE group, a kind already
+ * present in another field of the same (group, layer), or an extent that
+ * runs past the region for the view's last block. -ENOMEM. */
+KVP_API KVP_MUST_CHECK int kvp_layout_add_field(kvp_layout *layout,
+						uint32_t view,
+						const struct kvp_field_desc *f);
+
+/* Read-only inspection. Counts never fail; the getters return 0, or -EINVAL
+ * for an index out of range (output untouched). */
+struct kvp_layout_info {
+	uint64_t engine_id;
+	uint32_t tp_size, tp_rank;
+	uint32_t ngroups, nregions, nviews, nfields;
+};
+KVP_API void kvp_layout_get_info(const kvp_layout *layout,
+				 struct kvp_layout_info *info);
+KVP_API KVP_MUST_CHECK int kvp_layout_get_group(const kvp_layout *layout,
+						uint32_t i,
+						struct kvp_group_desc *g);
+KVP_API KVP_MUST_CHECK int kvp_layout_get_region(const kvp_layout *layout,
+						 uint32_t i, uint64_t *size);
+KVP_API KVP_MUST_CHECK int kvp_layout_get_view(const kvp_layout *layout,
+					       uint32_t i,
+					       struct kvp_view_desc *v);
+/* Field i (fields are numbered across views in order of addition); *view
+ * receives the index of the view holding it. */
+KVP_API KVP_MUST_CHECK int kvp_layout_get_field(const kvp_layout *layout,
+						uint32_t i, uint32_t *view,
+						struct kvp_field_desc *f);
+
+/* A 64-bit hash of everything that must agree between engines for a plan to
+ * exist (groups, layers, field kinds, global axis extents, element sizes),
+ * independent of TP size, rank, block size and memory layout. */
+KVP_API uint64_t kvp_layout_compat_hash(const kvp_layout *layout);
+
+/* ------------------------------------------------------------------------
+ * Models and engine layouts
+ * ---------------------------------------------------------------------- */
+
+/* Memory layouts engines use today. */
+enum kvp_kv_layout {
+	KVP_KV_FLASH_NHD = 0, /* vLLM FlashAttention: K and V tensors per layer,
+			       * page (block_size, kv_heads, head_dim) */
+	KVP_KV_FLASH_HND,     /* same, page (kv_heads, block_size, head_dim) */
+	KVP_KV_FLASHINFER,    /* one tensor per layer, page (2, kv_heads,
+			       * block_size, head_dim): K then V (HND) */
+	KVP_KV_PACKED,	      /* one tensor per layer, page (kv_heads,
+			       * block_size, 2 * head_dim): K|V per token */
+	KVP_KV_LAYOUT_COUNT
+};
+
+/* A model's public configuration numbers. */
+struct kvp_model {
+	char name[48];
+	uint32_t layers;      /* attention (or MLA) layers */
+	uint32_t kv_heads;    /* KV heads (ignored for MLA) */
+	uint32_t head_dim;    /* per head */
+	uint32_t dtype_bytes; /* KV cache element size */
+	uint32_t mla_latent;  /* MLA: kv_lora_rank + qk_rope_head_dim; 0 if
+			       * the model has no MLA */
+	uint32_t comp_mask;   /* must be 0 */
+};
+
+/* How one engine runs a model. */
+struct kvp_engine_desc {
+	uint64_t engine_id;
+	uint32_t tp_size, tp_rank;
+	uint32_t block_tokens;	      /* logical block size in tokens */
+	uint32_t kernel_block_tokens; /* attention kernel block size; 0 means
+				       * block_tokens. Must divide it. */
+	uint32_t num_blocks;	      /* logical blocks per region */
+	uint32_t kv_layout;	      /* enum kvp_kv_layout (ignored for MLA) */
+	uint32_t comp_mask;	      /* must be 0 */
+};
+
+/* Fills *m with the preset `name` (case-insensitive), see kvp_model_preset_name().
+ * Returns 0, or -ENOENT (m untouched). */
+KVP_API KVP_MUST_CHECK int kvp_model_preset(const char *name,
+					    struct kvp_model *m);
+
+/* Name of the i-th preset, or NULL past the last. Static strings. */
+KVP_API const char *kvp_model_preset_name(uint32_t i);
+
+/* Builds the layout of one rank of an engine running model `m`. Returns 0
+ * and a layout owned by the caller, -EINVAL when the numbers do not make a
+ * layout (TP size neither dividing nor divided by the KV heads, kernel block
+ * size not dividing the block size, zeros, sizes overflowing), -ENOMEM. */
+KVP_API KVP_MUST_CHECK int kvp_layout_build(const struct kvp_model *m,
+					    const struct kvp_engine_desc *e,
+					    kvp_layout **out);
+
+/* Builds a layout from a text spec (see README, "Spec files"). On failure
+ * returns -EINVAL (or -ENOMEM, -ENOENT for an unknown preset) and, if `msg`
+ * is not NULL, a one-line reason with the line number in msg[msglen]. */
+KVP_API KVP_MUST_CHECK int kvp_layout_parse(const char *text, size_t len,
+					    kvp_layout **out, char *msg,
+					    size_t msglen);
+
+/* ------------------------------------------------------------------------
+ * Plans
+ * ---------------------------------------------------------------------- */
+
+typedef struct kvp_plan kvp_plan;
+
+struct kvp_plan_attr {
+	uint32_t max_sge;   /* local SGEs per work request; 0 means 1 */
+	uint32_t comp_mask; /* must be 0 */
+};
+
+/* Compiles the plan for the consumer rank described by `local` pulling from
+ * the producer engine described by `remote` (any rank's layout of it: the
+ * other ranks' shards follow from its TP size). Returns 0 and a plan owned by
+ * the caller (kvp_plan_destroy()); -EPROTO when the layouts cannot be matched
+ * (different groups, layers, fields, extents, element sizes, incompatible
+ * block sizes), with a one-line reason naming what differs in msg[msglen]
+ * when msg is not NULL; -EINVAL for bad arguments; -ENOMEM. Inputs are not
+ * referenced after the call. The plan is immutable and may be shared between
+ * threads. */
+KVP_API KVP_MUST_CHECK int kvp_plan_compile(const kvp_layout *local,
+					    const kvp_layout *remote,
+					    const struct kvp_plan_attr *attr,
+					    kvp_plan **out, char *msg,
+					    size_t msglen);
+
+KVP_API void kvp_plan_destroy(kvp_plan *plan);
+
+/* The block ids of one group of a request. `remote` are the producer's
+ * blocks holding the sequence from its first token; `local` the consumer's
+ * blocks to fill. For token groups the local blocks cover the tail of the
+ * sequence: a prefix-cache hit or a sliding window needs fewer of them, and
+ * the leading ceil(tokens / local block size) - nlocal local blocks are not
+ * read. `tokens` is the sequence length; 0 means the remote blocks are full
+ * (nremote * remote block size). For STATE groups both lists have the same
+ * length, block i pairs with block i, and `tokens` is ignored. */
+struct kvp_ids {
+	const uint32_t *local;
+	const uint32_t *remote;
+	uint32_t nlocal, nremote;
+	uint64_t tokens;
+};
+
+/* One RDMA READ: `len` bytes at `offset` of remote region `region` of source
+ * rank `src` (an index into the plan's source list, kvp_plan_source()),
+ * scattered into `nsge` local pieces starting at sge[sge_first]. */
+struct kvp_wr {
+	uint64_t offset;
+	uint32_t len;
+	uint32_t region;
+	uint32_t src;
+	uint32_t sge_first;
+	uint32_t nsge;
+	uint32_t group;
+};
+
+struct kvp_sge {
+	uint64_t offset; /* in local region `region` */
+	uint32_t len;
+	uint32_t region;
+};
+
+/* Upper bounds on the WRs and SGEs kvp_plan_emit() can write for a request
+ * whose id lists hold at most `max_ids` ids each. */
+KVP_API void kvp_plan_emit_bound(const kvp_plan *plan, uint32_t max_ids,
+				 uint32_t *max_wrs, uint32_t *max_sges);
+
+/* Writes the READs of one request: ids[g] for each group g of the plan.
+ * WRs come out ordered by source index, coalesced: consecutive pieces that
+ * are contiguous on the remote side share a WR (up to max_sge local SGEs),
+ * and local pieces that are contiguous share an SGE.
+ * Returns the number of WRs written (0 on a full prefix hit), -ERANGE when a
+ * block id is out of range, -EINVAL for id lists that do not fit the group
+ * (more local blocks than the remote ones cover, unequal STATE lists),
+ * -ENOSPC when wr_cap or sge_cap is too small (see kvp_plan_emit_bound()).
+ * On error nothing is written. Allocation-free and thread-safe. If
+ * src_end is not NULL, src_end[s] receives one past the last WR of source s
+ * (kvp_plan_info.nsrc entries). */
+KVP_API KVP_MUST_CHECK int kvp_plan_emit(const kvp_plan *plan,
+					 const struct kvp_ids *ids,
+					 struct kvp_wr *wr, uint32_t wr_cap,
+					 struct kvp_sge *sge, uint32_t sge_cap,
+					 uint32_t *src_end);
+
+/* Plan inspection (for tools and the transport). */
+struct kvp_plan_info {
+	uint32_t ngroups;
+	uint32_t nsrc;	   /* producer ranks read from, all groups */
+	uint32_t nnotify;  /* producer ranks this consumer notifies */
+	uint32_t nstreams; /* (source, local view, remote view) pairs */
+	uint32_t npieces;  /* distinct piece templates */
+	uint32_t local_tp, local_rank, remote_tp;
+	uint32_t max_sge;
+	uint64_t bytes;	   /* plan size in memory */
+};
+KVP_API void kvp_plan_get_info(const kvp_plan *plan, struct kvp_plan_info *info);
+
+/* Producer rank of source index i, or -EINVAL. */
+KVP_API KVP_MUST_CHECK int kvp_plan_source(const kvp_plan *plan, uint32_t i);
+/* Producer rank of notify index i, or -EINVAL. */
+KVP_API KVP_MUST_CHECK int kvp_plan_notify(const kvp_plan *plan, uint32_t i);
+
+struct kvp_plan_group {
+	uint32_t kind;
+	uint32_t local_tokens, remote_tokens; /* block sizes, 0 for STATE */
+	uint32_t period_tokens;		      /* lcm of the two, 0 for STATE */
+	uint32_t local_per_period, remote_per_period; /* blocks per period */
+	uint32_t local_blocks, remote_blocks; /* valid id bounds (exclusive) */
+	uint64_t src_mask; /* bit s: source index s serves this group
+			    * (sources beyond 64 are all set) */
+};
+KVP_API KVP_MUST_CHECK int kvp_plan_get_group(const kvp_plan *plan, uint32_t g,
+					      struct kvp_plan_group *out);
+
+/* A stream: what one source reads for one (local view, remote view) pair.
+ * Its pieces repeat every period of the group. */
+struct kvp_plan_stream {
+	uint32_t src, group;
+	uint32_t local_view, remote_view;
+	uint32_t local_region, remote_region;
+	uint32_t piece_first, npieces;
+	uint64_t bytes_per_period;
+};
+KVP_API KVP_MUST_CHECK int kvp_plan_get_stream(const kvp_plan *plan,
+					       uint32_t i,
+					       struct kvp_plan_stream *out);
+
+/* A piece template: `len` bytes at `remote_offset` in remote block
+ * `remote_block` of the period land at `local_offset` in local block
+ * `local_block` of the period (offsets relative to the page start). */
+struct kvp_plan_piece {
+	uint64_t remote_offset, local_offset;
+	uint32_t len;
+	uint32_t remote_block, local_block;
+};
+KVP_API KVP_MUST_CHECK int kvp_plan_get_piece(const kvp_plan *plan, uint32_t i,
+					      struct kvp_plan_piece *out);
+
+/* ------------------------------------------------------------------------
+ * Notifications: one rule shared by both sides.
+ * ---------------------------------------------------------------------- */
+
+/* Each consumer rank notifies, after its reads, every producer rank it read
+ * from plus the producers [floor(c*P/D), ceil((c+1)*P/D)) so every producer
+ * hears of every request. kvp_notify_expected() returns how many consumer
+ * notifications producer rank `producer` of engine `producer_layout` must
+ * receive for a request before it frees its blocks, when the consumer engine
+ * is `consumer_layout` (any rank's layout of each engine). Returns the count
+ * (>= 1), -EPROTO if the layouts cannot be matched, -EINVAL, -ENOMEM. */
+KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout,
+					       const kvp_layout *consumer_layout,
+					       uint32_t producer);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPULL_H */

@@ -1,0 +1,1147 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Plan compilation: match the consumer's fields with the producer's, split
+ * each needed box between producer ranks (interval arithmetic on the sharded
+ * axis), and turn every (local field, remote field, rank) into piece
+ * templates for one period of blocks by refining both sides' strides into a
+ * common index space. Pieces of identical geometry are shared by all layers.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define MAX_GROUPS 64
+#define MAX_PIECES_PER_SET (1u << 20)
+#define MAX_REFINED (2 * KVP_MAX_DIMS + 4)
+
+static const char *const kind_name[KVP_FIELD_KIND_COUNT] = {
+	"K",	  "V",	    "latent", "conv_x", "conv_B",
+	"conv_C", "ssm",    "conv_q", "conv_k", "conv_v",
+};
+
+static const char *const axis_name[KVP_AXIS_COUNT] = {
+	"token", "head", "dim", "channel", "state", "aux",
+};
+
+/* Per-axis view of one field: the rank's range and the global extent. */
+struct axes {
+	uint32_t start[KVP_AXIS_COUNT], len[KVP_AXIS_COUNT];
+	uint32_t total[KVP_AXIS_COUNT];
+	int sharded; /* axis index or -1 */
+};
+
+static int field_axes(const struct kvp_field_desc *f, uint32_t tp,
+		      uint32_t rank, struct axes *a)
+{
+	uint32_t i;
+
+	for (i = 0; i < KVP_AXIS_COUNT; i++) {
+		a->start[i] = 0;
+		a->len[i] = 1;
+	}
+	a->sharded = -1;
+	for (i = 0; i < f->ndim; i++)
+		a->len[f->dim[i].axis] *= f->dim[i].size;
+	memcpy(a->total, a->len, sizeof(a->total));
+	if (f->shard_dim != KVP_NO_SHARD) {
+		uint32_t ax = f->dim[f->shard_dim].axis;
+
+		a->sharded = (int)ax;
+		a->total[ax] = f->shard_total;
+		if (kvp_shard_range(f->shard_total, tp, rank, &a->start[ax],
+				    &a->len[ax]))
+			return -EPROTO;
+	}
+	return 0;
+}
+
+/* A matched pair of fields and what the consumer needs of it. */
+struct match {
+	uint32_t lf, rf;
+};
+
+static int field_key_cmp(const kvp_layout *a, uint32_t fa, const kvp_layout *b,
+			 uint32_t fb)
+{
+	const struct kvp_view_desc *va = &a->views[a->fields[fa].view];
+	const struct kvp_view_desc *vb = &b->views[b->fields[fb].view];
+	uint32_t ka = a->fields[fa].d.kind, kb = b->fields[fb].d.kind;
+
+	if (va->group != vb->group)
+		return va->group < vb->group ? -1 : 1;
+	if (va->layer != vb->layer)
+		return va->layer < vb->layer ? -1 : 1;
+	if (ka != kb)
+		return ka < kb ? -1 : 1;
+	return 0;
+}
+
+static const kvp_layout *sort_layout;
+
+static int sort_cmp(const void *x, const void *y)
+{
+	return field_key_cmp(sort_layout, *(const uint32_t *)x, sort_layout,
+			     *(const uint32_t *)y);
+}
+
+/* Remote field indices sorted by (group, layer, kind). qsort has no context
+ * argument in C11; the static is only read inside this call. Compilation
+ * therefore serialises on nothing but this sort, see the note in sources. */
+static uint32_t *sorted_fields(const kvp_layout *l)
+{
+	uint32_t *idx = malloc(((size_t)l->nfields + 1) * sizeof(*idx));
+	uint32_t i, j;
+
+	if (!idx)
+		return NULL;
+	for (i = 0; i < l->nfields; i++)
+		idx[i] = i;
+	/* Insertion sort keeps this reentrant; fields arrive nearly sorted
+	 * (builders add them layer by layer), so it is linear in practice. */
+	for (i = 1; i < l->nfields; i++) {
+		uint32_t v = idx[i];
+
+		for (j = i; j > 0 && field_key_cmp(l, idx[j - 1], l, v) > 0;
+		     j--)
+			idx[j] = idx[j - 1];
+		idx[j] = v;
+	}
+	(void)sort_cmp;
+	return idx;
+}
+
+static int find_field(const kvp_layout *r, const uint32_t *idx,
+		      const kvp_layout *l, uint32_t lf)
+{
+	uint32_t lo = 0, hi = r->nfields;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		int c = field_key_cmp(r, idx[mid], l, lf);
+
+		if (!c)
+			return (int)idx[mid];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return -1;
+}
+
+static int check_groups(const kvp_layout *l, const kvp_layout *r, char *msg,
+			size_t msglen)
+{
+	uint32_t g;
+
+	if (l->ngroups != r->ngroups) {
+		kvp__msg(msg, msglen, "group count differs: local %u, remote %u",
+			 l->ngroups, r->ngroups);
+		return -EPROTO;
+	}
+	if (l->ngroups > MAX_GROUPS) {
+		kvp__msg(msg, msglen, "more than %u groups", MAX_GROUPS);
+		return -EPROTO;
+	}
+	for (g = 0; g < l->ngroups; g++) {
+		if (l->groups[g].kind != r->groups[g].kind) {
+			kvp__msg(msg, msglen,
+				 "group %u kind differs: local %u, remote %u",
+				 g, l->groups[g].kind, r->groups[g].kind);
+			return -EPROTO;
+		}
+	}
+	return 0;
+}
+
+/* Checks that two matched fields hold the same data. */
+static int check_pair(const kvp_layout *l, uint32_t lf, const kvp_layout *r,
+		      uint32_t rf, char *msg, size_t msglen)
+{
+	const struct kvp_field_desc *a = &l->fields[lf].d, *b = &r->fields[rf].d;
+	const struct kvp_view_desc *v = &l->views[l->fields[lf].view];
+	struct axes la, ra;
+	uint32_t i;
+
+	if (field_axes(a, l->attr.tp_size, l->attr.tp_rank, &la) ||
+	    field_axes(b, r->attr.tp_size, r->attr.tp_rank, &ra))
+		return -EPROTO;
+	if (a->elem_size != b->elem_size) {
+		kvp__msg(msg, msglen,
+			 "group %u layer %u %s: element size differs: local %u, remote %u",
+			 v->group, v->layer, kind_name[a->kind], a->elem_size,
+			 b->elem_size);
+		return -EPROTO;
+	}
+	for (i = 1; i < KVP_AXIS_COUNT; i++) {
+		if (la.total[i] != ra.total[i]) {
+			kvp__msg(msg, msglen,
+				 "group %u layer %u %s: %s extent differs: local %u, remote %u",
+				 v->group, v->layer, kind_name[a->kind],
+				 axis_name[i], la.total[i], ra.total[i]);
+			return -EPROTO;
+		}
+	}
+	return 0;
+}
+
+/* One box of a field pair read from one producer rank. */
+struct seg {
+	uint32_t rank;
+	uint32_t axis; /* remote sharded axis, or KVP_AXIS_COUNT */
+	uint32_t lo, hi;
+};
+
+/*
+ * Splits what consumer rank `rank` needs of a field between producer ranks.
+ * The needed range on the remote's sharded axis is walked from its low end;
+ * each position is held by one rank (total divisible by P) or replicated on
+ * P/total ranks, of which replica `rank % replicas` is read so consumers
+ * spread over producers. An unsharded remote field is replicated on every
+ * rank. Writes at most `max` segments; returns their count or -EPROTO.
+ */
+static int segments(const struct kvp_field_desc *lfd, uint32_t ltp,
+		    uint32_t rank, const struct kvp_field_desc *rfd, uint32_t rtp,
+		    struct seg *out, uint32_t max)
+{
+	struct axes la;
+	uint32_t ax, x, hi, n = 0;
+
+	if (field_axes(lfd, ltp, rank, &la))
+		return -EPROTO;
+	if (rfd->shard_dim == KVP_NO_SHARD) {
+		out[0].rank = rank % rtp;
+		out[0].axis = KVP_AXIS_COUNT;
+		out[0].lo = out[0].hi = 0;
+		return 1;
+	}
+	ax = rfd->dim[rfd->shard_dim].axis;
+	x = la.start[ax];
+	hi = la.start[ax] + la.len[ax];
+	while (x < hi) {
+		uint32_t total = rfd->shard_total, end, r;
+
+		if (n == max)
+			return -EPROTO;
+		if (total % rtp == 0) {
+			uint32_t per = total / rtp;
+
+			r = x / per;
+			end = (r + 1) * per;
+		} else {
+			uint32_t rep = rtp / total;
+
+			r = x * rep + rank % rep;
+			end = x + 1;
+		}
+		out[n].rank = r;
+		out[n].axis = ax;
+		out[n].lo = x;
+		out[n].hi = end < hi ? end : hi;
+		x = out[n].hi;
+		n++;
+	}
+	return (int)n;
+}
+
+void kvp__notify_cover(uint32_t c, uint32_t D, uint32_t P, uint32_t *lo,
+		       uint32_t *hi)
+{
+	uint64_t a = (uint64_t)c * P / D;
+	uint64_t b = ((uint64_t)(c + 1) * P + D - 1) / D;
+
+	*lo = (uint32_t)a;
+	*hi = (uint32_t)(b > a ? b : a + 1);
+	if (*hi > P)
+		*hi = P;
+}
+
+int kvp__sources(const kvp_layout *l, uint32_t rank, const kvp_layout *r,
+		 uint8_t *used, char *msg, size_t msglen)
+{
+	struct seg segs[256];
+	uint32_t *idx, i;
+	int err = 0, n, k;
+
+	err = check_groups(l, r, msg, msglen);
+	if (err)
+		return err;
+	idx = sorted_fields(r);
+	if (!idx)
+		return -ENOMEM;
+	for (i = 0; i < l->nfields && !err; i++) {
+		int rf = find_field(r, idx, l, i);
+
+		if (rf < 0) {
+			const struct kvp_view_desc *v =
+				&l->views[l->fields[i].view];
+
+			kvp__msg(msg, msglen,
+				 "remote has no %s field for group %u layer %u",
+				 kind_name[l->fields[i].d.kind], v->group,
+				 v->layer);
+			err = -EPROTO;
+			break;
+		}
+		n = segments(&l->fields[i].d, l->attr.tp_size, rank,
+			     &r->fields[rf].d, r->attr.tp_size, segs, 256);
+		if (n < 0) {
+			err = n;
+			break;
+		}
+		for (k = 0; k < n; k++)
+			used[segs[k].rank] = 1;
+	}
+	free(idx);
+	return err;
+}
+
+/* ---- piece generation ------------------------------------------------- */
+
+/* One dim of the common index space of a field pair. */
+struct rdim {
+	uint32_t size;
+	uint64_t ls, rs;   /* byte strides */
+	uint32_t lb, rb;   /* block steps (token axis above the block size) */
+};
+
+/* One side's dims of one axis, most significant first; block dims have
+ * blk = 1 and the step in `stride`. */
+struct side {
+	uint32_t n;
+	uint32_t size[KVP_MAX_DIMS + 1];
+	uint64_t stride[KVP_MAX_DIMS + 1];
+	uint8_t blk[KVP_MAX_DIMS + 1];
+};
+
+/* Collects the dims of axis `ax`, narrowing a sub-range [lo, hi) of the
+ * coordinate space (offset by the side's own start) on a single dim. */
+static int side_axis(const struct kvp_field_desc *f, uint32_t ax,
+		     uint32_t blocks, uint32_t start, uint32_t lo, uint32_t hi,
+		     uint32_t held, struct side *s, uint64_t *base)
+{
+	uint32_t i;
+
+	s->n = 0;
+	if (blocks > 1) {
+		s->size[0] = blocks;
+		s->stride[0] = 1;
+		s->blk[0] = 1;
+		s->n = 1;
+	}
+	for (i = 0; i < f->ndim; i++) {
+		if (f->dim[i].axis != ax || f->dim[i].size == 1)
+			continue;
+		s->size[s->n] = f->dim[i].size;
+		s->stride[s->n] = f->dim[i].stride;
+		s->blk[s->n] = 0;
+		s->n++;
+	}
+	if (hi - lo == held)
+		return 0;
+	/* A sub-range: only a single-dim axis can be narrowed. */
+	if (s->n != 1 || s->blk[0])
+		return -EPROTO;
+	*base += (uint64_t)(lo - start) * s->stride[0];
+	s->size[0] = hi - lo;
+	return 0;
+}
+
+/* Place value of each dim of a side (least significant is 1). */
+static void places(const struct side *s, uint64_t *pl)
+{
+	uint64_t p = 1;
+	int i;
+
+	for (i = (int)s->n - 1; i >= 0; i--) {
+		pl[i] = p;
+		p *= s->size[i];
+	}
+}
+
+/* Stride at place value u on a side: the dim holding u, scaled. */
+static void side_at(const struct side *s, const uint64_t *pl, uint64_t u,
+		    uint64_t *stride, uint32_t *blk)
+{
+	uint32_t i;
+
+	for (i = 0; i < s->n; i++) {
+		if (u >= pl[i] && u < pl[i] * s->size[i]) {
+			if (s->blk[i]) {
+				*blk = (uint32_t)(s->stride[i] * (u / pl[i]));
+				*stride = 0;
+			} else {
+				*stride = s->stride[i] * (u / pl[i]);
+				*blk = 0;
+			}
+			return;
+		}
+	}
+	*stride = 0;
+	*blk = 0;
+}
+
+/* Refines one axis of both sides into common dims appended to d[*n]. */
+static int refine(const struct side *a, const struct side *b, uint64_t extent,
+		  struct rdim *d, uint32_t *n)
+{
+	uint64_t pa[KVP_MAX_DIMS + 1], pb[KVP_MAX_DIMS + 1];
+	uint64_t u[2 * KVP_MAX_DIMS + 4];
+	uint32_t nu = 0, i, j;
+
+	places(a, pa);
+	places(b, pb);
+	for (i = 0; i < a->n; i++)
+		u[nu++] = pa[i];
+	for (i = 0; i < b->n; i++)
+		u[nu++] = pb[i];
+	u[nu++] = 1;
+	u[nu++] = extent;
+	/* sort, unique */
+	for (i = 1; i < nu; i++) {
+		uint64_t v = u[i];
+
+		for (j = i; j > 0 && u[j - 1] > v; j--)
+			u[j] = u[j - 1];
+		u[j] = v;
+	}
+	for (i = 1, j = 1; i < nu; i++)
+		if (u[i] != u[j - 1])
+			u[j++] = u[i];
+	nu = j;
+	for (i = 0; i + 1 < nu; i++) {
+		struct rdim *r;
+
+		if (u[i + 1] % u[i])
+			return -EPROTO;
+		if (*n == MAX_REFINED)
+			return -EPROTO;
+		r = &d[(*n)++];
+		r->size = (uint32_t)(u[i + 1] / u[i]);
+		side_at(a, pa, u[i], &r->ls, &r->lb);
+		side_at(b, pb, u[i], &r->rs, &r->rb);
+	}
+	return 0;
+}
+
+struct pvec {
+	struct kvp_piece *p;
+	uint32_t n, cap;
+};
+
+static int pvec_push(struct pvec *v, const struct kvp_piece *p)
+{
+	if (v->n == v->cap) {
+		uint32_t cap = v->cap ? v->cap * 2 : 64;
+		void *q;
+
+		if (v->n >= MAX_PIECES_PER_SET)
+			return -EPROTO;
+		q = realloc(v->p, cap * sizeof(*v->p));
+		if (!q)
+			return -ENOMEM;
+		v->p = q;
+		v->cap = cap;
+	}
+	v->p[v->n++] = *p;
+	return 0;
+}
+
+struct period {
+	uint32_t tokens, lper, rper;
+};
+
+/* Pieces of one field pair's segment, for one period. */
+static int field_pieces(const struct kvp_field_desc *lf, uint32_t ltp,
+			uint32_t lrank, const struct kvp_field_desc *rf,
+			uint32_t rtp, const struct seg *sg,
+			const struct period *per, struct pvec *out)
+{
+	struct axes la, ra;
+	struct rdim d[MAX_REFINED];
+	uint64_t lbase = lf->offset, rbase = rf->offset, run;
+	uint32_t nd = 0, ax, i, idx[MAX_REFINED];
+	int err;
+
+	if (field_axes(lf, ltp, lrank, &la) || field_axes(rf, rtp, sg->rank, &ra))
+		return -EPROTO;
+	for (ax = 0; ax < KVP_AXIS_COUNT; ax++) {
+		struct side ls, rs;
+		uint32_t lo = la.start[ax], hi = la.start[ax] + la.len[ax];
+		uint64_t ext;
+
+		if (ax == sg->axis) {
+			lo = sg->lo;
+			hi = sg->hi;
+		}
+		if (ax == KVP_AXIS_TOKEN) {
+			if (!per->tokens)
+				continue;
+			err = side_axis(lf, ax, per->lper, 0, 0, per->tokens,
+					per->tokens, &ls, &lbase);
+			err = err ?: side_axis(rf, ax, per->rper, 0, 0,
+					       per->tokens, per->tokens, &rs,
+					       &rbase);
+			ext = per->tokens;
+		} else {
+			err = side_axis(lf, ax, 1, la.start[ax], lo, hi,
+					la.len[ax], &ls, &lbase);
+			err = err ?: side_axis(rf, ax, 1, ra.start[ax], lo, hi,
+					       ra.len[ax], &rs, &rbase);
+			ext = hi - lo;
+		}
+		if (err)
+			return err;
+		if (ext > 1) {
+			err = refine(&ls, &rs, ext, d, &nd);
+			if (err)
+				return err;
+		}
+	}
+	/* Absorb dims contiguous on both sides into the piece length. */
+	run = lf->elem_size;
+	for (;;) {
+		for (i = 0; i < nd; i++)
+			if (!d[i].lb && !d[i].rb && d[i].ls == run &&
+			    d[i].rs == run)
+				break;
+		if (i == nd)
+			break;
+		run *= d[i].size;
+		d[i] = d[--nd];
+	}
+	if (run > UINT32_MAX)
+		return -EPROTO;
+	memset(idx, 0, sizeof(idx));
+	for (;;) {
+		struct kvp_piece p;
+		uint64_t lo = lbase, ro = rbase;
+		uint32_t lb = 0, rb = 0;
+
+		for (i = 0; i < nd; i++) {
+			lo += idx[i] * d[i].ls;
+			ro += idx[i] * d[i].rs;
+			lb += idx[i] * d[i].lb;
+			rb += idx[i] * d[i].rb;
+		}
+		if (lo + run > UINT32_MAX || ro + run > UINT32_MAX)
+			return -EPROTO;
+		p.loff = (uint32_t)lo;
+		p.roff = (uint32_t)ro;
+		p.len = (uint32_t)run;
+		p.lbi = (uint16_t)lb;
+		p.rbi = (uint16_t)rb;
+		err = pvec_push(out, &p);
+		if (err)
+			return err;
+		for (i = 0; i < nd && ++idx[i] == d[i].size; i++)
+			idx[i] = 0;
+		if (i == nd)
+			break;
+	}
+	return 0;
+}
+
+static int piece_cmp(const void *x, const void *y)
+{
+	const struct kvp_piece *a = x, *b = y;
+
+	if (a->rbi != b->rbi)
+		return a->rbi < b->rbi ? -1 : 1;
+	if (a->roff != b->roff)
+		return a->roff < b->roff ? -1 : 1;
+	return 0;
+}
+
+/* Sorts pieces in remote order and merges those contiguous on both sides. */
+static uint32_t merge_pieces(struct kvp_piece *p, uint32_t n)
+{
+	uint32_t i, m = 0;
+
+	qsort(p, n, sizeof(*p), piece_cmp);
+	for (i = 0; i < n; i++) {
+		struct kvp_piece *q = m ? &p[m - 1] : NULL;
+
+		if (q && q->rbi == p[i].rbi && q->lbi == p[i].lbi &&
+		    q->roff + q->len == p[i].roff &&
+		    q->loff + q->len == p[i].loff &&
+		    (uint64_t)q->len + p[i].len <= UINT32_MAX) {
+			q->len += p[i].len;
+			continue;
+		}
+		p[m++] = p[i];
+	}
+	return m;
+}
+
+/* ---- view shapes ------------------------------------------------------ */
+
+static int field_same(const struct kvp_field_desc *a,
+		      const struct kvp_field_desc *b)
+{
+	uint32_t i;
+
+	if (a->kind != b->kind || a->elem_size != b->elem_size ||
+	    a->offset != b->offset || a->ndim != b->ndim ||
+	    a->shard_dim != b->shard_dim || a->shard_total != b->shard_total)
+		return 0;
+	for (i = 0; i < a->ndim; i++)
+		if (a->dim[i].size != b->dim[i].size ||
+		    a->dim[i].stride != b->dim[i].stride ||
+		    a->dim[i].axis != b->dim[i].axis)
+			return 0;
+	return 1;
+}
+
+/* Views with the same group and the same fields share a shape id. */
+static int view_shapes(const kvp_layout *l, uint32_t *shape)
+{
+	uint32_t *first = malloc(((size_t)l->nviews + 1) * sizeof(*first));
+	uint32_t *nf = calloc((size_t)l->nviews + 1, sizeof(*nf));
+	uint32_t *rep = malloc(((size_t)l->nviews + 1) * sizeof(*rep));
+	uint32_t v, w, i, nrep = 0;
+
+	if (!first || !nf || !rep) {
+		free(first);
+		free(nf);
+		free(rep);
+		return -ENOMEM;
+	}
+	for (v = 0; v < l->nviews; v++)
+		first[v] = UINT32_MAX;
+	for (i = 0; i < l->nfields; i++) {
+		v = l->fields[i].view;
+		if (first[v] == UINT32_MAX)
+			first[v] = i;
+		nf[v]++;
+	}
+	for (v = 0; v < l->nviews; v++) {
+		uint32_t k;
+
+		for (k = 0; k < nrep; k++) {
+			uint32_t a = first[v], b;
+
+			w = rep[k];
+			if (l->views[w].group != l->views[v].group ||
+			    nf[w] != nf[v])
+				continue;
+			/* Compare the fields of both views in order. */
+			b = first[w];
+			for (i = 0; i < nf[v]; i++) {
+				while (l->fields[a].view != v)
+					a++;
+				while (l->fields[b].view != w)
+					b++;
+				if (!field_same(&l->fields[a].d,
+						&l->fields[b].d))
+					break;
+				a++;
+				b++;
+			}
+			if (i == nf[v])
+				break;
+		}
+		if (k == nrep)
+			rep[nrep++] = v;
+		shape[v] = k;
+	}
+	free(first);
+	free(nf);
+	free(rep);
+	return 0;
+}
+
+/* ---- compile ---------------------------------------------------------- */
+
+struct set_key {
+	uint32_t lshape, rshape, rank;
+};
+
+struct work {
+	const kvp_layout *l, *r;
+	char *msg;
+	size_t msglen;
+	uint32_t *lshape, *rshape, *ridx;
+	struct period per[MAX_GROUPS];
+	struct pvec pieces;
+	struct kvp_pset *sets;
+	struct set_key *keys;
+	uint32_t nsets, cap_sets;
+	struct kvp_pstream *streams; /* src holds the rank until the end */
+	uint32_t nstreams, cap_streams;
+	uint8_t *used;	 /* per remote rank: read from */
+	uint64_t *gmask; /* per group: ranks (< 64) read from */
+	uint8_t *gused;	 /* per group x remote rank */
+};
+
+static int period_of(const kvp_layout *l, const kvp_layout *r, uint32_t g,
+		     struct period *p, char *msg, size_t msglen)
+{
+	uint64_t bl = l->groups[g].block_tokens, br = r->groups[g].block_tokens;
+	uint64_t t;
+
+	if (l->groups[g].kind == KVP_GROUP_STATE) {
+		p->tokens = 0;
+		p->lper = p->rper = 1;
+		return 0;
+	}
+	t = bl / kvp__gcd(bl, br) * br;
+	if (t / bl > UINT16_MAX || t / br > UINT16_MAX || t > UINT32_MAX) {
+		kvp__msg(msg, msglen,
+			 "group %u: block sizes %llu and %llu have no usable common period",
+			 g, (unsigned long long)bl, (unsigned long long)br);
+		return -EPROTO;
+	}
+	p->tokens = (uint32_t)t;
+	p->lper = (uint32_t)(t / bl);
+	p->rper = (uint32_t)(t / br);
+	return 0;
+}
+
+static int find_or_make_set(struct work *w, uint32_t lv, uint32_t rv,
+			    uint32_t rank, uint32_t group,
+			    const struct match *m, uint32_t nm, uint32_t *set)
+{
+	const kvp_layout *l = w->l, *r = w->r;
+	struct set_key key = { w->lshape[lv], w->rshape[rv], rank };
+	struct seg segs[256];
+	uint32_t i, first = w->pieces.n, bytes = 0;
+	int err, n, k;
+
+	for (i = 0; i < w->nsets; i++) {
+		if (!memcmp(&w->keys[i], &key, sizeof(key))) {
+			*set = i;
+			return 0;
+		}
+	}
+	for (i = 0; i < nm; i++) {
+		const struct kvp_field_desc *lf = &l->fields[m[i].lf].d;
+		const struct kvp_field_desc *rf = &r->fields[m[i].rf].d;
+
+		n = segments(lf, l->attr.tp_size, l->attr.tp_rank, rf,
+			     r->attr.tp_size, segs, 256);
+		if (n < 0)
+			return n;
+		for (k = 0; k < n; k++) {
+			if (segs[k].rank != rank)
+				continue;
+			err = field_pieces(lf, l->attr.tp_size, l->attr.tp_rank,
+					   rf, r->attr.tp_size, &segs[k],
+					   &w->per[group], &w->pieces);
+			if (err) {
+				kvp__msg(w->msg, w->msglen,
+					 "group %u layer %u %s: the two layouts have no common refinement (block sizes or dims do not nest)",
+					 group, l->views[lv].layer,
+					 kind_name[lf->kind]);
+				return err;
+			}
+		}
+	}
+	if (w->nsets == w->cap_sets) {
+		uint32_t cap = w->cap_sets ? w->cap_sets * 2 : 16;
+		void *a = realloc(w->sets, cap * sizeof(*w->sets));
+
+		if (!a)
+			return -ENOMEM;
+		w->sets = a;
+		a = realloc(w->keys, cap * sizeof(*w->keys));
+		if (!a)
+			return -ENOMEM;
+		w->keys = a;
+		w->cap_sets = cap;
+	}
+	if (w->nsets >= UINT16_MAX) {
+		kvp__msg(w->msg, w->msglen, "too many distinct view shapes");
+		return -EPROTO;
+	}
+	w->pieces.n = first +
+		      merge_pieces(w->pieces.p + first, w->pieces.n - first);
+	for (i = first; i < w->pieces.n; i++)
+		bytes += w->pieces.p[i].len;
+	w->sets[w->nsets].first = first;
+	w->sets[w->nsets].count = w->pieces.n - first;
+	w->sets[w->nsets].group = group;
+	w->sets[w->nsets].bytes = bytes;
+	w->keys[w->nsets] = key;
+	*set = w->nsets++;
+	return 0;
+}
+
+static int push_stream(struct work *w, uint32_t lv, uint32_t rv, uint32_t rank,
+		       uint32_t set)
+{
+	struct kvp_pstream *s;
+
+	if (w->nstreams == w->cap_streams) {
+		uint32_t cap = w->cap_streams ? w->cap_streams * 2 : 64;
+		void *a = realloc(w->streams, cap * sizeof(*w->streams));
+
+		if (!a)
+			return -ENOMEM;
+		w->streams = a;
+		w->cap_streams = cap;
+	}
+	s = &w->streams[w->nstreams++];
+	s->lview = lv;
+	s->rview = rv;
+	s->src = (uint16_t)rank;
+	s->set = (uint16_t)set;
+	return 0;
+}
+
+/* Plans one local view: its fields grouped by remote view, then by rank. */
+static int plan_view(struct work *w, uint32_t lv, struct match *m)
+{
+	const kvp_layout *l = w->l, *r = w->r;
+	uint32_t group = l->views[lv].group, nm = 0, i, j, done = 0;
+	struct seg segs[256];
+	int err, n, k;
+
+	for (i = 0; i < l->nfields; i++) {
+		int rf;
+
+		if (l->fields[i].view != lv)
+			continue;
+		rf = find_field(r, w->ridx, l, i);
+		if (rf < 0) {
+			kvp__msg(w->msg, w->msglen,
+				 "remote has no %s field for group %u layer %u",
+				 kind_name[l->fields[i].d.kind], group,
+				 l->views[lv].layer);
+			return -EPROTO;
+		}
+		err = check_pair(l, i, r, (uint32_t)rf, w->msg, w->msglen);
+		if (err)
+			return err;
+		m[nm].lf = i;
+		m[nm].rf = (uint32_t)rf;
+		nm++;
+	}
+	/* Each distinct remote view in turn, fields matched into it. */
+	while (done < nm) {
+		uint32_t rv = UINT32_MAX, nsub = 0;
+		struct match *sub = m + nm;
+
+		for (i = 0; i < nm; i++) {
+			uint32_t v = r->fields[m[i].rf].view;
+
+			if (m[i].lf == UINT32_MAX)
+				continue;
+			if (rv == UINT32_MAX)
+				rv = v;
+			if (v == rv) {
+				sub[nsub++] = m[i];
+				m[i].lf = UINT32_MAX;
+				done++;
+			}
+		}
+		/* Ranks this sub-list reads from, ascending. */
+		for (i = 0; i < r->attr.tp_size; i++)
+			w->used[i] = 0;
+		for (i = 0; i < nsub; i++) {
+			n = segments(&l->fields[sub[i].lf].d, l->attr.tp_size,
+				     l->attr.tp_rank, &r->fields[sub[i].rf].d,
+				     r->attr.tp_size, segs, 256);
+			if (n < 0)
+				return n;
+			for (k = 0; k < n; k++)
+				w->used[segs[k].rank] = 1;
+		}
+		for (j = 0; j < r->attr.tp_size; j++) {
+			uint32_t set;
+
+			if (!w->used[j])
+				continue;
+			err = find_or_make_set(w, lv, rv, j, group, sub, nsub,
+					       &set);
+			if (err)
+				return err;
+			if (!w->sets[set].count)
+				continue;
+			err = push_stream(w, lv, rv, j, set);
+			if (err)
+				return err;
+			w->gused[(size_t)group * r->attr.tp_size + j] = 1;
+		}
+	}
+	return 0;
+}
+
+static int stream_cmp(const void *x, const void *y)
+{
+	const struct kvp_pstream *a = x, *b = y;
+
+	if (a->src != b->src)
+		return a->src < b->src ? -1 : 1;
+	if (a->lview != b->lview)
+		return a->lview < b->lview ? -1 : 1;
+	return a->rview < b->rview ? -1 : a->rview > b->rview;
+}
+
+/* Block-id bounds of each group: the smallest view on each side. */
+static void group_bounds(const kvp_layout *l, uint32_t g, uint32_t *nb)
+{
+	uint32_t v;
+
+	*nb = UINT32_MAX;
+	for (v = 0; v < l->nviews; v++)
+		if (l->views[v].group == g && l->views[v].num_blocks < *nb)
+			*nb = l->views[v].num_blocks;
+	if (*nb == UINT32_MAX)
+		*nb = 0;
+}
+
+/* Whether any block id < num_blocks keeps `end` bytes of its page inside the
+ * region. */
+static int view_fits(const struct kvp_view_desc *v, uint64_t region,
+		     uint64_t end)
+{
+	return v->offset + (uint64_t)(v->num_blocks - 1) * v->stride + end <=
+	       region;
+}
+
+/* Checks every stream's farthest piece against both regions: a piece lies
+ * inside one page, so the last page bounds it whatever the block id. */
+static int check_bounds(struct work *w)
+{
+	uint32_t i, k;
+
+	for (i = 0; i < w->nstreams; i++) {
+		const struct kvp_pstream *s = &w->streams[i];
+		const struct kvp_pset *set = &w->sets[s->set];
+		const struct kvp_view_desc *lv = &w->l->views[s->lview];
+		const struct kvp_view_desc *rv = &w->r->views[s->rview];
+		uint64_t lend = 0, rend = 0;
+
+		for (k = set->first; k < set->first + set->count; k++) {
+			const struct kvp_piece *p = &w->pieces.p[k];
+
+			if (p->loff + (uint64_t)p->len > lend)
+				lend = p->loff + (uint64_t)p->len;
+			if (p->roff + (uint64_t)p->len > rend)
+				rend = p->roff + (uint64_t)p->len;
+		}
+		if (!view_fits(lv, w->l->regions[lv->region], lend)) {
+			kvp__msg(w->msg, w->msglen,
+				 "layer %u: a planned write runs past local region %u",
+				 lv->layer, lv->region);
+			return -EPROTO;
+		}
+		if (!view_fits(rv, w->r->regions[rv->region], rend)) {
+			kvp__msg(w->msg, w->msglen,
+				 "layer %u: a planned read runs past remote region %u",
+				 rv->layer, rv->region);
+			return -EPROTO;
+		}
+	}
+	return 0;
+}
+
+static void work_free(struct work *w)
+{
+	free(w->lshape);
+	free(w->rshape);
+	free(w->ridx);
+	free(w->pieces.p);
+	free(w->sets);
+	free(w->keys);
+	free(w->streams);
+	free(w->used);
+	free(w->gused);
+}
+
+/* Lays the plan out in one allocation. */
+static int build_plan(struct work *w, uint32_t max_sge, kvp_plan **out)
+{
+	const kvp_layout *l = w->l, *r = w->r;
+	uint32_t P = r->attr.tp_size, nsrc = 0, nnot = 0, i, g, lo, hi;
+	uint16_t *srcidx;
+	size_t off, sz[8];
+	kvp_plan *p;
+	char *base;
+
+	srcidx = malloc(P * sizeof(*srcidx));
+	if (!srcidx)
+		return -ENOMEM;
+	memset(w->used, 0, P);
+	for (i = 0; i < w->nstreams; i++)
+		w->used[w->streams[i].src] = 1;
+	for (i = 0; i < P; i++)
+		if (w->used[i])
+			srcidx[i] = (uint16_t)nsrc++;
+	kvp__notify_cover(l->attr.tp_rank, l->attr.tp_size, P, &lo, &hi);
+	for (i = 0; i < P; i++)
+		if (w->used[i] || (i >= lo && i < hi))
+			nnot++;
+
+	sz[0] = sizeof(*p);
+	sz[1] = l->ngroups * sizeof(struct kvp_pgroup);
+	sz[2] = w->nstreams * sizeof(struct kvp_pstream);
+	sz[3] = w->nsets * sizeof(struct kvp_pset);
+	sz[4] = w->pieces.n * sizeof(struct kvp_piece);
+	sz[5] = (l->nviews + r->nviews) * sizeof(struct kvp_pview);
+	sz[6] = (nsrc + nnot) * sizeof(uint16_t);
+	for (off = 0, i = 0; i < 7; i++)
+		off += (sz[i] + 7) & ~(size_t)7;
+	base = calloc(1, off);
+	if (!base) {
+		free(srcidx);
+		return -ENOMEM;
+	}
+	p = (kvp_plan *)base;
+	off = (sz[0] + 7) & ~(size_t)7;
+#define CARVE(field, k)                          \
+	do {                                     \
+		p->field = (void *)(base + off); \
+		off += (sz[k] + 7) & ~(size_t)7; \
+	} while (0)
+	CARVE(groups, 1);
+	CARVE(streams, 2);
+	CARVE(sets, 3);
+	CARVE(pieces, 4);
+	CARVE(lviews, 5);
+	p->rviews = p->lviews + l->nviews;
+	CARVE(src, 6);
+	p->notify = p->src + nsrc;
+#undef CARVE
+	p->bytes = off;
+	p->ngroups = l->ngroups;
+	p->nsrc = nsrc;
+	p->nnotify = nnot;
+	p->nstreams = w->nstreams;
+	p->nsets = w->nsets;
+	p->npieces = w->pieces.n;
+	p->nlviews = l->nviews;
+	p->nrviews = r->nviews;
+	p->local_tp = l->attr.tp_size;
+	p->local_rank = l->attr.tp_rank;
+	p->remote_tp = P;
+	p->max_sge = max_sge;
+
+	for (i = 0, nnot = 0; i < P; i++) {
+		if (w->used[i])
+			p->src[srcidx[i]] = (uint16_t)i;
+		if (w->used[i] || (i >= lo && i < hi))
+			p->notify[nnot++] = (uint16_t)i;
+	}
+	for (g = 0; g < l->ngroups; g++) {
+		struct kvp_pgroup *pg = &p->groups[g];
+
+		pg->kind = l->groups[g].kind;
+		pg->ltok = l->groups[g].block_tokens;
+		pg->rtok = r->groups[g].block_tokens;
+		pg->period = w->per[g].tokens;
+		pg->lper = w->per[g].lper;
+		pg->rper = w->per[g].rper;
+		group_bounds(l, g, &pg->lblocks);
+		group_bounds(r, g, &pg->rblocks);
+		for (i = 0; i < P; i++)
+			if (w->gused[(size_t)g * P + i])
+				pg->src_mask |= srcidx[i] < 64 ?
+							1ull << srcidx[i] :
+							0;
+	}
+	for (i = 0; i < w->nstreams; i++) {
+		p->streams[i] = w->streams[i];
+		p->streams[i].src = srcidx[w->streams[i].src];
+	}
+	memcpy(p->sets, w->sets, w->nsets * sizeof(*w->sets));
+	memcpy(p->pieces, w->pieces.p, w->pieces.n * sizeof(*w->pieces.p));
+	for (i = 0; i < l->nviews; i++) {
+		p->lviews[i].offset = l->views[i].offset;
+		p->lviews[i].region = l->views[i].region;
+		p->lviews[i].stride = (uint32_t)l->views[i].stride;
+	}
+	for (i = 0; i < r->nviews; i++) {
+		p->rviews[i].offset = r->views[i].offset;
+		p->rviews[i].region = r->views[i].region;
+		p->rviews[i].stride = (uint32_t)r->views[i].stride;
+	}
+	free(srcidx);
+	*out = p;
+	return 0;
+}
+
+int kvp_plan_compile(const kvp_layout *l, const kvp_layout *r,
+		     const struct kvp_plan_attr *attr, kvp_plan **out,
+		     char *msg, size_t msglen)
+{
+	struct work w;
+	struct match *m = NULL;
+	uint32_t max_sge = 1, g, v;
+	int err;
+
+	if (!l || !r || !out || (attr && attr->comp_mask))
+		return -EINVAL;
+	if (attr && attr->max_sge)
+		max_sge = attr->max_sge;
+	memset(&w, 0, sizeof(w));
+	w.l = l;
+	w.r = r;
+	w.msg = msg;
+	w.msglen = msglen;
+	err = check_groups(l, r, msg, msglen);
+	if (err)
+		return err;
+	for (g = 0; g < l->ngroups; g++) {
+		err = period_of(l, r, g, &w.per[g], msg, msglen);
+		if (err)
+			return err;
+	}
+	err = -ENOMEM;
+	w.lshape = malloc(((size_t)l->nviews + 1) * sizeof(uint32_t));
+	w.rshape = malloc(((size_t)r->nviews + 1) * sizeof(uint32_t));
+	w.ridx = sorted_fields(r);
+	w.used = malloc(r->attr.tp_size);
+	w.gused = calloc((size_t)l->ngroups + 1, r->attr.tp_size);
+	m = malloc(((size_t)l->nfields + 1) * 2 * sizeof(*m));
+	if (!w.lshape || !w.rshape || !w.ridx || !w.used || !w.gused || !m)
+		goto out;
+	err = view_shapes(l, w.lshape);
+	err = err ?: view_shapes(r, w.rshape);
+	for (v = 0; !err && v < l->nviews; v++)
+		err = plan_view(&w, v, m);
+	err = err ?: check_bounds(&w);
+	if (err)
+		goto out;
+	qsort(w.streams, w.nstreams, sizeof(*w.streams), stream_cmp);
+	err = build_plan(&w, max_sge, out);
+out:
+	if (err == -EPROTO && msg && msglen && !msg[0])
+		kvp__msg(msg, msglen, "layouts cannot be matched");
+	free(m);
+	work_free(&w);
+	return err;
+}
+
+void kvp_plan_destroy(kvp_plan *p)
+{
+	free(p);
+}
+
+int kvp_notify_expected(const kvp_layout *prod, const kvp_layout *cons,
+			uint32_t producer)
+{
+	uint32_t P, D, c, lo, hi, count = 0;
+	uint8_t *used;
+	int err = 0;
+
+	if (!prod || !cons || producer >= prod->attr.tp_size)
+		return -EINVAL;
+	P = prod->attr.tp_size;
+	D = cons->attr.tp_size;
+	used = malloc(P);
+	if (!used)
+		return -ENOMEM;
+	for (c = 0; c < D && !err; c++) {
+		memset(used, 0, P);
+		err = kvp__sources(cons, c, prod, used, NULL, 0);
+		kvp__notify_cover(c, D, P, &lo, &hi);
+		if (used[producer] || (producer >= lo && producer < hi))
+			count++;
+	}
+	free(used);
+	return err ? err : (int)count;
+}

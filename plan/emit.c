@@ -1,0 +1,270 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Emission: the hot path. Indexes the plan with a request's block ids and
+ * writes coalesced READs. No allocation, no locks; the only branches that
+ * vary per piece are the period-edge filter and the merge test.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define MAX_GROUPS 64
+#define MAX_WR_LEN (1u << 31) /* IB's largest message */
+
+/* What a request needs of one group, in the group's block numbering. */
+struct need {
+	uint32_t skip;	/* first local block of the sequence that is read */
+	uint32_t lend;	/* one past the last local block */
+	uint32_t rend;	/* remote blocks that hold tokens */
+	uint32_t k0, k1; /* periods to walk */
+};
+
+static int check_ids(const uint32_t *ids, uint32_t n, uint32_t bound)
+{
+	uint32_t i, bad = 0;
+
+	for (i = 0; i < n; i++)
+		bad |= ids[i] >= bound;
+	return bad ? -ERANGE : 0;
+}
+
+static int prepare(const kvp_plan *p, const struct kvp_ids *ids,
+		   struct need *nd)
+{
+	uint32_t g;
+
+	for (g = 0; g < p->ngroups; g++) {
+		const struct kvp_pgroup *pg = &p->groups[g];
+		const struct kvp_ids *id = &ids[g];
+		struct need *n = &nd[g];
+		uint64_t tokens, nl;
+
+		if ((id->nlocal && !id->local) || (id->nremote && !id->remote))
+			return -EINVAL;
+		if (pg->kind == KVP_GROUP_STATE) {
+			if (id->nlocal != id->nremote)
+				return -EINVAL;
+			n->skip = 0;
+			n->lend = n->rend = id->nlocal;
+		} else {
+			tokens = id->tokens ? id->tokens :
+					      (uint64_t)id->nremote * pg->rtok;
+			if (tokens > (uint64_t)id->nremote * pg->rtok)
+				return -EINVAL;
+			nl = (tokens + pg->ltok - 1) / pg->ltok;
+			if (id->nlocal > nl)
+				return -EINVAL;
+			n->skip = (uint32_t)(nl - id->nlocal);
+			n->lend = (uint32_t)nl;
+			n->rend = (uint32_t)((tokens + pg->rtok - 1) / pg->rtok);
+		}
+		n->k0 = n->skip / pg->lper;
+		n->k1 = id->nlocal ? (n->lend + pg->lper - 1) / pg->lper : n->k0;
+	}
+	for (g = 0; g < p->ngroups; g++) {
+		const struct kvp_pgroup *pg = &p->groups[g];
+
+		if (check_ids(ids[g].local, ids[g].nlocal, pg->lblocks) ||
+		    check_ids(ids[g].remote, ids[g].nremote, pg->rblocks))
+			return -ERANGE;
+	}
+	return 0;
+}
+
+void kvp_plan_emit_bound(const kvp_plan *p, uint32_t max_ids,
+			 uint32_t *max_wrs, uint32_t *max_sges)
+{
+	uint64_t n = 0;
+	uint32_t i;
+
+	for (i = 0; i < p->nstreams; i++) {
+		const struct kvp_pset *s = &p->sets[p->streams[i].set];
+		uint32_t lper = p->groups[s->group].lper;
+		uint64_t periods = (uint64_t)max_ids / lper + 2;
+
+		n += periods * s->count;
+	}
+	if (n > UINT32_MAX)
+		n = UINT32_MAX;
+	*max_wrs = (uint32_t)n;
+	*max_sges = (uint32_t)n;
+}
+
+int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
+		  struct kvp_wr *wr, uint32_t wr_cap, struct kvp_sge *sge,
+		  uint32_t sge_cap, uint32_t *src_end)
+{
+	struct need need[MAX_GROUPS];
+	struct kvp_wr *w = NULL;
+	uint32_t nwr = 0, nsge = 0, si, cur_src = 0;
+	const uint32_t max_sge = p->max_sge;
+	int err;
+
+	if (!p || !ids || (wr_cap && !wr) || (sge_cap && !sge))
+		return -EINVAL;
+	err = prepare(p, ids, need);
+	if (err)
+		return err;
+	for (si = 0; si < p->nstreams; si++) {
+		const struct kvp_pstream *st = &p->streams[si];
+		const struct kvp_pset *set = &p->sets[st->set];
+		const struct kvp_pgroup *pg = &p->groups[set->group];
+		const struct need *n = &need[set->group];
+		const struct kvp_ids *id = &ids[set->group];
+		const struct kvp_pview *lv = &p->lviews[st->lview];
+		const struct kvp_pview *rv = &p->rviews[st->rview];
+		const struct kvp_piece *pc = p->pieces + set->first;
+		const struct kvp_piece *pe = pc + set->count;
+		uint32_t k;
+
+		if (src_end) {
+			while (cur_src < st->src)
+				src_end[cur_src++] = nwr;
+		}
+		for (k = n->k0; k < n->k1; k++) {
+			uint32_t lb0 = k * pg->lper, rb0 = k * pg->rper;
+			const struct kvp_piece *q;
+
+			for (q = pc; q < pe; q++) {
+				uint32_t L = lb0 + q->lbi, R = rb0 + q->rbi;
+				uint64_t ro, lo;
+
+				if (kvp_unlikely(L < n->skip || L >= n->lend ||
+						 R >= n->rend))
+					continue;
+				ro = rv->offset +
+				     (uint64_t)id->remote[R] * rv->stride +
+				     q->roff;
+				lo = lv->offset +
+				     (uint64_t)id->local[L - n->skip] *
+					     lv->stride +
+				     q->loff;
+				if (w && w->src == st->src &&
+				    w->region == rv->region &&
+				    w->offset + w->len == ro &&
+				    w->len + (uint64_t)q->len <= MAX_WR_LEN) {
+					struct kvp_sge *s =
+						&sge[w->sge_first + w->nsge - 1];
+
+					if (s->region == lv->region &&
+					    s->offset + s->len == lo) {
+						s->len += q->len;
+						w->len += q->len;
+						continue;
+					}
+					if (w->nsge < max_sge) {
+						if (kvp_unlikely(nsge == sge_cap))
+							return -ENOSPC;
+						s = &sge[nsge++];
+						s->offset = lo;
+						s->len = q->len;
+						s->region = lv->region;
+						w->nsge++;
+						w->len += q->len;
+						continue;
+					}
+				}
+				if (kvp_unlikely(nwr == wr_cap ||
+						 nsge == sge_cap))
+					return -ENOSPC;
+				w = &wr[nwr++];
+				w->offset = ro;
+				w->len = q->len;
+				w->region = rv->region;
+				w->src = st->src;
+				w->group = set->group;
+				w->sge_first = nsge;
+				w->nsge = 1;
+				sge[nsge].offset = lo;
+				sge[nsge].len = q->len;
+				sge[nsge].region = lv->region;
+				nsge++;
+			}
+		}
+	}
+	if (src_end) {
+		while (cur_src < p->nsrc)
+			src_end[cur_src++] = nwr;
+	}
+	return (int)nwr;
+}
+
+void kvp_plan_get_info(const kvp_plan *p, struct kvp_plan_info *info)
+{
+	info->ngroups = p->ngroups;
+	info->nsrc = p->nsrc;
+	info->nnotify = p->nnotify;
+	info->nstreams = p->nstreams;
+	info->npieces = p->npieces;
+	info->local_tp = p->local_tp;
+	info->local_rank = p->local_rank;
+	info->remote_tp = p->remote_tp;
+	info->max_sge = p->max_sge;
+	info->bytes = p->bytes;
+}
+
+int kvp_plan_source(const kvp_plan *p, uint32_t i)
+{
+	return p && i < p->nsrc ? p->src[i] : -EINVAL;
+}
+
+int kvp_plan_notify(const kvp_plan *p, uint32_t i)
+{
+	return p && i < p->nnotify ? p->notify[i] : -EINVAL;
+}
+
+int kvp_plan_get_group(const kvp_plan *p, uint32_t g, struct kvp_plan_group *o)
+{
+	const struct kvp_pgroup *pg;
+
+	if (!p || !o || g >= p->ngroups)
+		return -EINVAL;
+	pg = &p->groups[g];
+	o->kind = pg->kind;
+	o->local_tokens = pg->ltok;
+	o->remote_tokens = pg->rtok;
+	o->period_tokens = pg->period;
+	o->local_per_period = pg->lper;
+	o->remote_per_period = pg->rper;
+	o->local_blocks = pg->lblocks;
+	o->remote_blocks = pg->rblocks;
+	o->src_mask = p->nsrc > 64 ? ~0ull : pg->src_mask;
+	return 0;
+}
+
+int kvp_plan_get_stream(const kvp_plan *p, uint32_t i,
+			struct kvp_plan_stream *o)
+{
+	const struct kvp_pstream *s;
+
+	if (!p || !o || i >= p->nstreams)
+		return -EINVAL;
+	s = &p->streams[i];
+	o->src = s->src;
+	o->group = p->sets[s->set].group;
+	o->local_view = s->lview;
+	o->remote_view = s->rview;
+	o->local_region = p->lviews[s->lview].region;
+	o->remote_region = p->rviews[s->rview].region;
+	o->piece_first = p->sets[s->set].first;
+	o->npieces = p->sets[s->set].count;
+	o->bytes_per_period = p->sets[s->set].bytes;
+	return 0;
+}
+
+int kvp_plan_get_piece(const kvp_plan *p, uint32_t i,
+		       struct kvp_plan_piece *o)
+{
+	const struct kvp_piece *q;
+
+	if (!p || !o || i >= p->npieces)
+		return -EINVAL;
+	q = &p->pieces[i];
+	o->remote_offset = q->roff;
+	o->local_offset = q->loff;
+	o->len = q->len;
+	o->remote_block = q->rbi;
+	o->local_block = q->lbi;
+	return 0;
+}

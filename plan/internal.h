@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: MIT */
+/* Internal structures of plan/: layouts and compiled plans. Never installed. */
+#ifndef KVP_PLAN_INTERNAL_H
+#define KVP_PLAN_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdint.h>
+
+#include "kvpull.h"
+
+#define kvp_likely(x) __builtin_expect(!!(x), 1)
+#define kvp_unlikely(x) __builtin_expect(!!(x), 0)
+#define KVP_HIDDEN __attribute__((visibility("hidden")))
+
+struct kvp_field {
+	struct kvp_field_desc d;
+	uint32_t view;
+};
+
+struct kvp_layout {
+	struct kvp_layout_attr attr;
+	struct kvp_group_desc *groups;
+	uint64_t *regions;
+	struct kvp_view_desc *views;
+	struct kvp_field *fields;
+	uint32_t ngroups, nregions, nviews, nfields;
+	uint32_t cap_groups, cap_regions, cap_views, cap_fields;
+};
+
+/* A piece template, relative to the pages of one period. */
+struct kvp_piece {
+	uint32_t roff, loff, len;
+	uint16_t rbi, lbi;
+};
+
+/* Pieces shared by every stream of the same geometry. */
+struct kvp_pset {
+	uint32_t first, count;
+	uint32_t group;
+	uint32_t bytes; /* per period */
+};
+
+struct kvp_pstream {
+	uint32_t lview, rview;
+	uint16_t src, set;
+};
+
+struct kvp_pview {
+	uint64_t offset;
+	uint32_t region;
+	uint32_t stride;
+};
+
+struct kvp_pgroup {
+	uint32_t kind;
+	uint32_t ltok, rtok, period;
+	uint32_t lper, rper;
+	uint32_t lblocks, rblocks;
+	uint64_t src_mask;
+};
+
+struct kvp_plan {
+	uint32_t ngroups, nsrc, nnotify, nstreams, nsets, npieces;
+	uint32_t nlviews, nrviews;
+	uint32_t local_tp, local_rank, remote_tp, max_sge;
+	uint64_t bytes;
+	struct kvp_pgroup *groups;
+	uint16_t *src;	  /* producer rank per source index */
+	uint16_t *notify; /* producer ranks to notify */
+	struct kvp_pstream *streams;
+	struct kvp_pset *sets;
+	struct kvp_piece *pieces;
+	struct kvp_pview *lviews, *rviews;
+	/* everything above lives in this one allocation */
+};
+
+/* Formats a message into msg[msglen] if msg is not NULL. */
+KVP_HIDDEN void kvp__msg(char *msg, size_t msglen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* Producer ranks each consumer rank reads from: bit p of *mask (p < 64) and,
+ * for any P, the per-rank flags in used[remote_tp] when used is not NULL.
+ * `rank` overrides the local layout's rank. Returns 0, -EPROTO (with msg), or
+ * -ENOMEM. */
+KVP_HIDDEN int kvp__sources(const kvp_layout *local, uint32_t rank,
+			    const kvp_layout *remote, uint8_t *used, char *msg,
+			    size_t msglen);
+
+/* Producer ranks [lo, hi) that consumer rank c of D notifies to cover all
+ * P producers. */
+KVP_HIDDEN void kvp__notify_cover(uint32_t c, uint32_t D, uint32_t P,
+				  uint32_t *lo, uint32_t *hi);
+
+static inline uint64_t kvp__gcd(uint64_t a, uint64_t b)
+{
+	while (b) {
+		uint64_t t = a % b;
+		a = b;
+		b = t;
+	}
+	return a;
+}
+
+#endif

@@ -1,0 +1,360 @@
+// SPDX-License-Identifier: MIT
+/* Layouts: building, validating and inspecting an engine rank's KV cache. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+int kvp_shard_range(uint32_t total, uint32_t tp_size, uint32_t rank,
+		    uint32_t *start, uint32_t *len)
+{
+	if (!total || !tp_size || rank >= tp_size)
+		return -EINVAL;
+	if (total % tp_size == 0) {
+		*start = total / tp_size * rank;
+		*len = total / tp_size;
+		return 0;
+	}
+	if (tp_size % total == 0) {
+		*start = rank / (tp_size / total);
+		*len = 1;
+		return 0;
+	}
+	return -EINVAL;
+}
+
+int kvp_layout_create(const struct kvp_layout_attr *attr, kvp_layout **out)
+{
+	kvp_layout *l;
+
+	if (!attr || !out || attr->comp_mask || !attr->tp_size ||
+	    attr->tp_rank >= attr->tp_size || attr->tp_size > UINT16_MAX)
+		return -EINVAL;
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	l->attr = *attr;
+	*out = l;
+	return 0;
+}
+
+void kvp_layout_destroy(kvp_layout *l)
+{
+	if (!l)
+		return;
+	free(l->groups);
+	free(l->regions);
+	free(l->views);
+	free(l->fields);
+	free(l);
+}
+
+static int dup_array(void **dst, const void *src, size_t n, size_t size)
+{
+	*dst = NULL;
+	if (!n)
+		return 0;
+	*dst = malloc(n * size);
+	if (!*dst)
+		return -ENOMEM;
+	memcpy(*dst, src, n * size);
+	return 0;
+}
+
+int kvp_layout_clone(const kvp_layout *l, kvp_layout **out)
+{
+	kvp_layout *c;
+
+	if (!l || !out)
+		return -EINVAL;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->attr = l->attr;
+	if (dup_array((void **)&c->groups, l->groups, l->ngroups,
+		      sizeof(*l->groups)) ||
+	    dup_array((void **)&c->regions, l->regions, l->nregions,
+		      sizeof(*l->regions)) ||
+	    dup_array((void **)&c->views, l->views, l->nviews,
+		      sizeof(*l->views)) ||
+	    dup_array((void **)&c->fields, l->fields, l->nfields,
+		      sizeof(*l->fields))) {
+		kvp_layout_destroy(c);
+		return -ENOMEM;
+	}
+	c->ngroups = c->cap_groups = l->ngroups;
+	c->nregions = c->cap_regions = l->nregions;
+	c->nviews = c->cap_views = l->nviews;
+	c->nfields = c->cap_fields = l->nfields;
+	*out = c;
+	return 0;
+}
+
+/* Makes room for one more element; the array is unchanged on failure. */
+static int grow(void **arr, uint32_t *cap, uint32_t n, size_t size)
+{
+	uint32_t ncap;
+	void *p;
+
+	if (n < *cap)
+		return 0;
+	if (n >= UINT32_MAX / 2)
+		return -ENOMEM;
+	ncap = *cap ? *cap * 2 : 8;
+	p = realloc(*arr, (size_t)ncap * size);
+	if (!p)
+		return -ENOMEM;
+	*arr = p;
+	*cap = ncap;
+	return 0;
+}
+
+int kvp_layout_add_group(kvp_layout *l, const struct kvp_group_desc *g,
+			 uint32_t *id)
+{
+	if (!l || !g || g->comp_mask || g->kind >= KVP_GROUP_KIND_COUNT)
+		return -EINVAL;
+	if ((g->kind == KVP_GROUP_STATE) != (g->block_tokens == 0))
+		return -EINVAL;
+	if (l->ngroups >= UINT16_MAX)
+		return -EINVAL;
+	if (grow((void **)&l->groups, &l->cap_groups, l->ngroups,
+		 sizeof(*g)))
+		return -ENOMEM;
+	l->groups[l->ngroups] = *g;
+	if (id)
+		*id = l->ngroups;
+	l->ngroups++;
+	return 0;
+}
+
+int kvp_layout_add_region(kvp_layout *l, uint64_t size, uint32_t *id)
+{
+	if (!l || !size)
+		return -EINVAL;
+	if (grow((void **)&l->regions, &l->cap_regions, l->nregions,
+		 sizeof(*l->regions)))
+		return -ENOMEM;
+	l->regions[l->nregions] = size;
+	if (id)
+		*id = l->nregions;
+	l->nregions++;
+	return 0;
+}
+
+int kvp_layout_add_view(kvp_layout *l, const struct kvp_view_desc *v,
+			uint32_t *id)
+{
+	uint64_t end;
+
+	if (!l || !v || v->comp_mask || v->group >= l->ngroups ||
+	    v->region >= l->nregions || !v->num_blocks || !v->stride ||
+	    v->stride > UINT32_MAX)
+		return -EINVAL;
+	/* Page 0 .. num_blocks-1 must start inside the region; the fields'
+	 * extents are checked as they are added. */
+	if (__builtin_mul_overflow((uint64_t)v->num_blocks - 1, v->stride,
+				   &end) ||
+	    __builtin_add_overflow(end, v->offset, &end) ||
+	    end >= l->regions[v->region])
+		return -EINVAL;
+	if (grow((void **)&l->views, &l->cap_views, l->nviews, sizeof(*v)))
+		return -ENOMEM;
+	l->views[l->nviews] = *v;
+	if (id)
+		*id = l->nviews;
+	l->nviews++;
+	return 0;
+}
+
+/* Byte just past the last element of a field, relative to the page start,
+ * or 0 on overflow. */
+static uint64_t field_extent(const struct kvp_field_desc *f)
+{
+	uint64_t end = f->offset, t;
+	uint32_t i;
+
+	for (i = 0; i < f->ndim; i++) {
+		if (__builtin_mul_overflow((uint64_t)f->dim[i].size - 1,
+					   f->dim[i].stride, &t) ||
+		    __builtin_add_overflow(end, t, &end))
+			return 0;
+	}
+	if (__builtin_add_overflow(end, f->elem_size, &end))
+		return 0;
+	return end;
+}
+
+static int check_field(const kvp_layout *l, uint32_t view,
+		       const struct kvp_field_desc *f)
+{
+	const struct kvp_view_desc *v = &l->views[view];
+	const struct kvp_group_desc *g = &l->groups[v->group];
+	uint64_t tokens = 1, ext, last;
+	uint32_t i, start, len, ntok = 0;
+
+	if (f->comp_mask || f->kind >= KVP_FIELD_KIND_COUNT ||
+	    !f->elem_size || !f->ndim || f->ndim > KVP_MAX_DIMS)
+		return -EINVAL;
+	for (i = 0; i < f->ndim; i++) {
+		if (!f->dim[i].size || f->dim[i].axis >= KVP_AXIS_COUNT)
+			return -EINVAL;
+		if (f->dim[i].axis == KVP_AXIS_TOKEN) {
+			tokens *= f->dim[i].size;
+			ntok++;
+		}
+	}
+	if (g->kind == KVP_GROUP_STATE ? ntok != 0 : tokens != g->block_tokens)
+		return -EINVAL;
+	if (f->shard_dim != KVP_NO_SHARD) {
+		const struct kvp_dim *sd;
+
+		if (f->shard_dim >= f->ndim)
+			return -EINVAL;
+		sd = &f->dim[f->shard_dim];
+		if (sd->axis == KVP_AXIS_TOKEN || sd->axis == KVP_AXIS_AUX)
+			return -EINVAL;
+		if (kvp_shard_range(f->shard_total, l->attr.tp_size,
+				    l->attr.tp_rank, &start, &len) ||
+		    sd->size != len)
+			return -EINVAL;
+		for (i = 0; i < f->ndim; i++)
+			if (i != f->shard_dim && f->dim[i].axis == sd->axis)
+				return -EINVAL;
+	} else if (f->shard_total) {
+		return -EINVAL;
+	}
+	ext = field_extent(f);
+	if (!ext || ext > UINT32_MAX)
+		return -EINVAL;
+	last = v->offset + (uint64_t)(v->num_blocks - 1) * v->stride;
+	if (__builtin_add_overflow(last, ext, &last) ||
+	    last > l->regions[v->region])
+		return -EINVAL;
+	for (i = 0; i < l->nfields; i++) {
+		const struct kvp_view_desc *o = &l->views[l->fields[i].view];
+
+		if (o->group == v->group && o->layer == v->layer &&
+		    l->fields[i].d.kind == f->kind)
+			return -EINVAL;
+	}
+	return 0;
+}
+
+int kvp_layout_add_field(kvp_layout *l, uint32_t view,
+			 const struct kvp_field_desc *f)
+{
+	int err;
+
+	if (!l || !f || view >= l->nviews)
+		return -EINVAL;
+	err = check_field(l, view, f);
+	if (err)
+		return err;
+	if (grow((void **)&l->fields, &l->cap_fields, l->nfields,
+		 sizeof(*l->fields)))
+		return -ENOMEM;
+	l->fields[l->nfields].d = *f;
+	l->fields[l->nfields].view = view;
+	l->nfields++;
+	return 0;
+}
+
+void kvp_layout_get_info(const kvp_layout *l, struct kvp_layout_info *info)
+{
+	info->engine_id = l->attr.engine_id;
+	info->tp_size = l->attr.tp_size;
+	info->tp_rank = l->attr.tp_rank;
+	info->ngroups = l->ngroups;
+	info->nregions = l->nregions;
+	info->nviews = l->nviews;
+	info->nfields = l->nfields;
+}
+
+int kvp_layout_get_group(const kvp_layout *l, uint32_t i,
+			 struct kvp_group_desc *g)
+{
+	if (!l || !g || i >= l->ngroups)
+		return -EINVAL;
+	*g = l->groups[i];
+	return 0;
+}
+
+int kvp_layout_get_region(const kvp_layout *l, uint32_t i, uint64_t *size)
+{
+	if (!l || !size || i >= l->nregions)
+		return -EINVAL;
+	*size = l->regions[i];
+	return 0;
+}
+
+int kvp_layout_get_view(const kvp_layout *l, uint32_t i,
+			struct kvp_view_desc *v)
+{
+	if (!l || !v || i >= l->nviews)
+		return -EINVAL;
+	*v = l->views[i];
+	return 0;
+}
+
+int kvp_layout_get_field(const kvp_layout *l, uint32_t i, uint32_t *view,
+			 struct kvp_field_desc *f)
+{
+	if (!l || !f || i >= l->nfields)
+		return -EINVAL;
+	*f = l->fields[i].d;
+	if (view)
+		*view = l->fields[i].view;
+	return 0;
+}
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+	h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+	return h * 0xff51afd7ed558ccdull;
+}
+
+uint64_t kvp_layout_compat_hash(const kvp_layout *l)
+{
+	uint64_t h = 0x6b7670756c6cull, fh = 0;
+	uint32_t i, d;
+
+	h = mix(h, l->ngroups);
+	for (i = 0; i < l->ngroups; i++)
+		h = mix(h, l->groups[i].kind);
+	/* Fields in any order: combine their hashes commutatively. */
+	for (i = 0; i < l->nfields; i++) {
+		const struct kvp_field_desc *f = &l->fields[i].d;
+		const struct kvp_view_desc *v = &l->views[l->fields[i].view];
+		uint64_t ext[KVP_AXIS_COUNT], x = 0;
+
+		for (d = 0; d < KVP_AXIS_COUNT; d++)
+			ext[d] = 1;
+		for (d = 0; d < f->ndim; d++)
+			ext[f->dim[d].axis] *= f->dim[d].size;
+		if (f->shard_dim != KVP_NO_SHARD)
+			ext[f->dim[f->shard_dim].axis] = f->shard_total;
+		ext[KVP_AXIS_TOKEN] = 1; /* block size may differ */
+		x = mix(x, v->group);
+		x = mix(x, v->layer);
+		x = mix(x, f->kind);
+		x = mix(x, f->elem_size);
+		for (d = 0; d < KVP_AXIS_COUNT; d++)
+			x = mix(x, ext[d]);
+		fh += x;
+	}
+	return mix(h, fh);
+}
+
+void kvp__msg(char *msg, size_t msglen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!msg || !msglen)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, msglen, fmt, ap);
+	va_end(ap);
+}
