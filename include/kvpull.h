@@ -225,6 +225,41 @@ KVP_API KVP_MUST_CHECK int kvp_layout_get_field(const kvp_layout *layout,
  * independent of TP size, rank, block size and memory layout. */
 KVP_API uint64_t kvp_layout_compat_hash(const kvp_layout *layout);
 
+/* Where a region lives on its owner, for remote access: set by the transport
+ * (or by a user carrying metadata over their own channel) and carried by the
+ * metadata blob. Both return 0, or -EINVAL for a bad index. */
+KVP_API KVP_MUST_CHECK int kvp_layout_set_region_key(kvp_layout *layout,
+						     uint32_t region,
+						     uint64_t addr,
+						     uint32_t rkey);
+KVP_API KVP_MUST_CHECK int kvp_layout_get_region_key(const kvp_layout *layout,
+						     uint32_t region,
+						     uint64_t *addr,
+						     uint32_t *rkey);
+
+/* ------------------------------------------------------------------------
+ * Metadata blob: a layout (with region keys) on the wire.
+ *
+ * Magic "KVPM", version, section lengths, fixed-width little-endian fields,
+ * the compatibility hash. Decoding checks every length and every field
+ * before building anything and rejects the blob whole on any error.
+ * ---------------------------------------------------------------------- */
+
+#define KVP_META_VERSION 1
+
+/* Encodes `layout` into buf[cap]. Returns 0 and the blob length in *len;
+ * -EMSGSIZE when cap is too small (then *len receives the size needed and
+ * buf is untouched); -EINVAL. buf may be NULL with cap 0 to query the size. */
+KVP_API KVP_MUST_CHECK int kvp_meta_encode(const kvp_layout *layout, void *buf,
+					   size_t cap, size_t *len);
+
+/* Decodes a blob. Returns 0 and a new layout owned by the caller; -EPROTO
+ * for anything malformed (bad magic, unknown version, a length that does not
+ * add up, an invalid group, view or field, a hash that does not match);
+ * -EMSGSIZE for a truncated blob; -ENOMEM. Never reads past buf[len]. */
+KVP_API KVP_MUST_CHECK int kvp_meta_decode(const void *buf, size_t len,
+					   kvp_layout **out);
+
 /* ------------------------------------------------------------------------
  * Models and engine layouts
  * ---------------------------------------------------------------------- */

@@ -20,7 +20,9 @@ struct kvp_field {
 struct kvp_layout {
 	struct kvp_layout_attr attr;
 	struct kvp_group_desc *groups;
-	uint64_t *regions;
+	uint64_t *regions; /* sizes */
+	uint64_t *raddr;   /* per region: address on its owner, or 0 */
+	uint32_t *rkey;	   /* per region: remote key, or 0 */
 	struct kvp_view_desc *views;
 	struct kvp_field *fields;
 	uint32_t ngroups, nregions, nviews, nfields;

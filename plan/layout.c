@@ -46,6 +46,8 @@ void kvp_layout_destroy(kvp_layout *l)
 		return;
 	free(l->groups);
 	free(l->regions);
+	free(l->raddr);
+	free(l->rkey);
 	free(l->views);
 	free(l->fields);
 	free(l);
@@ -77,6 +79,10 @@ int kvp_layout_clone(const kvp_layout *l, kvp_layout **out)
 		      sizeof(*l->groups)) ||
 	    dup_array((void **)&c->regions, l->regions, l->nregions,
 		      sizeof(*l->regions)) ||
+	    dup_array((void **)&c->raddr, l->raddr, l->nregions,
+		      sizeof(*l->raddr)) ||
+	    dup_array((void **)&c->rkey, l->rkey, l->nregions,
+		      sizeof(*l->rkey)) ||
 	    dup_array((void **)&c->views, l->views, l->nviews,
 		      sizeof(*l->views)) ||
 	    dup_array((void **)&c->fields, l->fields, l->nfields,
@@ -134,10 +140,24 @@ int kvp_layout_add_region(kvp_layout *l, uint64_t size, uint32_t *id)
 {
 	if (!l || !size)
 		return -EINVAL;
-	if (grow((void **)&l->regions, &l->cap_regions, l->nregions,
-		 sizeof(*l->regions)))
-		return -ENOMEM;
+	uint32_t cap = l->cap_regions;
+
+	/* Three arrays share one capacity: grow all, then commit it. */
+	if (l->nregions >= cap) {
+		uint32_t c2 = cap, c3 = cap;
+
+		if (grow((void **)&l->regions, &cap, l->nregions,
+			 sizeof(*l->regions)) ||
+		    grow((void **)&l->raddr, &c2, l->nregions,
+			 sizeof(*l->raddr)) ||
+		    grow((void **)&l->rkey, &c3, l->nregions,
+			 sizeof(*l->rkey)))
+			return -ENOMEM;
+		l->cap_regions = cap;
+	}
 	l->regions[l->nregions] = size;
+	l->raddr[l->nregions] = 0;
+	l->rkey[l->nregions] = 0;
 	if (id)
 		*id = l->nregions;
 	l->nregions++;
@@ -287,6 +307,26 @@ int kvp_layout_get_region(const kvp_layout *l, uint32_t i, uint64_t *size)
 	if (!l || !size || i >= l->nregions)
 		return -EINVAL;
 	*size = l->regions[i];
+	return 0;
+}
+
+int kvp_layout_set_region_key(kvp_layout *l, uint32_t i, uint64_t addr,
+			      uint32_t rkey)
+{
+	if (!l || i >= l->nregions)
+		return -EINVAL;
+	l->raddr[i] = addr;
+	l->rkey[i] = rkey;
+	return 0;
+}
+
+int kvp_layout_get_region_key(const kvp_layout *l, uint32_t i, uint64_t *addr,
+			      uint32_t *rkey)
+{
+	if (!l || !addr || !rkey || i >= l->nregions)
+		return -EINVAL;
+	*addr = l->raddr[i];
+	*rkey = l->rkey[i];
 	return 0;
 }
 
