@@ -595,60 +595,68 @@ static int field_same(const struct kvp_field_desc *a,
 	return 1;
 }
 
-/* Views with the same group and the same fields share a shape id. */
-static int view_shapes(const kvp_layout *l, uint32_t *shape)
-{
-	uint32_t *first = malloc(((size_t)l->nviews + 1) * sizeof(*first));
-	uint32_t *nf = calloc((size_t)l->nviews + 1, sizeof(*nf));
-	uint32_t *rep = malloc(((size_t)l->nviews + 1) * sizeof(*rep));
-	uint32_t v, w, i, nrep = 0;
+/* Fields of each view: view v holds list[first[v] .. first[v + 1]). */
+struct csr {
+	uint32_t *first, *list;
+};
 
-	if (!first || !nf || !rep) {
-		free(first);
-		free(nf);
-		free(rep);
+static int view_csr(const kvp_layout *l, struct csr *c)
+{
+	uint32_t i, v, *fill;
+
+	c->first = calloc((size_t)l->nviews + 2, sizeof(*c->first));
+	c->list = malloc(((size_t)l->nfields + 1) * sizeof(*c->list));
+	fill = malloc(((size_t)l->nviews + 1) * sizeof(*fill));
+	if (!c->first || !c->list || !fill) {
+		free(fill);
 		return -ENOMEM;
 	}
-	for (v = 0; v < l->nviews; v++)
-		first[v] = UINT32_MAX;
-	for (i = 0; i < l->nfields; i++) {
-		v = l->fields[i].view;
-		if (first[v] == UINT32_MAX)
-			first[v] = i;
-		nf[v]++;
-	}
+	for (i = 0; i < l->nfields; i++)
+		c->first[l->fields[i].view + 1]++;
 	for (v = 0; v < l->nviews; v++) {
-		uint32_t k;
+		c->first[v + 1] += c->first[v];
+		fill[v] = c->first[v];
+	}
+	for (i = 0; i < l->nfields; i++)
+		c->list[fill[l->fields[i].view]++] = i;
+	free(fill);
+	return 0;
+}
+
+static void csr_free(struct csr *c)
+{
+	free(c->first);
+	free(c->list);
+}
+
+/* Views with the same group and the same fields share a shape id. */
+static int view_shapes(const kvp_layout *l, const struct csr *c,
+		       uint32_t *shape)
+{
+	uint32_t *rep = malloc(((size_t)l->nviews + 1) * sizeof(*rep));
+	uint32_t v, w, i, k, nrep = 0;
+
+	if (!rep)
+		return -ENOMEM;
+	for (v = 0; v < l->nviews; v++) {
+		uint32_t nf = c->first[v + 1] - c->first[v];
 
 		for (k = 0; k < nrep; k++) {
-			uint32_t a = first[v], b;
-
 			w = rep[k];
 			if (l->views[w].group != l->views[v].group ||
-			    nf[w] != nf[v])
+			    c->first[w + 1] - c->first[w] != nf)
 				continue;
-			/* Compare the fields of both views in order. */
-			b = first[w];
-			for (i = 0; i < nf[v]; i++) {
-				while (l->fields[a].view != v)
-					a++;
-				while (l->fields[b].view != w)
-					b++;
-				if (!field_same(&l->fields[a].d,
-						&l->fields[b].d))
+			for (i = 0; i < nf; i++)
+				if (!field_same(&l->fields[c->list[c->first[v] + i]].d,
+						&l->fields[c->list[c->first[w] + i]].d))
 					break;
-				a++;
-				b++;
-			}
-			if (i == nf[v])
+			if (i == nf)
 				break;
 		}
 		if (k == nrep)
 			rep[nrep++] = v;
 		shape[v] = k;
 	}
-	free(first);
-	free(nf);
 	free(rep);
 	return 0;
 }
@@ -664,6 +672,11 @@ struct work {
 	char *msg;
 	size_t msglen;
 	uint32_t *lshape, *rshape, *ridx;
+	struct csr lcsr, rcsr;
+	struct pair *pairs;
+	uint32_t npairs, cap_pairs;
+	uint32_t *entries;
+	uint32_t nentries, cap_entries;
 	struct period per[MAX_GROUPS];
 	struct pvec pieces;
 	struct kvp_pset *sets;
@@ -791,19 +804,83 @@ static int push_stream(struct work *w, uint32_t lv, uint32_t rv, uint32_t rank,
 	return 0;
 }
 
+/* A (local shape, remote shape) pair planned once: its sets in order. */
+struct pair {
+	uint32_t lshape, rshape, first, n;
+};
+
+static int begin_pair(struct work *w, uint32_t lv, uint32_t rv)
+{
+	if (w->npairs == w->cap_pairs) {
+		uint32_t cap = w->cap_pairs ? w->cap_pairs * 2 : 16;
+		void *a = realloc(w->pairs, cap * sizeof(*w->pairs));
+
+		if (!a)
+			return -ENOMEM;
+		w->pairs = a;
+		w->cap_pairs = cap;
+	}
+	w->pairs[w->npairs].lshape = w->lshape[lv];
+	w->pairs[w->npairs].rshape = w->rshape[rv];
+	w->pairs[w->npairs].first = w->nentries;
+	w->pairs[w->npairs].n = 0;
+	w->npairs++;
+	return 0;
+}
+
+static int pair_entry(struct work *w, uint32_t set)
+{
+	if (w->nentries == w->cap_entries) {
+		uint32_t cap = w->cap_entries ? w->cap_entries * 2 : 64;
+		void *a = realloc(w->entries, cap * sizeof(*w->entries));
+
+		if (!a)
+			return -ENOMEM;
+		w->entries = a;
+		w->cap_entries = cap;
+	}
+	w->entries[w->nentries++] = set;
+	return 0;
+}
+
+/* Pushes the streams of an already planned shape pair: returns 0 when it
+ * did, 1 when the pair is new, or a negative errno. */
+static int find_pair(struct work *w, uint32_t lv, uint32_t rv, uint32_t group)
+{
+	uint32_t i, k, P = w->r->attr.tp_size;
+	int err;
+
+	for (i = 0; i < w->npairs; i++) {
+		const struct pair *pr = &w->pairs[i];
+
+		if (pr->lshape != w->lshape[lv] || pr->rshape != w->rshape[rv])
+			continue;
+		for (k = 0; k < pr->n; k++) {
+			uint32_t set = w->entries[pr->first + k];
+			uint32_t rank = w->keys[set].rank;
+
+			err = push_stream(w, lv, rv, rank, set);
+			if (err)
+				return err;
+			w->gused[(size_t)group * P + rank] = 1;
+		}
+		return 0;
+	}
+	return 1;
+}
+
 /* Plans one local view: its fields grouped by remote view, then by rank. */
 static int plan_view(struct work *w, uint32_t lv, struct match *m)
 {
 	const kvp_layout *l = w->l, *r = w->r;
-	uint32_t group = l->views[lv].group, nm = 0, i, j, done = 0;
+	uint32_t group = l->views[lv].group, nm = 0, i, j, f, done = 0;
 	struct seg segs[256];
 	int err, n, k;
 
-	for (i = 0; i < l->nfields; i++) {
+	for (f = w->lcsr.first[lv]; f < w->lcsr.first[lv + 1]; f++) {
 		int rf;
 
-		if (l->fields[i].view != lv)
-			continue;
+		i = w->lcsr.list[f];
 		rf = find_field(r, w->ridx, l, i);
 		if (rf < 0) {
 			kvp__msg(w->msg, w->msglen,
@@ -812,9 +889,6 @@ static int plan_view(struct work *w, uint32_t lv, struct match *m)
 				 l->views[lv].layer);
 			return -EPROTO;
 		}
-		err = check_pair(l, i, r, (uint32_t)rf, w->msg, w->msglen);
-		if (err)
-			return err;
 		m[nm].lf = i;
 		m[nm].rf = (uint32_t)rf;
 		nm++;
@@ -837,10 +911,21 @@ static int plan_view(struct work *w, uint32_t lv, struct match *m)
 				done++;
 			}
 		}
+		/* Views of the same shapes were planned already: same sets. */
+		err = find_pair(w, lv, rv, group);
+		if (err <= 0)
+			return err;
+		err = begin_pair(w, lv, rv);
+		if (err)
+			return err;
 		/* Ranks this sub-list reads from, ascending. */
 		for (i = 0; i < r->attr.tp_size; i++)
 			w->used[i] = 0;
 		for (i = 0; i < nsub; i++) {
+			err = check_pair(l, sub[i].lf, r, sub[i].rf, w->msg,
+					 w->msglen);
+			if (err)
+				return err;
 			n = segments(&l->fields[sub[i].lf].d, l->attr.tp_size,
 				     l->attr.tp_rank, &r->fields[sub[i].rf].d,
 				     r->attr.tp_size, segs, 256);
@@ -860,7 +945,9 @@ static int plan_view(struct work *w, uint32_t lv, struct match *m)
 				return err;
 			if (!w->sets[set].count)
 				continue;
-			err = push_stream(w, lv, rv, j, set);
+			w->pairs[w->npairs - 1].n++;
+			err = pair_entry(w, set);
+			err = err ?: push_stream(w, lv, rv, j, set);
 			if (err)
 				return err;
 			w->gused[(size_t)group * r->attr.tp_size + j] = 1;
@@ -869,15 +956,31 @@ static int plan_view(struct work *w, uint32_t lv, struct match *m)
 	return 0;
 }
 
-static int stream_cmp(const void *x, const void *y)
+/* Orders streams by source rank, keeping the local view order within one
+ * (a stable counting sort: they were generated in view order). */
+static int sort_streams(struct work *w)
 {
-	const struct kvp_pstream *a = x, *b = y;
+	uint32_t P = w->r->attr.tp_size, i;
+	uint32_t *pos = calloc((size_t)P + 1, sizeof(*pos));
+	struct kvp_pstream *out = malloc(((size_t)w->nstreams + 1) *
+					 sizeof(*out));
 
-	if (a->src != b->src)
-		return a->src < b->src ? -1 : 1;
-	if (a->lview != b->lview)
-		return a->lview < b->lview ? -1 : 1;
-	return a->rview < b->rview ? -1 : a->rview > b->rview;
+	if (!pos || !out) {
+		free(pos);
+		free(out);
+		return -ENOMEM;
+	}
+	for (i = 0; i < w->nstreams; i++)
+		pos[w->streams[i].src + 1]++;
+	for (i = 0; i < P; i++)
+		pos[i + 1] += pos[i];
+	for (i = 0; i < w->nstreams; i++)
+		out[pos[w->streams[i].src]++] = w->streams[i];
+	free(w->streams);
+	free(pos);
+	w->streams = out;
+	w->cap_streams = w->nstreams + 1;
+	return 0;
 }
 
 /* Block-id bounds of each group: the smallest view on each side. */
@@ -943,11 +1046,15 @@ static void work_free(struct work *w)
 {
 	free(w->lshape);
 	free(w->rshape);
+	csr_free(&w->lcsr);
+	csr_free(&w->rcsr);
 	free(w->ridx);
 	free(w->pieces.p);
 	free(w->sets);
 	free(w->keys);
 	free(w->streams);
+	free(w->pairs);
+	free(w->entries);
 	free(w->used);
 	free(w->gused);
 }
@@ -1099,15 +1206,17 @@ int kvp_plan_compile(const kvp_layout *l, const kvp_layout *r,
 	m = malloc(((size_t)l->nfields + 1) * 2 * sizeof(*m));
 	if (!w.lshape || !w.rshape || !w.ridx || !w.used || !w.gused || !m)
 		goto out;
-	err = view_shapes(l, w.lshape);
-	err = err ?: view_shapes(r, w.rshape);
+	err = view_csr(l, &w.lcsr);
+	err = err ?: view_csr(r, &w.rcsr);
+	err = err ?: view_shapes(l, &w.lcsr, w.lshape);
+	err = err ?: view_shapes(r, &w.rcsr, w.rshape);
 	for (v = 0; !err && v < l->nviews; v++)
 		err = plan_view(&w, v, m);
 	err = err ?: check_bounds(&w);
 	if (err)
 		goto out;
-	qsort(w.streams, w.nstreams, sizeof(*w.streams), stream_cmp);
-	err = build_plan(&w, max_sge, out);
+	err = sort_streams(&w);
+	err = err ?: build_plan(&w, max_sge, out);
 out:
 	if (err == -EPROTO && msg && msglen && !msg[0])
 		kvp__msg(msg, msglen, "layouts cannot be matched");

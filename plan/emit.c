@@ -91,14 +91,135 @@ void kvp_plan_emit_bound(const kvp_plan *p, uint32_t max_ids,
 	*max_sges = (uint32_t)n;
 }
 
+/* The WR being built, kept in locals of the emit loop. */
+struct cursor {
+	struct kvp_wr *wr, *w;
+	struct kvp_sge *sge, *s;
+	uint32_t nwr, nsge, wr_cap, sge_cap, max_sge;
+	uint64_t rend, lend; /* next contiguous remote and local offsets */
+	uint32_t rreg, lreg, src, group;
+	int open;
+};
+
+/* Appends `len` bytes read at remote `ro` into local `lo`: extends the
+ * current SGE, adds one to the current WR, or opens a WR. */
+static inline int put(struct cursor *c, uint64_t ro, uint64_t lo,
+		      uint32_t len, uint32_t rreg, uint32_t lreg)
+{
+	if (c->open && ro == c->rend && rreg == c->rreg &&
+	    c->w->len + (uint64_t)len <= MAX_WR_LEN) {
+		if (lo == c->lend && lreg == c->lreg) {
+			c->s->len += len;
+			c->w->len += len;
+			c->rend += len;
+			c->lend += len;
+			return 0;
+		}
+		if (c->w->nsge < c->max_sge) {
+			if (kvp_unlikely(c->nsge == c->sge_cap))
+				return -ENOSPC;
+			c->s = &c->sge[c->nsge++];
+			c->s->offset = lo;
+			c->s->len = len;
+			c->s->region = lreg;
+			c->w->nsge++;
+			c->w->len += len;
+			c->rend += len;
+			c->lend = lo + len;
+			c->lreg = lreg;
+			return 0;
+		}
+	}
+	if (kvp_unlikely(c->nwr == c->wr_cap || c->nsge == c->sge_cap))
+		return -ENOSPC;
+	c->w = &c->wr[c->nwr++];
+	c->s = &c->sge[c->nsge];
+	c->w->offset = ro;
+	c->w->len = len;
+	c->w->region = rreg;
+	c->w->src = c->src;
+	c->w->group = c->group;
+	c->w->sge_first = c->nsge++;
+	c->w->nsge = 1;
+	c->s->offset = lo;
+	c->s->len = len;
+	c->s->region = lreg;
+	c->rend = ro + len;
+	c->lend = lo + len;
+	c->rreg = rreg;
+	c->lreg = lreg;
+	c->open = 1;
+	return 0;
+}
+
+/* One stream over the request's periods. Periods of one block on each side
+ * (the common case) need no per-piece filter: block k pairs with block k. */
+static int emit_stream(struct cursor *c, const kvp_plan *p,
+		       const struct kvp_pstream *st, const struct need *n,
+		       const struct kvp_ids *id)
+{
+	const struct kvp_pset *set = &p->sets[st->set];
+	const struct kvp_pgroup *pg = &p->groups[set->group];
+	const struct kvp_pview *lv = &p->lviews[st->lview];
+	const struct kvp_pview *rv = &p->rviews[st->rview];
+	const struct kvp_piece *pc = p->pieces + set->first;
+	const struct kvp_piece *pe = pc + set->count, *q;
+	const uint32_t *lids = id->local, *rids = id->remote;
+	const uint32_t rreg = rv->region, lreg = lv->region;
+	uint32_t k;
+	int err;
+
+	if (c->src != st->src)
+		c->open = 0;
+	c->src = st->src;
+	c->group = set->group;
+	if (kvp_likely(pg->lper == 1 && pg->rper == 1)) {
+		uint32_t k1 = n->lend < n->rend ? n->lend : n->rend;
+
+		for (k = n->skip; k < k1; k++) {
+			uint64_t rb = rv->offset + (uint64_t)rids[k] * rv->stride;
+			uint64_t lb = lv->offset +
+				      (uint64_t)lids[k - n->skip] * lv->stride;
+
+			for (q = pc; q < pe; q++) {
+				err = put(c, rb + q->roff, lb + q->loff, q->len,
+					  rreg, lreg);
+				if (kvp_unlikely(err))
+					return err;
+			}
+		}
+		return 0;
+	}
+	for (k = n->k0; k < n->k1; k++) {
+		uint32_t lb0 = k * pg->lper, rb0 = k * pg->rper;
+
+		for (q = pc; q < pe; q++) {
+			uint32_t L = lb0 + q->lbi, R = rb0 + q->rbi;
+
+			if (L < n->skip || L >= n->lend || R >= n->rend)
+				continue;
+			err = put(c,
+				  rv->offset + (uint64_t)rids[R] * rv->stride +
+					  q->roff,
+				  lv->offset +
+					  (uint64_t)lids[L - n->skip] *
+						  lv->stride +
+					  q->loff,
+				  q->len, rreg, lreg);
+			if (kvp_unlikely(err))
+				return err;
+		}
+	}
+	return 0;
+}
+
 int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
 		  struct kvp_wr *wr, uint32_t wr_cap, struct kvp_sge *sge,
 		  uint32_t sge_cap, uint32_t *src_end)
 {
 	struct need need[MAX_GROUPS];
-	struct kvp_wr *w = NULL;
-	uint32_t nwr = 0, nsge = 0, si, cur_src = 0;
-	const uint32_t max_sge = p->max_sge;
+	struct cursor c;
+	uint32_t si, cur_src = 0;
 	int err;
 
 	if (!p || !ids || (wr_cap && !wr) || (sge_cap && !sge))
@@ -106,88 +227,30 @@ int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
 	err = prepare(p, ids, need);
 	if (err)
 		return err;
+	memset(&c, 0, sizeof(c));
+	c.wr = wr;
+	c.sge = sge;
+	c.wr_cap = wr_cap;
+	c.sge_cap = sge_cap;
+	c.max_sge = p->max_sge;
+	c.src = UINT32_MAX;
 	for (si = 0; si < p->nstreams; si++) {
 		const struct kvp_pstream *st = &p->streams[si];
-		const struct kvp_pset *set = &p->sets[st->set];
-		const struct kvp_pgroup *pg = &p->groups[set->group];
-		const struct need *n = &need[set->group];
-		const struct kvp_ids *id = &ids[set->group];
-		const struct kvp_pview *lv = &p->lviews[st->lview];
-		const struct kvp_pview *rv = &p->rviews[st->rview];
-		const struct kvp_piece *pc = p->pieces + set->first;
-		const struct kvp_piece *pe = pc + set->count;
-		uint32_t k;
+		uint32_t g = p->sets[st->set].group;
 
 		if (src_end) {
 			while (cur_src < st->src)
-				src_end[cur_src++] = nwr;
+				src_end[cur_src++] = c.nwr;
 		}
-		for (k = n->k0; k < n->k1; k++) {
-			uint32_t lb0 = k * pg->lper, rb0 = k * pg->rper;
-			const struct kvp_piece *q;
-
-			for (q = pc; q < pe; q++) {
-				uint32_t L = lb0 + q->lbi, R = rb0 + q->rbi;
-				uint64_t ro, lo;
-
-				if (kvp_unlikely(L < n->skip || L >= n->lend ||
-						 R >= n->rend))
-					continue;
-				ro = rv->offset +
-				     (uint64_t)id->remote[R] * rv->stride +
-				     q->roff;
-				lo = lv->offset +
-				     (uint64_t)id->local[L - n->skip] *
-					     lv->stride +
-				     q->loff;
-				if (w && w->src == st->src &&
-				    w->region == rv->region &&
-				    w->offset + w->len == ro &&
-				    w->len + (uint64_t)q->len <= MAX_WR_LEN) {
-					struct kvp_sge *s =
-						&sge[w->sge_first + w->nsge - 1];
-
-					if (s->region == lv->region &&
-					    s->offset + s->len == lo) {
-						s->len += q->len;
-						w->len += q->len;
-						continue;
-					}
-					if (w->nsge < max_sge) {
-						if (kvp_unlikely(nsge == sge_cap))
-							return -ENOSPC;
-						s = &sge[nsge++];
-						s->offset = lo;
-						s->len = q->len;
-						s->region = lv->region;
-						w->nsge++;
-						w->len += q->len;
-						continue;
-					}
-				}
-				if (kvp_unlikely(nwr == wr_cap ||
-						 nsge == sge_cap))
-					return -ENOSPC;
-				w = &wr[nwr++];
-				w->offset = ro;
-				w->len = q->len;
-				w->region = rv->region;
-				w->src = st->src;
-				w->group = set->group;
-				w->sge_first = nsge;
-				w->nsge = 1;
-				sge[nsge].offset = lo;
-				sge[nsge].len = q->len;
-				sge[nsge].region = lv->region;
-				nsge++;
-			}
-		}
+		err = emit_stream(&c, p, st, &need[g], &ids[g]);
+		if (err)
+			return err;
 	}
 	if (src_end) {
 		while (cur_src < p->nsrc)
-			src_end[cur_src++] = nwr;
+			src_end[cur_src++] = c.nwr;
 	}
-	return (int)nwr;
+	return (int)c.nwr;
 }
 
 void kvp_plan_get_info(const kvp_plan *p, struct kvp_plan_info *info)

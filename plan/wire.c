@@ -1,0 +1,366 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The metadata blob: one engine rank's layout, with region keys, on the wire.
+ *
+ * Every integer is little endian, written and read byte by byte, so the
+ * format does not depend on the host or on struct padding. Offsets are in
+ * bytes. Version 1:
+ *
+ * Header, 56 bytes:
+ *    0  u8[4] magic        "KVPM"
+ *    4  u16   version      KVP_META_VERSION (1)
+ *    6  u16   header_len   56; the records start here
+ *    8  u32   total_len    bytes in the whole blob, header included
+ *   12  u32   reserved     0
+ *   16  u64   compat_hash  kvp_layout_compat_hash() of the layout
+ *   24  u64   engine_id
+ *   32  u32   tp_size
+ *   36  u32   tp_rank
+ *   40  u32   ngroups
+ *   44  u32   nregions
+ *   48  u32   nviews
+ *   52  u32   nfields
+ *
+ * Then ngroups group records, nregions region records, nviews view records
+ * and nfields field records, in that order and in id order, with no gaps:
+ * total_len == header_len + 8 * ngroups + 24 * nregions + 32 * nviews +
+ * 128 * nfields.
+ *
+ * Group, 8 bytes:
+ *    0  u32   kind         enum kvp_group_kind
+ *    4  u32   block_tokens
+ *
+ * Region, 24 bytes:
+ *    0  u64   size         bytes
+ *    8  u64   addr         address on the owner (0: not registered)
+ *   16  u32   rkey
+ *   20  u32   reserved     0
+ *
+ * View, 32 bytes:
+ *    0  u32   group
+ *    4  u32   region
+ *    8  u32   layer
+ *   12  u32   num_blocks
+ *   16  u64   offset
+ *   24  u64   stride
+ *
+ * Field, 128 bytes (fields in the order of the layout's field ids):
+ *    0  u32   view
+ *    4  u32   kind         enum kvp_field_kind
+ *    8  u32   elem_size
+ *   12  u32   ndim
+ *   16  u64   offset
+ *   24  u32   shard_dim    dim index or KVP_NO_SHARD
+ *   28  u32   shard_total
+ *   32  dim[KVP_MAX_DIMS], 16 bytes each:
+ *         0  u64  stride
+ *         8  u32  size
+ *        12  u32  axis      enum kvp_axis
+ *       dims at and past ndim are all zero.
+ *
+ * The descriptors' comp_mask fields are not carried: they are 0 in every
+ * valid layout. A decoder rejects the whole blob on any mismatch: magic,
+ * version, header_len, lengths, non-zero reserved bytes or unused dims, any
+ * record the layout builders refuse, a region whose [addr, addr + size)
+ * wraps, or a compat_hash that differs from the rebuilt layout's.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define HDR_LEN 56u
+#define GROUP_LEN 8u
+#define REGION_LEN 24u
+#define VIEW_LEN 32u
+#define DIM_LEN 16u
+#define FIELD_DIMS_OFF 32u
+#define FIELD_LEN (FIELD_DIMS_OFF + KVP_MAX_DIMS * DIM_LEN)
+
+static const uint8_t meta_magic[4] = { 'K', 'V', 'P', 'M' };
+
+static void put16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	put32(p, (uint32_t)v);
+	put32(p + 4, (uint32_t)(v >> 32));
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+	       (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
+}
+
+/* Blob length for the given counts, or 0 when it does not fit a u32. */
+static uint32_t blob_len(uint32_t ngroups, uint32_t nregions, uint32_t nviews,
+			 uint32_t nfields)
+{
+	uint64_t n = HDR_LEN, t;
+
+	if (__builtin_mul_overflow((uint64_t)ngroups, GROUP_LEN, &t) ||
+	    __builtin_add_overflow(n, t, &n) ||
+	    __builtin_mul_overflow((uint64_t)nregions, REGION_LEN, &t) ||
+	    __builtin_add_overflow(n, t, &n) ||
+	    __builtin_mul_overflow((uint64_t)nviews, VIEW_LEN, &t) ||
+	    __builtin_add_overflow(n, t, &n) ||
+	    __builtin_mul_overflow((uint64_t)nfields, FIELD_LEN, &t) ||
+	    __builtin_add_overflow(n, t, &n) || n > UINT32_MAX)
+		return 0;
+	return (uint32_t)n;
+}
+
+/* A region's remote range must not wrap: the transport adds offsets to addr
+ * and compares against addr + size. */
+static int region_key_ok(uint64_t size, uint64_t addr)
+{
+	uint64_t end;
+
+	return !__builtin_add_overflow(addr, size, &end);
+}
+
+static void encode_field(uint8_t *p, const struct kvp_field *f)
+{
+	uint32_t d;
+
+	put32(p, f->view);
+	put32(p + 4, f->d.kind);
+	put32(p + 8, f->d.elem_size);
+	put32(p + 12, f->d.ndim);
+	put64(p + 16, f->d.offset);
+	put32(p + 24, f->d.shard_dim);
+	put32(p + 28, f->d.shard_total);
+	memset(p + FIELD_DIMS_OFF, 0, KVP_MAX_DIMS * DIM_LEN);
+	for (d = 0; d < f->d.ndim && d < KVP_MAX_DIMS; d++) {
+		uint8_t *q = p + FIELD_DIMS_OFF + d * DIM_LEN;
+
+		put64(q, f->d.dim[d].stride);
+		put32(q + 8, f->d.dim[d].size);
+		put32(q + 12, f->d.dim[d].axis);
+	}
+}
+
+int kvp_meta_encode(const kvp_layout *l, void *buf, size_t cap, size_t *len)
+{
+	uint8_t *p = buf;
+	uint32_t need, i;
+
+	if (!l || !len || (!buf && cap))
+		return -EINVAL;
+	need = blob_len(l->ngroups, l->nregions, l->nviews, l->nfields);
+	if (!need)
+		return -EINVAL;
+	for (i = 0; i < l->nregions; i++)
+		if (!region_key_ok(l->regions[i], l->raddr[i]))
+			return -EINVAL;
+	if (cap < need) {
+		*len = need;
+		return -EMSGSIZE;
+	}
+
+	memcpy(p, meta_magic, sizeof(meta_magic));
+	put16(p + 4, KVP_META_VERSION);
+	put16(p + 6, HDR_LEN);
+	put32(p + 8, need);
+	put32(p + 12, 0);
+	put64(p + 16, kvp_layout_compat_hash(l));
+	put64(p + 24, l->attr.engine_id);
+	put32(p + 32, l->attr.tp_size);
+	put32(p + 36, l->attr.tp_rank);
+	put32(p + 40, l->ngroups);
+	put32(p + 44, l->nregions);
+	put32(p + 48, l->nviews);
+	put32(p + 52, l->nfields);
+	p += HDR_LEN;
+	for (i = 0; i < l->ngroups; i++, p += GROUP_LEN) {
+		put32(p, l->groups[i].kind);
+		put32(p + 4, l->groups[i].block_tokens);
+	}
+	for (i = 0; i < l->nregions; i++, p += REGION_LEN) {
+		put64(p, l->regions[i]);
+		put64(p + 8, l->raddr[i]);
+		put32(p + 16, l->rkey[i]);
+		put32(p + 20, 0);
+	}
+	for (i = 0; i < l->nviews; i++, p += VIEW_LEN) {
+		const struct kvp_view_desc *v = &l->views[i];
+
+		put32(p, v->group);
+		put32(p + 4, v->region);
+		put32(p + 8, v->layer);
+		put32(p + 12, v->num_blocks);
+		put64(p + 16, v->offset);
+		put64(p + 24, v->stride);
+	}
+	for (i = 0; i < l->nfields; i++, p += FIELD_LEN)
+		encode_field(p, &l->fields[i]);
+	*len = need;
+	return 0;
+}
+
+/* The layout builders answer -EINVAL for a bad description; coming from the
+ * wire, that is a malformed blob. */
+static int wire_err(int err)
+{
+	return err == -EINVAL ? -EPROTO : err;
+}
+
+static int decode_field(const uint8_t *p, uint32_t *view,
+			struct kvp_field_desc *f)
+{
+	uint32_t d, i;
+
+	memset(f, 0, sizeof(*f));
+	*view = get32(p);
+	f->kind = get32(p + 4);
+	f->elem_size = get32(p + 8);
+	f->ndim = get32(p + 12);
+	f->offset = get64(p + 16);
+	f->shard_dim = get32(p + 24);
+	f->shard_total = get32(p + 28);
+	if (f->ndim > KVP_MAX_DIMS)
+		return -EPROTO;
+	for (d = 0; d < KVP_MAX_DIMS; d++) {
+		const uint8_t *q = p + FIELD_DIMS_OFF + d * DIM_LEN;
+
+		if (d < f->ndim) {
+			f->dim[d].stride = get64(q);
+			f->dim[d].size = get32(q + 8);
+			f->dim[d].axis = get32(q + 12);
+			continue;
+		}
+		for (i = 0; i < DIM_LEN; i++)
+			if (q[i])
+				return -EPROTO;
+	}
+	return 0;
+}
+
+/* Rebuilds the layout from records whose lengths have been checked, through
+ * the public builders only, so remote data meets every check local data
+ * does. */
+static int decode_records(kvp_layout *l, const uint8_t *p,
+			  const uint32_t *count)
+{
+	uint32_t i, id;
+	int err;
+
+	for (i = 0; i < count[0]; i++, p += GROUP_LEN) {
+		struct kvp_group_desc g = { 0 };
+
+		g.kind = get32(p);
+		g.block_tokens = get32(p + 4);
+		err = kvp_layout_add_group(l, &g, &id);
+		if (err)
+			return wire_err(err);
+	}
+	for (i = 0; i < count[1]; i++, p += REGION_LEN) {
+		uint64_t size = get64(p), addr = get64(p + 8);
+
+		if (get32(p + 20) || !region_key_ok(size, addr))
+			return -EPROTO;
+		err = kvp_layout_add_region(l, size, &id);
+		if (!err)
+			err = kvp_layout_set_region_key(l, id, addr,
+							get32(p + 16));
+		if (err)
+			return wire_err(err);
+	}
+	for (i = 0; i < count[2]; i++, p += VIEW_LEN) {
+		struct kvp_view_desc v = { 0 };
+
+		v.group = get32(p);
+		v.region = get32(p + 4);
+		v.layer = get32(p + 8);
+		v.num_blocks = get32(p + 12);
+		v.offset = get64(p + 16);
+		v.stride = get64(p + 24);
+		err = kvp_layout_add_view(l, &v, &id);
+		if (err)
+			return wire_err(err);
+	}
+	for (i = 0; i < count[3]; i++, p += FIELD_LEN) {
+		struct kvp_field_desc f;
+		uint32_t view;
+
+		err = decode_field(p, &view, &f);
+		if (!err)
+			err = wire_err(kvp_layout_add_field(l, view, &f));
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+int kvp_meta_decode(const void *buf, size_t len, kvp_layout **out)
+{
+	const uint8_t *p = buf;
+	struct kvp_layout_attr attr = { 0 };
+	uint32_t count[4], total, i;
+	uint64_t hash;
+	kvp_layout *l;
+	int err;
+
+	if (!out || (!buf && len))
+		return -EINVAL;
+	/* Enough to tell a kvpull blob of a known version from anything
+	 * else; only then is a short buffer a truncation. */
+	if (len < 8)
+		return -EMSGSIZE;
+	if (memcmp(p, meta_magic, sizeof(meta_magic)) ||
+	    get16(p + 4) != KVP_META_VERSION || get16(p + 6) != HDR_LEN)
+		return -EPROTO;
+	if (len < HDR_LEN)
+		return -EMSGSIZE;
+	total = get32(p + 8);
+	if (total < HDR_LEN || get32(p + 12))
+		return -EPROTO;
+	if (total > len)
+		return -EMSGSIZE;
+	if (total < len)
+		return -EPROTO;
+	for (i = 0; i < 4; i++)
+		count[i] = get32(p + 40 + 4 * i);
+	if (blob_len(count[0], count[1], count[2], count[3]) != total)
+		return -EPROTO;
+
+	hash = get64(p + 16);
+	attr.engine_id = get64(p + 24);
+	attr.tp_size = get32(p + 32);
+	attr.tp_rank = get32(p + 36);
+	err = kvp_layout_create(&attr, &l);
+	if (err)
+		return wire_err(err);
+	err = decode_records(l, p + HDR_LEN, count);
+	if (!err && kvp_layout_compat_hash(l) != hash)
+		err = -EPROTO;
+	if (err) {
+		kvp_layout_destroy(l);
+		return err;
+	}
+	*out = l;
+	return 0;
+}

@@ -1,0 +1,218 @@
+// SPDX-License-Identifier: MIT
+/*
+ * kvpull-bench: planner benchmark. Prints plan compile time, plan size and
+ * emission cost per WR for a model pair. Public API only.
+ *
+ *   kvpull-bench [--model NAME] [--remote-tp P] [--local-tp D]
+ *                [--num-blocks N] [--request B] [--max-sge S]
+ *                [--layout flash_hnd|flash_nhd|flashinfer|packed]
+ *                [--iters N] [--random]
+ *
+ * Defaults: llama-3.1-70b (80 layers), TP 8 -> 2, 100000 blocks, 128-block
+ * requests, FLASH_HND, max_sge 16, consecutive block ids.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvpull.h"
+
+static double now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+static const char *const layouts[] = { "flash_nhd", "flash_hnd", "flashinfer",
+				       "packed" };
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvpull-bench [--model NAME] [--remote-tp P] [--local-tp D]\n"
+		"                    [--num-blocks N] [--request B] [--max-sge S]\n"
+		"                    [--layout flash_nhd|flash_hnd|flashinfer|packed]\n"
+		"                    [--iters N] [--random]\n"
+		"Compiles the plan of consumer rank 0 (TP D) pulling from a producer\n"
+		"engine (TP P) and emits requests of B blocks per group. Prints the\n"
+		"median compile time, the plan size, and emission ns per WR and per\n"
+		"block. --random draws block ids at random (no coalescing across\n"
+		"blocks); the default uses consecutive ids.\n");
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+	const char *model = "llama-3.1-70b";
+	uint32_t P = 8, D = 2, nblocks = 100000, req = 128, max_sge = 16;
+	uint32_t layout = 1, iters = 200, random_ids = 0, i, g;
+	struct kvp_engine_desc pe = { 0 }, de = { 0 };
+	struct kvp_plan_attr attr = { 0 };
+	struct kvp_plan_info info;
+	struct kvp_model m;
+	kvp_layout *local = NULL, *remote = NULL;
+	kvp_plan *plan = NULL;
+	struct kvp_wr *wr;
+	struct kvp_sge *sge;
+	struct kvp_ids ids[4];
+	uint32_t *lid, *rid, maxw, maxs;
+	double *t, sum = 0;
+	char msg[256] = "";
+	int err, n = 0;
+	uint64_t seed = 42;
+
+	for (i = 1; i < (uint32_t)argc; i++) {
+		const char *a = argv[i], *v = i + 1 < (uint32_t)argc ? argv[i + 1] : NULL;
+
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			usage(stdout);
+			return 0;
+		}
+		if (!strcmp(a, "--random")) {
+			random_ids = 1;
+			continue;
+		}
+		if (!v) {
+			usage(stderr);
+			return 2;
+		}
+		i++;
+		if (!strcmp(a, "--model"))
+			model = v;
+		else if (!strcmp(a, "--remote-tp"))
+			P = (uint32_t)strtoul(v, NULL, 0);
+		else if (!strcmp(a, "--local-tp"))
+			D = (uint32_t)strtoul(v, NULL, 0);
+		else if (!strcmp(a, "--num-blocks"))
+			nblocks = (uint32_t)strtoul(v, NULL, 0);
+		else if (!strcmp(a, "--request"))
+			req = (uint32_t)strtoul(v, NULL, 0);
+		else if (!strcmp(a, "--max-sge"))
+			max_sge = (uint32_t)strtoul(v, NULL, 0);
+		else if (!strcmp(a, "--iters"))
+			iters = (uint32_t)strtoul(v, NULL, 0);
+		else if (!strcmp(a, "--layout")) {
+			for (layout = 0; layout < 4; layout++)
+				if (!strcmp(v, layouts[layout]))
+					break;
+			if (layout == 4) {
+				usage(stderr);
+				return 2;
+			}
+		} else {
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (!iters || !req || req > nblocks) {
+		usage(stderr);
+		return 2;
+	}
+	err = kvp_model_preset(model, &m);
+	if (err) {
+		fprintf(stderr, "kvpull-bench: %s: %s\n", model, kvp_strerror(err));
+		return 1;
+	}
+	pe.engine_id = 1;
+	pe.tp_size = P;
+	pe.block_tokens = de.block_tokens = 16;
+	pe.num_blocks = de.num_blocks = nblocks;
+	pe.kv_layout = de.kv_layout = layout;
+	de.engine_id = 2;
+	de.tp_size = D;
+	err = kvp_layout_build(&m, &pe, &remote);
+	err = err ?: kvp_layout_build(&m, &de, &local);
+	if (err) {
+		fprintf(stderr, "kvpull-bench: layout: %s\n", kvp_strerror(err));
+		return 1;
+	}
+	attr.max_sge = max_sge;
+	t = calloc(iters, sizeof(*t));
+	for (i = 0; i < iters; i++) {
+		double t0 = now_ns();
+
+		kvp_plan_destroy(plan);
+		plan = NULL;
+		err = kvp_plan_compile(local, remote, &attr, &plan, msg,
+				       sizeof(msg));
+		t[i] = now_ns() - t0;
+		if (err) {
+			fprintf(stderr, "kvpull-bench: compile: %s: %s\n",
+				kvp_strerror(err), msg);
+			return 1;
+		}
+	}
+	qsort(t, iters, sizeof(*t), cmp_double);
+	kvp_plan_get_info(plan, &info);
+	printf("model %s, %u layers, TP %u -> %u (consumer rank 0), %u blocks, layout %s, max_sge %u\n",
+	       model, m.layers, P, D, nblocks, layouts[layout], max_sge);
+	printf("compile: median %.1f us, min %.1f us (%u runs)\n",
+	       t[iters / 2] / 1e3, t[0] / 1e3, iters);
+	printf("plan: %llu bytes, %u sources, %u streams, %u piece templates\n",
+	       (unsigned long long)info.bytes, info.nsrc, info.nstreams,
+	       info.npieces);
+
+	lid = calloc(req, sizeof(*lid));
+	rid = calloc(req, sizeof(*rid));
+	for (i = 0; i < req; i++) {
+		if (random_ids) {
+			seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+			lid[i] = (uint32_t)((seed >> 33) % nblocks);
+			seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+			rid[i] = (uint32_t)((seed >> 33) % nblocks);
+		} else {
+			lid[i] = 1000 + i;
+			rid[i] = 5000 + i;
+		}
+	}
+	for (g = 0; g < info.ngroups && g < 4; g++) {
+		ids[g].local = lid;
+		ids[g].remote = rid;
+		ids[g].nlocal = ids[g].nremote = req;
+		ids[g].tokens = 0;
+	}
+	kvp_plan_emit_bound(plan, req, &maxw, &maxs);
+	wr = calloc(maxw, sizeof(*wr));
+	sge = calloc(maxs, sizeof(*sge));
+	{
+		uint32_t reps = 2000;
+		double t0 = now_ns(), dt;
+		uint64_t sges = 0;
+
+		for (i = 0; i < reps; i++) {
+			n = kvp_plan_emit(plan, ids, wr, maxw, sge, maxs, NULL);
+			if (n < 0) {
+				fprintf(stderr, "kvpull-bench: emit: %s\n",
+					kvp_strerror(n));
+				return 1;
+			}
+			sum += n;
+		}
+		dt = now_ns() - t0;
+		for (i = 0; i < (uint32_t)n; i++)
+			sges += wr[i].nsge;
+		printf("emit: %d WRs, %llu SGEs per %u-block request (%s ids); %.2f ns per WR, %.3f ns per block per stream, %.1f us per request\n",
+		       n, (unsigned long long)sges, req,
+		       random_ids ? "random" : "consecutive", dt / sum,
+		       dt / reps / ((double)req * info.nstreams), dt / reps / 1e3);
+	}
+	free(t);
+	free(lid);
+	free(rid);
+	free(wr);
+	free(sge);
+	kvp_plan_destroy(plan);
+	kvp_layout_destroy(local);
+	kvp_layout_destroy(remote);
+	return 0;
+}
