@@ -276,16 +276,43 @@ enum kvp_kv_layout {
 	KVP_KV_LAYOUT_COUNT
 };
 
+/* State layers of hybrid models. */
+enum kvp_state_kind {
+	KVP_STATE_NONE = 0,
+	KVP_STATE_MAMBA2, /* conv state (x | B | C) + SSM state */
+	KVP_STATE_GDN,	  /* gated delta net: conv (q | k | v) + recurrent */
+	KVP_STATE_KIND_COUNT
+};
+
+/* Conv state memory order: channel-major (DS, vLLM's) or state-major. */
+enum kvp_conv_layout {
+	KVP_CONV_DS = 0, /* (channels, conv_kernel - 1) */
+	KVP_CONV_SD,	 /* (conv_kernel - 1, channels) */
+	KVP_CONV_LAYOUT_COUNT
+};
+
 /* A model's public configuration numbers. */
 struct kvp_model {
 	char name[48];
-	uint32_t layers;      /* attention (or MLA) layers */
+	uint32_t layers;      /* attention (or MLA) layers, full + sliding */
 	uint32_t kv_heads;    /* KV heads (ignored for MLA) */
 	uint32_t head_dim;    /* per head */
 	uint32_t dtype_bytes; /* KV cache element size */
 	uint32_t mla_latent;  /* MLA: kv_lora_rank + qk_rope_head_dim; 0 if
 			       * the model has no MLA */
 	uint32_t comp_mask;   /* must be 0 */
+	/* Sliding-window attention: how many of `layers` use a window (they
+	 * form their own group; full layers are spread evenly among them). */
+	uint32_t sliding_layers;
+	/* State layers (hybrid models), a group of their own. Mamba2: heads,
+	 * head_dim, state = d_state, groups = n_groups. GDN: heads = value
+	 * heads, head_dim = value head dim, state = key head dim, groups =
+	 * key heads. */
+	uint32_t state_kind;  /* enum kvp_state_kind */
+	uint32_t state_layers;
+	uint32_t conv_kernel; /* the conv state holds conv_kernel - 1 steps */
+	uint32_t ssm_heads, ssm_head_dim, ssm_state, ssm_groups;
+	uint32_t state_dtype_bytes; /* SSM / recurrent state element size */
 };
 
 /* How one engine runs a model. */
@@ -298,6 +325,7 @@ struct kvp_engine_desc {
 	uint32_t num_blocks;	      /* logical blocks per region */
 	uint32_t kv_layout;	      /* enum kvp_kv_layout (ignored for MLA) */
 	uint32_t comp_mask;	      /* must be 0 */
+	uint32_t conv_layout;	      /* enum kvp_conv_layout (state layers) */
 };
 
 /* Fills *m with the preset `name` (case-insensitive), see kvp_model_preset_name().
@@ -308,10 +336,23 @@ KVP_API KVP_MUST_CHECK int kvp_model_preset(const char *name,
 /* Name of the i-th preset, or NULL past the last. Static strings. */
 KVP_API const char *kvp_model_preset_name(uint32_t i);
 
-/* Builds the layout of one rank of an engine running model `m`. Returns 0
- * and a layout owned by the caller, -EINVAL when the numbers do not make a
- * layout (TP size neither dividing nor divided by the KV heads, kernel block
- * size not dividing the block size, zeros, sizes overflowing), -ENOMEM. */
+/* Builds the layout of one rank of an engine running model `m`.
+ *
+ * Groups, in order: full attention (or MLA) if any full layers, sliding
+ * window if m->sliding_layers, state if m->state_layers. Without state
+ * layers every attention layer has its own regions (K and V apart for the
+ * FLASH layouts). With state layers, memory is pooled as in vLLM's hybrid
+ * allocator: region i is shared by attention layer i and state layer i; the
+ * attention view pages hold K then V (each NHD or HND per kv_layout, or
+ * packed), and a state page spans the smallest whole number of attention
+ * pages that holds conv + SSM state (its "physical blocks per logical
+ * block"), so state block ids count in those larger pages (num_blocks /
+ * ratio of them).
+ *
+ * Returns 0 and a layout owned by the caller, -EINVAL when the numbers do
+ * not make a layout (TP size neither dividing nor divided by the KV heads or
+ * a sharded state dimension, kernel block size not dividing the block size,
+ * zeros, sizes overflowing), -ENOMEM. */
 KVP_API KVP_MUST_CHECK int kvp_layout_build(const struct kvp_model *m,
 					    const struct kvp_engine_desc *e,
 					    kvp_layout **out);

@@ -10,15 +10,43 @@
  * num_hidden_layers, num_key_value_heads, head_dim (or hidden_size /
  * num_attention_heads), bf16 caches; MLA: kv_lora_rank + qk_rope_head_dim. */
 static const struct kvp_model presets[] = {
-	{ "llama-3.1-8b", 32, 8, 128, 2, 0, 0 },
-	{ "llama-3.1-70b", 80, 8, 128, 2, 0, 0 },
-	{ "llama-3.1-405b", 126, 8, 128, 2, 0, 0 },
-	{ "mistral-7b", 32, 8, 128, 2, 0, 0 },
-	{ "qwen3-8b", 36, 8, 128, 2, 0, 0 },
-	{ "qwen2.5-7b", 28, 4, 128, 2, 0, 0 },
-	{ "qwen2.5-1.5b", 28, 2, 128, 2, 0, 0 },
-	{ "deepseek-v3", 61, 1, 576, 2, 576, 0 },
-	{ "deepseek-v2-lite", 27, 1, 576, 2, 576, 0 },
+	{ .name = "llama-3.1-8b", .layers = 32, .kv_heads = 8, .head_dim = 128,
+	  .dtype_bytes = 2 },
+	{ .name = "llama-3.1-70b", .layers = 80, .kv_heads = 8, .head_dim = 128,
+	  .dtype_bytes = 2 },
+	{ .name = "llama-3.1-405b", .layers = 126, .kv_heads = 8,
+	  .head_dim = 128, .dtype_bytes = 2 },
+	{ .name = "mistral-7b", .layers = 32, .kv_heads = 8, .head_dim = 128,
+	  .dtype_bytes = 2 },
+	{ .name = "qwen3-8b", .layers = 36, .kv_heads = 8, .head_dim = 128,
+	  .dtype_bytes = 2 },
+	{ .name = "qwen2.5-7b", .layers = 28, .kv_heads = 4, .head_dim = 128,
+	  .dtype_bytes = 2 },
+	{ .name = "qwen2.5-1.5b", .layers = 28, .kv_heads = 2, .head_dim = 128,
+	  .dtype_bytes = 2 },
+	{ .name = "deepseek-v3", .layers = 61, .kv_heads = 1, .head_dim = 576,
+	  .dtype_bytes = 2, .mla_latent = 576 },
+	{ .name = "deepseek-v2-lite", .layers = 27, .kv_heads = 1,
+	  .head_dim = 576, .dtype_bytes = 2, .mla_latent = 576 },
+	/* 48 layers, every 6th global: 40 sliding-window layers. */
+	{ .name = "gemma-3-12b", .layers = 48, .kv_heads = 8, .head_dim = 256,
+	  .dtype_bytes = 2, .sliding_layers = 40 },
+	/* 42 layers alternating local/global. */
+	{ .name = "gemma-2-9b", .layers = 42, .kv_heads = 8, .head_dim = 256,
+	  .dtype_bytes = 2, .sliding_layers = 21 },
+	/* hybrid_override_pattern: 24 Mamba2 layers, 4 attention layers;
+	 * conv dim 128 * 64 + 2 * 8 * 128 = 10240. */
+	{ .name = "nemotron-h-8b", .layers = 4, .kv_heads = 8, .head_dim = 128,
+	  .dtype_bytes = 2, .state_kind = KVP_STATE_MAMBA2, .state_layers = 24,
+	  .conv_kernel = 4, .ssm_heads = 128, .ssm_head_dim = 64,
+	  .ssm_state = 128, .ssm_groups = 8, .state_dtype_bytes = 2 },
+	/* 48 layers, full_attention_interval 4: 12 gated attention layers,
+	 * 36 gated delta net layers (16 key heads, 32 value heads, 128 x 128). */
+	{ .name = "qwen3-next-80b-a3b", .layers = 12, .kv_heads = 2,
+	  .head_dim = 256, .dtype_bytes = 2, .state_kind = KVP_STATE_GDN,
+	  .state_layers = 36, .conv_kernel = 4, .ssm_heads = 32,
+	  .ssm_head_dim = 128, .ssm_state = 128, .ssm_groups = 16,
+	  .state_dtype_bytes = 2 },
 };
 
 #define NPRESETS (sizeof(presets) / sizeof(presets[0]))
@@ -99,17 +127,15 @@ static void attn_field(struct kvp_field_desc *f, uint32_t kind,
 	f->shard_total = g->Htot;
 }
 
-static int add_view_fields(kvp_layout *l, uint32_t group, uint32_t layer,
-			   uint64_t page, uint32_t nblocks,
-			   const struct kvp_field_desc *f, uint32_t nf)
+/* Adds a view of `region` with fields f[0..nf). */
+static int add_view(kvp_layout *l, uint32_t group, uint32_t region,
+		    uint32_t layer, uint64_t page, uint32_t nblocks,
+		    const struct kvp_field_desc *f, uint32_t nf)
 {
 	struct kvp_view_desc v = { 0 };
-	uint32_t region, view, i;
+	uint32_t view, i;
 	int err;
 
-	err = kvp_layout_add_region(l, page * nblocks, &region);
-	if (err)
-		return err;
 	v.group = group;
 	v.region = region;
 	v.layer = layer;
@@ -121,65 +147,273 @@ static int add_view_fields(kvp_layout *l, uint32_t group, uint32_t layer,
 	return err;
 }
 
-static int build_layers(kvp_layout *l, const struct kvp_model *m,
-			const struct kvp_engine_desc *e, const struct geom *g)
+static int add_region_view(kvp_layout *l, uint32_t group, uint32_t layer,
+			   uint64_t page, uint32_t nblocks,
+			   const struct kvp_field_desc *f, uint32_t nf)
 {
-	struct kvp_group_desc gd = { 0 };
-	struct kvp_field_desc f[2];
-	uint64_t page = g->kpage * g->r, hd = (uint64_t)g->D * g->e;
-	uint32_t group, layer;
+	uint32_t region;
 	int err;
 
-	gd.kind = m->mla_latent ? KVP_GROUP_MLA : KVP_GROUP_FULL;
-	gd.block_tokens = e->block_tokens;
-	err = kvp_layout_add_group(l, &gd, &group);
+	err = kvp_layout_add_region(l, page * nblocks, &region);
+	return err ?: add_view(l, group, region, layer, page, nblocks, f, nf);
+}
+
+/* The K and V fields of an attention page holding both (FLASHINFER,
+ * PACKED, and the FLASH layouts inside a pooled hybrid page). */
+static void kv_page_fields(uint32_t kv_layout, const struct geom *g,
+			   struct kvp_field_desc *f)
+{
+	uint64_t hd = (uint64_t)g->D * g->e, half = g->kpage / 2;
+
+	switch (kv_layout) {
+	case KVP_KV_FLASH_NHD:
+		attn_field(&f[0], KVP_FIELD_K, g, 0, hd, hd * g->H);
+		attn_field(&f[1], KVP_FIELD_V, g, half, hd, hd * g->H);
+		break;
+	case KVP_KV_PACKED:
+		attn_field(&f[0], KVP_FIELD_K, g, 0, 2 * hd * g->kb, 2 * hd);
+		attn_field(&f[1], KVP_FIELD_V, g, hd, 2 * hd * g->kb, 2 * hd);
+		break;
+	default: /* FLASH_HND, FLASHINFER */
+		attn_field(&f[0], KVP_FIELD_K, g, 0, hd * g->kb, hd);
+		attn_field(&f[1], KVP_FIELD_V, g, half, hd * g->kb, hd);
+		break;
+	}
+}
+
+/* Layer number of the k-th full (or sliding) layer: full layers are spread
+ * evenly, layer i being full when floor((i + 1) * full / layers) steps up
+ * (Gemma 3: every 6th; Gemma 2: every 2nd). */
+static uint32_t layer_of(const struct kvp_model *m, int sliding, uint32_t k)
+{
+	uint32_t full = m->layers - m->sliding_layers, i, seen = 0;
+
+	if (!m->sliding_layers || !full)
+		return k;
+	for (i = 0; i < m->layers; i++) {
+		int is_full = (uint64_t)(i + 1) * full / m->layers !=
+			      (uint64_t)i * full / m->layers;
+
+		if (is_full != sliding && seen++ == k)
+			return i;
+	}
+	return k;
+}
+
+/* ---- state layers ---- */
+
+struct sgeom {
+	uint32_t kind, K, e, se, conv_layout;
+	/* conv parts: channels per shard index, shard totals and lengths */
+	uint32_t nparts;
+	uint32_t part_kind[3], part_total[3], part_len[3], part_unit[3];
+	uint32_t part_axis[3];
+	uint32_t conv_local; /* conv channels on this rank */
+	/* recurrent / SSM state: (heads, a, b) */
+	uint32_t s_total, s_len, s_a, s_b;
+	uint64_t conv_bytes, bytes;
+};
+
+static int state_geom(const struct kvp_model *m,
+		      const struct kvp_engine_desc *e, struct sgeom *s)
+{
+	uint32_t i, start;
+
+	memset(s, 0, sizeof(*s));
+	s->kind = m->state_kind;
+	s->K = m->conv_kernel - 1;
+	s->e = m->dtype_bytes;
+	s->se = m->state_dtype_bytes ? m->state_dtype_bytes : m->dtype_bytes;
+	s->conv_layout = e->conv_layout;
+	if (!m->conv_kernel || m->conv_kernel < 2 || !m->ssm_heads ||
+	    !m->ssm_head_dim || !m->ssm_state || !m->ssm_groups ||
+	    e->conv_layout >= KVP_CONV_LAYOUT_COUNT)
+		return -EINVAL;
+	s->nparts = 3;
+	if (m->state_kind == KVP_STATE_MAMBA2) {
+		/* x: heads x head_dim; B, C: groups x d_state */
+		s->part_kind[0] = KVP_FIELD_CONV_X;
+		s->part_kind[1] = KVP_FIELD_CONV_B;
+		s->part_kind[2] = KVP_FIELD_CONV_C;
+		s->part_total[0] = m->ssm_heads;
+		s->part_unit[0] = m->ssm_head_dim;
+		s->part_total[1] = s->part_total[2] = m->ssm_groups;
+		s->part_unit[1] = s->part_unit[2] = m->ssm_state;
+		s->s_total = m->ssm_heads;
+		s->s_a = m->ssm_head_dim;
+		s->s_b = m->ssm_state;
+	} else {
+		/* q, k: key heads x key dim; v: value heads x value dim */
+		s->part_kind[0] = KVP_FIELD_CONV_Q;
+		s->part_kind[1] = KVP_FIELD_CONV_K;
+		s->part_kind[2] = KVP_FIELD_CONV_V;
+		s->part_total[0] = s->part_total[1] = m->ssm_groups;
+		s->part_unit[0] = s->part_unit[1] = m->ssm_state;
+		s->part_total[2] = m->ssm_heads;
+		s->part_unit[2] = m->ssm_head_dim;
+		s->s_total = m->ssm_heads;
+		s->s_a = m->ssm_state;	  /* key dim */
+		s->s_b = m->ssm_head_dim; /* value dim */
+	}
+	for (i = 0; i < 3; i++) {
+		if (kvp_shard_range(s->part_total[i], e->tp_size, e->tp_rank,
+				    &start, &s->part_len[i]))
+			return -EINVAL;
+		s->conv_local += s->part_len[i] * s->part_unit[i];
+	}
+	if (kvp_shard_range(s->s_total, e->tp_size, e->tp_rank, &start,
+			    &s->s_len))
+		return -EINVAL;
+	s->conv_bytes = (uint64_t)s->conv_local * s->K * s->e;
+	s->bytes = s->conv_bytes + (uint64_t)s->s_len * s->s_a * s->s_b * s->se;
+	return 0;
+}
+
+/* The fields of one state page: conv parts in channel order, then the
+ * SSM / recurrent state. */
+static void state_fields(const struct sgeom *s, struct kvp_field_desc *f)
+{
+	uint64_t ch = 0, e = s->e;
+	uint32_t i;
+
+	for (i = 0; i < 3; i++) {
+		struct kvp_field_desc *x = &f[i];
+		uint64_t cs, ws; /* channel stride, window stride */
+
+		memset(x, 0, sizeof(*x));
+		x->kind = s->part_kind[i];
+		x->elem_size = s->e;
+		x->shard_dim = 0;
+		x->shard_total = s->part_total[i];
+		if (s->conv_layout == KVP_CONV_DS) {
+			cs = s->K * e;
+			ws = e;
+		} else {
+			cs = e;
+			ws = (uint64_t)s->conv_local * e;
+		}
+		x->offset = ch * cs;
+		x->dim[0] = (struct kvp_dim){ s->part_unit[i] * cs,
+					      s->part_len[i], KVP_AXIS_HEAD };
+		x->dim[1] = (struct kvp_dim){ cs, s->part_unit[i],
+					      KVP_AXIS_CHANNEL };
+		/* DS: window innermost; SD: channel innermost. */
+		x->dim[2] = (struct kvp_dim){ ws, s->K, KVP_AXIS_STATE };
+		x->ndim = 3;
+		ch += (uint64_t)s->part_len[i] * s->part_unit[i];
+	}
+	memset(&f[3], 0, sizeof(f[3]));
+	f[3].kind = KVP_FIELD_SSM;
+	f[3].elem_size = s->se;
+	f[3].offset = s->conv_bytes;
+	f[3].shard_dim = 0;
+	f[3].shard_total = s->s_total;
+	f[3].dim[0] = (struct kvp_dim){ (uint64_t)s->s_a * s->s_b * s->se,
+					s->s_len, KVP_AXIS_HEAD };
+	f[3].dim[1] = (struct kvp_dim){ (uint64_t)s->s_b * s->se, s->s_a,
+					KVP_AXIS_CHANNEL };
+	f[3].dim[2] = (struct kvp_dim){ s->se, s->s_b, KVP_AXIS_DIM };
+	f[3].ndim = 3;
+}
+
+static int attn_fields_separate(kvp_layout *l, const struct kvp_engine_desc *e,
+				const struct geom *g, uint32_t group,
+				uint32_t layer)
+{
+	uint64_t page = g->kpage * g->r, hd = (uint64_t)g->D * g->e;
+	struct kvp_field_desc f[2];
+	int err;
+
+	if (e->kv_layout == KVP_KV_FLASH_NHD ||
+	    e->kv_layout == KVP_KV_FLASH_HND) {
+		int nhd = e->kv_layout == KVP_KV_FLASH_NHD;
+		uint64_t hs = nhd ? hd : hd * g->kb;
+		uint64_t ts = nhd ? hd * g->H : hd;
+
+		attn_field(&f[0], KVP_FIELD_K, g, 0, hs, ts);
+		attn_field(&f[1], KVP_FIELD_V, g, 0, hs, ts);
+		err = add_region_view(l, group, layer, page, e->num_blocks,
+				      &f[0], 1);
+		return err ?: add_region_view(l, group, layer, page,
+					      e->num_blocks, &f[1], 1);
+	}
+	kv_page_fields(e->kv_layout, g, f);
+	return add_region_view(l, group, layer, page, e->num_blocks, f, 2);
+}
+
+static int build_layers(kvp_layout *l, const struct kvp_model *m,
+			const struct kvp_engine_desc *e, const struct geom *g,
+			const struct sgeom *sg)
+{
+	struct kvp_group_desc gd = { 0 };
+	struct kvp_field_desc f[4];
+	uint64_t page = g->kpage * g->r, hd = (uint64_t)g->D * g->e;
+	uint32_t full = m->layers - m->sliding_layers, groups[3], ng = 0;
+	uint32_t i, gi;
+	int err = 0;
+
+	/* Groups: full (or MLA), sliding, state. */
+	if (full) {
+		gd.kind = m->mla_latent ? KVP_GROUP_MLA : KVP_GROUP_FULL;
+		gd.block_tokens = e->block_tokens;
+		err = kvp_layout_add_group(l, &gd, &groups[ng++]);
+	}
+	if (!err && m->sliding_layers) {
+		gd.kind = KVP_GROUP_SLIDING;
+		gd.block_tokens = e->block_tokens;
+		err = kvp_layout_add_group(l, &gd, &groups[ng++]);
+	}
+	if (!err && m->state_layers) {
+		gd.kind = KVP_GROUP_STATE;
+		gd.block_tokens = 0;
+		err = kvp_layout_add_group(l, &gd, &groups[ng++]);
+	}
 	if (err)
 		return err;
-	for (layer = 0; layer < m->layers && !err; layer++) {
-		if (m->mla_latent) {
-			init_field(&f[0], KVP_FIELD_LATENT, g, 0);
-			push_tokens(&f[0], g, hd);
-			push_dim(&f[0], KVP_AXIS_DIM, g->D, g->e, 0);
-			err = add_view_fields(l, group, layer, page,
-					      e->num_blocks, f, 1);
-			continue;
-		}
-		switch (e->kv_layout) {
-		case KVP_KV_FLASH_NHD:
-		case KVP_KV_FLASH_HND: {
-			uint64_t hs = e->kv_layout == KVP_KV_FLASH_NHD ?
-					      hd :
-					      hd * g->kb;
-			uint64_t ts = e->kv_layout == KVP_KV_FLASH_NHD ?
-					      hd * g->H :
-					      hd;
 
-			attn_field(&f[0], KVP_FIELD_K, g, 0, hs, ts);
-			attn_field(&f[1], KVP_FIELD_V, g, 0, hs, ts);
-			err = add_view_fields(l, group, layer, page,
-					      e->num_blocks, &f[0], 1);
-			if (!err)
-				err = add_view_fields(l, group, layer, page,
-						      e->num_blocks, &f[1], 1);
-			break;
+	if (m->state_layers) {
+		/* Pooled regions shared by attention layer i and state layer
+		 * i; a state page spans `ratio` attention pages. */
+		uint32_t n = m->layers > m->state_layers ? m->layers :
+							   m->state_layers;
+		uint64_t ratio = (sg->bytes + page - 1) / page;
+		uint32_t region, sgroup = groups[ng - 1];
+
+		if (m->mla_latent || m->sliding_layers ||
+		    e->num_blocks < ratio)
+			return -EINVAL;
+		kv_page_fields(e->kv_layout, g, f);
+		for (i = 0; i < n && !err; i++) {
+			err = kvp_layout_add_region(l, page * e->num_blocks,
+						    &region);
+			if (!err && i < m->layers)
+				err = add_view(l, groups[0], region, i, page,
+					       e->num_blocks, f, 2);
 		}
-		case KVP_KV_FLASHINFER:
-			attn_field(&f[0], KVP_FIELD_K, g, 0, hd * g->kb, hd);
-			attn_field(&f[1], KVP_FIELD_V, g, g->kpage / 2,
-				   hd * g->kb, hd);
-			err = add_view_fields(l, group, layer, page,
-					      e->num_blocks, f, 2);
-			break;
-		case KVP_KV_PACKED:
-			attn_field(&f[0], KVP_FIELD_K, g, 0, 2 * hd * g->kb,
-				   2 * hd);
-			attn_field(&f[1], KVP_FIELD_V, g, hd, 2 * hd * g->kb,
-				   2 * hd);
-			err = add_view_fields(l, group, layer, page,
-					      e->num_blocks, f, 2);
-			break;
-		default:
-			err = -EINVAL;
+		state_fields(sg, f);
+		for (i = 0; i < m->state_layers && !err; i++)
+			err = add_view(l, sgroup, i, m->layers + i,
+				       page * ratio,
+				       (uint32_t)(e->num_blocks / ratio), f, 4);
+		return err;
+	}
+	for (gi = 0; gi < ng && !err; gi++) {
+		int sliding = l->groups[groups[gi]].kind == KVP_GROUP_SLIDING;
+		uint32_t count = sliding ? m->sliding_layers : full;
+
+		for (i = 0; i < count && !err; i++) {
+			uint32_t layer = layer_of(m, sliding, i);
+
+			if (m->mla_latent) {
+				init_field(&f[0], KVP_FIELD_LATENT, g, 0);
+				push_tokens(&f[0], g, hd);
+				push_dim(&f[0], KVP_AXIS_DIM, g->D, g->e, 0);
+				err = add_region_view(l, groups[gi], layer,
+						      page, e->num_blocks, f,
+						      1);
+				continue;
+			}
+			err = attn_fields_separate(l, e, g, groups[gi], layer);
 		}
 	}
 	return err;
@@ -190,14 +424,19 @@ int kvp_layout_build(const struct kvp_model *m,
 {
 	struct kvp_layout_attr attr = { 0 };
 	struct geom g = { 0 };
+	struct sgeom sg = { 0 };
 	kvp_layout *l;
 	uint32_t start;
 	uint64_t page;
 	int err;
 
-	if (!m || !e || !out || m->comp_mask || e->comp_mask || !m->layers ||
+	if (!m || !e || !out || m->comp_mask || e->comp_mask ||
 	    !m->dtype_bytes || !e->block_tokens || !e->num_blocks ||
-	    !e->tp_size || e->tp_rank >= e->tp_size)
+	    !e->tp_size || e->tp_rank >= e->tp_size ||
+	    m->sliding_layers > m->layers ||
+	    m->state_kind >= KVP_STATE_KIND_COUNT ||
+	    (m->state_kind == KVP_STATE_NONE) != (m->state_layers == 0) ||
+	    (!m->layers && !m->state_layers))
 		return -EINVAL;
 	g.kb = e->kernel_block_tokens ? e->kernel_block_tokens :
 					e->block_tokens;
@@ -218,11 +457,14 @@ int kvp_layout_build(const struct kvp_model *m,
 				    &g.H))
 			return -EINVAL;
 	}
+	if (m->state_layers && state_geom(m, e, &sg))
+		return -EINVAL;
 	page = (uint64_t)g.H * g.kb * g.D * g.e;
-	if (!m->mla_latent && (e->kv_layout == KVP_KV_FLASHINFER ||
+	if (!m->mla_latent && (m->state_layers ||
+			       e->kv_layout == KVP_KV_FLASHINFER ||
 			       e->kv_layout == KVP_KV_PACKED))
 		page *= 2;
-	if (page * g.r > UINT32_MAX ||
+	if (page * g.r > UINT32_MAX || sg.bytes > UINT32_MAX ||
 	    page * g.r * e->num_blocks / e->num_blocks != page * g.r)
 		return -EINVAL;
 	g.kpage = page;
@@ -233,7 +475,7 @@ int kvp_layout_build(const struct kvp_model *m,
 	err = kvp_layout_create(&attr, &l);
 	if (err)
 		return err;
-	err = build_layers(l, m, e, &g);
+	err = build_layers(l, m, e, &g, &sg);
 	if (err) {
 		kvp_layout_destroy(l);
 		return err;
