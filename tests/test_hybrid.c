@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -216,8 +217,8 @@ static void test_full_hit_moves_state(void **state)
 {
 	kvp_layout *rem[2], *loc;
 	struct kvp_plan_attr attr = { .max_sge = 4 };
-	static struct kvp_wr wr[4096];
-	static struct kvp_sge sge[4096];
+	struct kvp_wr *wr;
+	struct kvp_sge *sge;
 	uint32_t maxw, maxs;
 	kvp_plan *plan;
 	uint64_t seed = 3;
@@ -236,11 +237,16 @@ static void test_full_hit_moves_state(void **state)
 	assert_int_equal(kvt_check_pull(loc, rem, 4, q.ids, NULL, NULL), 0);
 	assert_int_equal(kvp_plan_compile(loc, rem[0], &attr, &plan, NULL, 0), 0);
 	kvp_plan_emit_bound(plan, 4, &maxw, &maxs);
-	assert_true(maxw <= 4096 && maxs <= 4096);
+	wr = calloc(maxw, sizeof(*wr));
+	sge = calloc(maxs, sizeof(*sge));
+	assert_non_null(wr);
+	assert_non_null(sge);
 	n = kvp_plan_emit(plan, q.ids, wr, maxw, sge, maxs, NULL);
 	assert_true(n > 0);
 	for (i = 0; i < n; i++)
 		assert_int_equal(wr[i].group, 1);
+	free(wr);
+	free(sge);
 	kvp_plan_destroy(plan);
 	kvp_layout_destroy(loc);
 	kvp_layout_destroy(rem[0]);
