@@ -9,13 +9,18 @@
  * The first line that is not blank decides the form:
  *
  * Model form, `key = value` (or `key=value`) lines in any order:
- *   model = <preset>     optional; the other model keys override it
- *   layers, kv_heads, head_dim, dtype_bytes, mla_latent
- *   engine_id, tp_size (1), tp_rank (0), block_tokens, kernel_block_tokens
- *   (0: block_tokens), num_blocks, kv_layout (flash_nhd, flash_hnd,
- *   flashinfer or packed; default flash_nhd)
- * The layout is kvp_layout_build()'s. Without a preset, layers, dtype_bytes
- * and either mla_latent or kv_heads and head_dim are required.
+ *   model = <preset>     optional; the model keys below override it
+ *   model keys (struct kvp_model): layers, kv_heads, head_dim, dtype_bytes,
+ *   mla_latent, sliding_layers, state_kind (none, mamba2 or gdn),
+ *   state_layers, conv_kernel, ssm_heads, ssm_head_dim, ssm_state,
+ *   ssm_groups, state_dtype_bytes
+ *   engine keys (struct kvp_engine_desc): engine_id (0), tp_size (1),
+ *   tp_rank (0), block_tokens, kernel_block_tokens (0: block_tokens),
+ *   num_blocks, kv_layout (flash_nhd, flash_hnd, flashinfer or packed;
+ *   flash_nhd), conv_layout (ds or sd; ds)
+ * The layout is kvp_layout_build()'s. block_tokens and num_blocks are
+ * required; without a preset so are dtype_bytes, layers (or state_layers)
+ * and either mla_latent or kv_heads and head_dim.
  *
  * Explicit form, one builder call per line, ids counting from 0 in order:
  *   engine tp_size=N tp_rank=R engine_id=E      first, once (1, 0, 0)
@@ -34,6 +39,7 @@
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -61,7 +67,7 @@ __attribute__((format(printf, 3, 4))) static int fail(struct parser *ps,
 						      int err, const char *fmt,
 						      ...)
 {
-	char buf[192];
+	char buf[320];
 	va_list ap;
 
 	va_start(ap, fmt);
@@ -231,27 +237,12 @@ static int number(const struct tok *t, int sizes, uint64_t max, uint64_t *out)
 		base = 16;
 		p += 2;
 	}
+	/* K, M and G are no hex digits: a suffix is never ambiguous. */
 	if (sizes && p < e) {
-		switch (e[-1]) {
-		case 'K':
-		case 'k':
-			shift = 10;
-			break;
-		case 'M':
-		case 'm':
-			shift = 20;
-			break;
-		case 'G':
-		case 'g':
-			shift = 30;
-			break;
-		}
-		if (shift && base == 10)
-			e--;
-		else if (shift && base == 16 && e[-1] != 'k' && e[-1] != 'K' &&
-			 e[-1] != 'm' && e[-1] != 'M')
-			e--; /* 'g' is no hex digit; K and M are neither */
-		else if (shift && base == 16)
+		char c = (char)(e[-1] | 0x20);
+
+		shift = c == 'k' ? 10 : c == 'm' ? 20 : c == 'g' ? 30 : 0;
+		if (shift)
 			e--;
 	}
 	for (; p < e; p++, digits++) {
@@ -364,35 +355,89 @@ static int rejected(struct parser *ps, int err, const char *what,
 
 /* ---- model form ------------------------------------------------------- */
 
-enum {
-	MK_MODEL,
-	MK_LAYERS,
-	MK_KV_HEADS,
-	MK_HEAD_DIM,
-	MK_DTYPE,
-	MK_MLA,
-	MK_ENGINE_ID,
-	MK_TP_SIZE,
-	MK_TP_RANK,
-	MK_BLOCK,
-	MK_KBLOCK,
-	MK_NBLOCKS,
-	MK_LAYOUT,
-	MK_COUNT
+static const char *const state_names[KVP_STATE_KIND_COUNT] = {
+	"none",
+	"mamba2",
+	"gdn",
 };
 
-static const char *const model_keys[MK_COUNT] = {
-	"model",      "layers",	       "kv_heads",
-	"head_dim",   "dtype_bytes",   "mla_latent",
-	"engine_id",  "tp_size",       "tp_rank",
-	"block_tokens", "kernel_block_tokens", "num_blocks",
-	"kv_layout",
+static const char *const conv_names[KVP_CONV_LAYOUT_COUNT] = {
+	"ds",
+	"sd",
 };
+
+enum { MT_PRESET, MT_U32, MT_U64, MT_NAME };
+
+/* A model-form key: where its value goes (struct kvp_model when `engine`
+ * is 0, struct kvp_engine_desc otherwise) and how it is read. */
+struct mkey {
+	const char *name;
+	uint8_t type, engine;
+	uint16_t off;
+	const char *const *names;
+	uint32_t nnames;
+};
+
+#define MODEL_U32(f) { #f, MT_U32, 0, offsetof(struct kvp_model, f), NULL, 0 }
+#define ENGINE_U32(f)                                                        \
+	{ #f, MT_U32, 1, offsetof(struct kvp_engine_desc, f), NULL, 0 }
+#define NAMES(a) a, sizeof(a) / sizeof(a[0])
+
+static const struct mkey mkeys[] = {
+	{ "model", MT_PRESET, 0, 0, NULL, 0 },
+	MODEL_U32(layers),
+	MODEL_U32(kv_heads),
+	MODEL_U32(head_dim),
+	MODEL_U32(dtype_bytes),
+	MODEL_U32(mla_latent),
+	MODEL_U32(sliding_layers),
+	{ "state_kind", MT_NAME, 0, offsetof(struct kvp_model, state_kind),
+	  NAMES(state_names) },
+	MODEL_U32(state_layers),
+	MODEL_U32(conv_kernel),
+	MODEL_U32(ssm_heads),
+	MODEL_U32(ssm_head_dim),
+	MODEL_U32(ssm_state),
+	MODEL_U32(ssm_groups),
+	MODEL_U32(state_dtype_bytes),
+	{ "engine_id", MT_U64, 1, offsetof(struct kvp_engine_desc, engine_id),
+	  NULL, 0 },
+	ENGINE_U32(tp_size),
+	ENGINE_U32(tp_rank),
+	ENGINE_U32(block_tokens),
+	ENGINE_U32(kernel_block_tokens),
+	ENGINE_U32(num_blocks),
+	{ "kv_layout", MT_NAME, 1, offsetof(struct kvp_engine_desc, kv_layout),
+	  NAMES(layout_names) },
+	{ "conv_layout", MT_NAME, 1,
+	  offsetof(struct kvp_engine_desc, conv_layout), NAMES(conv_names) },
+};
+
+#undef MODEL_U32
+#undef ENGINE_U32
+#undef NAMES
+
+#define NMKEYS (sizeof(mkeys) / sizeof(mkeys[0]))
 
 struct model_spec {
-	struct tok val[MK_COUNT];
-	uint32_t line[MK_COUNT];
+	struct tok val[NMKEYS];
+	uint32_t line[NMKEYS];
 };
+
+static int mkey_index(const char *name)
+{
+	uint32_t i;
+
+	for (i = 0; i < NMKEYS; i++)
+		if (!strcmp(mkeys[i].name, name))
+			return (int)i;
+	return -1;
+}
+
+static int mkey_set(const struct model_spec *s, const char *name)
+{
+	return s->val[mkey_index(name)].p != NULL;
+}
 
 /* Records one `key = value` line of the model form. */
 static int model_line(struct parser *ps, struct model_spec *s, const char *p,
@@ -409,53 +454,60 @@ static int model_line(struct parser *ps, struct model_spec *s, const char *p,
 	if (skip_blanks(p, e) != e)
 		return fail(ps, -EINVAL, "text after the value of '%.*s'",
 			    show_len(&k), k.p);
-	for (i = 0; i < MK_COUNT && !tok_is(&k, model_keys[i]); i++)
+	for (i = 0; i < NMKEYS && !tok_is(&k, mkeys[i].name); i++)
 		;
-	if (i == MK_COUNT)
+	if (i == NMKEYS)
 		return fail(ps, -EINVAL, "unknown key '%.*s'", show_len(&k),
 			    k.p);
 	if (s->val[i].p)
 		return fail(ps, -EINVAL, "duplicate key '%s' (first on line %u)",
-			    model_keys[i], s->line[i]);
+			    mkeys[i].name, s->line[i]);
 	s->val[i] = v;
 	s->line[i] = ps->line;
 	return 0;
 }
 
-/* Converts one model key; errors name the key's own line. */
-static int model_u32(struct parser *ps, const struct model_spec *s, int k,
-		     uint32_t def, uint32_t *out)
+/* Stores the value of key i into the model or the engine. */
+static int model_key(struct parser *ps, const struct tok *v,
+		     const struct mkey *k, struct kvp_model *m,
+		     struct kvp_engine_desc *e)
 {
-	uint64_t d = def;
-	uint32_t end = ps->line;
+	char *base = k->engine ? (char *)e : (char *)m;
+	uint64_t x;
+	uint32_t u;
 	int err;
 
-	if (!s->val[k].p)
-		return u32_val(ps, &s->val[k], model_keys[k], &d, out);
-	ps->line = s->line[k];
-	err = u32_val(ps, &s->val[k], model_keys[k], NULL, out);
-	ps->line = end;
+	switch (k->type) {
+	case MT_U64:
+		err = num_val(ps, v, k->name, 0, UINT64_MAX, NULL, &x);
+		if (!err)
+			memcpy(base + k->off, &x, sizeof(x));
+		return err;
+	case MT_NAME:
+		err = name_val(ps, v, k->name, k->names, k->nnames, &u);
+		break;
+	default:
+		err = u32_val(ps, v, k->name, NULL, &u);
+		break;
+	}
+	if (!err)
+		memcpy(base + k->off, &u, sizeof(u));
 	return err;
 }
 
 static int model_build(struct parser *ps, const struct model_spec *s,
 		       kvp_layout **out)
 {
-	static const int model_num[] = { MK_LAYERS, MK_KV_HEADS, MK_HEAD_DIM,
-					 MK_DTYPE, MK_MLA };
 	struct kvp_engine_desc e = { 0 };
 	struct kvp_model m = { 0 };
-	uint32_t end = ps->line, *mf[] = { &m.layers, &m.kv_heads, &m.head_dim,
-					   &m.dtype_bytes, &m.mla_latent };
-	uint64_t x;
-	size_t i;
+	uint32_t end = ps->line, i;
 	int err;
 
-	if (s->val[MK_MODEL].p) {
+	if (mkey_set(s, "model")) {
+		const struct tok *t = &s->val[mkey_index("model")];
 		char name[sizeof(m.name)];
-		const struct tok *t = &s->val[MK_MODEL];
 
-		ps->line = s->line[MK_MODEL];
+		ps->line = s->line[mkey_index("model")];
 		if (t->n >= sizeof(name))
 			return fail(ps, -ENOENT, "unknown model preset '%.*s'",
 				    show_len(t), t->p);
@@ -466,59 +518,40 @@ static int model_build(struct parser *ps, const struct model_spec *s,
 				    name);
 		ps->line = end;
 	} else {
-		static const int req[] = { MK_LAYERS, MK_DTYPE };
-
-		for (i = 0; i < sizeof(req) / sizeof(req[0]); i++)
-			if (!s->val[req[i]].p)
-				return fail(ps, -EINVAL,
-					    "missing key '%s' (no model preset)",
-					    model_keys[req[i]]);
-		if (!s->val[MK_MLA].p &&
-		    (!s->val[MK_KV_HEADS].p || !s->val[MK_HEAD_DIM].p))
+		if (!mkey_set(s, "dtype_bytes"))
+			return fail(ps, -EINVAL,
+				    "missing key 'dtype_bytes' (no model preset)");
+		if (!mkey_set(s, "layers") && !mkey_set(s, "state_layers"))
+			return fail(ps, -EINVAL,
+				    "missing key 'layers' (no model preset)");
+		if (!mkey_set(s, "mla_latent") &&
+		    (!mkey_set(s, "kv_heads") || !mkey_set(s, "head_dim")))
 			return fail(ps, -EINVAL,
 				    "missing key 'kv_heads' and 'head_dim', or 'mla_latent' (no model preset)");
 		strcpy(m.name, "custom");
 	}
-	for (i = 0; i < sizeof(model_num) / sizeof(model_num[0]); i++) {
-		err = model_u32(ps, s, model_num[i], *mf[i], mf[i]);
-		if (err)
-			return err;
-	}
-	if (s->val[MK_ENGINE_ID].p) {
-		ps->line = s->line[MK_ENGINE_ID];
-		err = num_val(ps, &s->val[MK_ENGINE_ID], "engine_id", 0,
-			      UINT64_MAX, NULL, &x);
-		ps->line = end;
-		if (err)
-			return err;
-		e.engine_id = x;
-	}
-	err = model_u32(ps, s, MK_TP_SIZE, 1, &e.tp_size);
-	err = err ?: model_u32(ps, s, MK_TP_RANK, 0, &e.tp_rank);
-	err = err ?: model_u32(ps, s, MK_KBLOCK, 0, &e.kernel_block_tokens);
-	if (err)
-		return err;
-	if (!s->val[MK_BLOCK].p || !s->val[MK_NBLOCKS].p)
-		return fail(ps, -EINVAL, "missing key '%s'",
-			    model_keys[s->val[MK_BLOCK].p ? MK_NBLOCKS :
-							    MK_BLOCK]);
-	err = model_u32(ps, s, MK_BLOCK, 0, &e.block_tokens);
-	err = err ?: model_u32(ps, s, MK_NBLOCKS, 0, &e.num_blocks);
-	if (err)
-		return err;
+	if (!mkey_set(s, "block_tokens"))
+		return fail(ps, -EINVAL, "missing key 'block_tokens'");
+	if (!mkey_set(s, "num_blocks"))
+		return fail(ps, -EINVAL, "missing key 'num_blocks'");
+	e.tp_size = 1;
 	e.kv_layout = KVP_KV_FLASH_NHD;
-	if (s->val[MK_LAYOUT].p) {
-		ps->line = s->line[MK_LAYOUT];
-		err = name_val(ps, &s->val[MK_LAYOUT], "kv_layout",
-			       layout_names, KVP_KV_LAYOUT_COUNT, &e.kv_layout);
-		ps->line = end;
+	e.conv_layout = KVP_CONV_DS;
+	for (i = 1; i < NMKEYS; i++) {
+		if (!s->val[i].p)
+			continue;
+		ps->line = s->line[i];
+		err = model_key(ps, &s->val[i], &mkeys[i], &m, &e);
 		if (err)
 			return err;
 	}
+	ps->line = end;
 	err = kvp_layout_build(&m, &e, out);
+	if (err == -ENOMEM)
+		return fail(ps, err, "out of memory building the layout");
 	if (err)
-		return rejected(ps, err, "the model",
-				"the numbers make no layout (zeros, tp_rank >= tp_size, TP size vs kv_heads, kernel block size not dividing block_tokens, or sizes too large)");
+		return fail(ps, -EINVAL,
+			    "the numbers make no layout (a zero, tp_rank >= tp_size, tp_size vs kv_heads or state heads, kernel_block_tokens not dividing block_tokens, or sizes too large)");
 	return 0;
 }
 
@@ -768,6 +801,15 @@ static const struct {
 #undef KEYS
 };
 
+/* Whether a line is `key = value` rather than a directive. */
+static int is_pair_line(const char *p, const char *e)
+{
+	struct tok k;
+
+	p = skip_blanks(word(p, e, &k), e);
+	return p < e && *p == '=';
+}
+
 static int explicit_line(struct parser *ps, kvp_layout **l, const char *p,
 			 const char *e)
 {
@@ -775,19 +817,16 @@ static int explicit_line(struct parser *ps, kvp_layout **l, const char *p,
 	int k, err;
 
 	p = word(p, e, &d);
-	k = lookup(&d, directives, D_COUNT);
-	if (k < 0 || skip_blanks(p, e) < e && *skip_blanks(p, e) == '=')
+	for (k = 0; k < D_COUNT && !tok_is(&d, directives[k]); k++)
+		;
+	if (k == D_COUNT || is_pair_line(d.p, e))
 		return fail(ps, -EINVAL,
 			    "expected engine, group, region, view or field, not '%.*s'",
 			    show_len(&d), d.p);
-	/* Directive words are lower case, like keys. */
-	if (!tok_is(&d, directives[k]))
-		return fail(ps, -EINVAL, "unknown directive '%.*s'",
-			    show_len(&d), d.p);
-	if ((k == D_ENGINE) != !*l)
-		return fail(ps, -EINVAL,
-			    *l ? "a second 'engine' line" :
-				 "'%s' before the 'engine' line",
+	if (k == D_ENGINE && *l)
+		return fail(ps, -EINVAL, "a second 'engine' line");
+	if (k != D_ENGINE && !*l)
+		return fail(ps, -EINVAL, "'%s' before the 'engine' line",
 			    directives[k]);
 	err = pairs(ps, p, e, directives[k], directive_keys[k].keys,
 		    directive_keys[k].n, v);
@@ -809,22 +848,13 @@ static int explicit_line(struct parser *ps, kvp_layout **l, const char *p,
 
 /* ---- entry ------------------------------------------------------------ */
 
-/* Whether a line is `key = value` rather than a directive. */
-static int is_pair_line(const char *p, const char *e)
-{
-	struct tok k;
-
-	p = skip_blanks(word(p, e, &k), e);
-	return p < e && *p == '=';
-}
-
 int kvp_layout_parse(const char *text, size_t len, kvp_layout **out,
 		     char *msg, size_t msglen)
 {
 	struct parser ps = { text, len, 0, 0, msg, msglen };
 	struct model_spec ms;
 	kvp_layout *l = NULL;
-	const char *p, *e;
+	const char *p = NULL, *e = NULL;
 	int err, form = -1; /* 0 model, 1 explicit */
 	struct kvp_layout_info li;
 
@@ -861,9 +891,8 @@ int kvp_layout_parse(const char *text, size_t len, kvp_layout **out,
 		err = fail(&ps, -EINVAL, "empty spec");
 	} else if (form == 0) {
 		err = model_build(&ps, &ms, &l);
-	} else if (!l) {
-		err = fail(&ps, -EINVAL, "no 'engine' line");
 	} else {
+		/* The explicit form starts with its engine line: l is set. */
 		kvp_layout_get_info(l, &li);
 		if (!li.nfields)
 			err = fail(&ps, -EINVAL, "the spec defines no field");
