@@ -116,3 +116,22 @@ clean:
 
 .SECONDARY:
 .PHONY: all unit test bench install uninstall clean
+
+# --- fuzz: libFuzzer targets, tests/fuzz/fuzz_*.c (clang only) -------------
+# The plan/ sources are compiled into each target so that they carry the
+# fuzzer's coverage instrumentation. Run: build/fuzz/fuzz_meta CORPUS_DIR
+FUZZ_CC ?= clang
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
+
+fuzz: $(FUZZ_BIN)
+
+build/fuzz/%: tests/fuzz/%.c $(PLAN_SRC) $(wildcard include/*.h plan/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) -std=gnu11 $(WARN) -g -O1 -fno-omit-frame-pointer \
+		-fsanitize=fuzzer,address,undefined \
+		-fno-sanitize-recover=undefined -Iinclude -Iplan -o $@ $< \
+		$(PLAN_SRC)
+
+.PHONY: fuzz
+# --- end fuzz ---------------------------------------------------------------
