@@ -154,10 +154,12 @@ static inline int put(struct cursor *c, uint64_t ro, uint64_t lo,
 
 /* One stream over the request's periods. Periods of one block on each side
  * (the common case) need no per-piece filter: block k pairs with block k. */
-static int emit_stream(struct cursor *c, const kvp_plan *p,
+static int emit_stream(struct cursor *cp, const kvp_plan *p,
 		       const struct kvp_pstream *st, const struct need *n,
 		       const struct kvp_ids *id)
 {
+	/* A local copy stays in registers: nothing else can alias it. */
+	struct cursor cur = *cp, *c = &cur;
 	const struct kvp_pset *set = &p->sets[st->set];
 	const struct kvp_pgroup *pg = &p->groups[set->group];
 	const struct kvp_pview *lv = &p->lviews[st->lview];
@@ -188,6 +190,7 @@ static int emit_stream(struct cursor *c, const kvp_plan *p,
 					return err;
 			}
 		}
+		*cp = cur;
 		return 0;
 	}
 	for (k = n->k0; k < n->k1; k++) {
@@ -210,6 +213,7 @@ static int emit_stream(struct cursor *c, const kvp_plan *p,
 				return err;
 		}
 	}
+	*cp = cur;
 	return 0;
 }
 
