@@ -155,5 +155,5 @@ run bad_spec 1 --local-spec "$tmp/bad.spec" --model llama-3.1-8b
 has bad_spec err "bad.spec: line 2: unknown key 'layrs' (invalid argument)"
 run no_file 1 --local-spec "$tmp/missing.spec" --model llama-3.1-8b
 
-echo "test_tool: $pass checks passed, $fail failed"
+echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

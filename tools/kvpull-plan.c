@@ -207,6 +207,7 @@ static void parse_ids(const char *opt, const char *s, struct idlist *out)
 
 static void usage(FILE *f)
 {
+	size_t col;
 	uint32_t i;
 
 	fprintf(f,
@@ -253,7 +254,9 @@ static void usage(FILE *f)
 "                          order; groups not given use the defaults\n"
 "  Default local ids of a token group: K..n-1, n = ceil(tokens / local\n"
 "  block size) (block i of the sequence is local block i); of a state\n"
-"  group: the same count as its remote ids, from 0.\n"
+"  group: the same count as its remote ids, from 0. Groups that pool memory\n"
+"  (hybrid models) need disjoint local ids; the tool warns when the\n"
+"  request writes a local byte twice.\n"
 "\n"
 "Output:\n"
 "  --json                  one JSON document (schema: tools/README.md)\n"
@@ -278,8 +281,15 @@ static void usage(FILE *f)
 "\n"
 "Presets:",
 		DEFAULT_NUM_BLOCKS, DEFAULT_BLOCK);
-	for (i = 0; kvp_model_preset_name(i); i++)
-		fprintf(f, " %s", kvp_model_preset_name(i));
+	for (i = 0, col = 8; kvp_model_preset_name(i); i++) {
+		const char *name = kvp_model_preset_name(i);
+
+		if (col + 1 + strlen(name) > 78) {
+			fprintf(f, "\n ");
+			col = 1;
+		}
+		col += fprintf(f, " %s", name);
+	}
 	fprintf(f, "\n");
 }
 
@@ -724,9 +734,9 @@ static int local_overlap(struct request *rq)
 		n += rq->wr[i].nsge;
 	sp = xcalloc(n, sizeof(*sp));
 	for (i = 0, n = 0; i < rq->nwr; i++) {
-		for (k = 0; k < rq->wr[i].nsge; k++, n++) {
-			const struct kvp_sge *s = &rq->sge[rq->wr[i].sge_first + k];
+		const struct kvp_sge *s = &rq->sge[rq->wr[i].sge_first];
 
+		for (k = 0; k < rq->wr[i].nsge; k++, n++, s++) {
 			sp[n].offset = s->offset;
 			sp[n].len = s->len;
 			sp[n].region = s->region;
@@ -815,7 +825,8 @@ static void make_request(const struct opts *o, const kvp_plan *plan,
 				    ": group %u's %u remote blocks hold %" PRIu64
 				    " tokens",
 				    o->tokens, g, id->nremote,
-				    (uint64_t)id->nremote * pg[g].remote_tokens);
+				    (uint64_t)id->nremote *
+					    pg[g].remote_tokens);
 		if (pg[g].kind != KVP_GROUP_STATE &&
 		    id->nlocal > rq->need[g].lend)
 			usage_error("group %u: %u local ids, but the sequence spans %u local blocks",
