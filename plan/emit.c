@@ -152,14 +152,142 @@ static inline int put(struct cursor *c, uint64_t ro, uint64_t lo,
 	return 0;
 }
 
+/* The open WR of emit_simple(), in registers. */
+struct live {
+	struct kvp_wr *w;
+	struct kvp_sge *s;
+	uint64_t rend, lend; /* UINT64_MAX: nothing to continue */
+	uint32_t nwr, nsge, wn, wlen, slen;
+};
+
+/* One piece into the live WR: extend its last SGE, add an SGE, or close it
+ * and open a new one. Returns 0 or -ENOSPC. */
+static inline __attribute__((always_inline)) int
+live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
+	 uint32_t len, uint32_t rreg, uint32_t lreg)
+{
+	if (ro == v->rend && v->wlen + (uint64_t)len <= MAX_WR_LEN) {
+		if (lo == v->lend) {
+			v->slen += len;
+			v->wlen += len;
+			v->rend += len;
+			v->lend += len;
+			return 0;
+		}
+		if (v->wn < c->max_sge) {
+			if (kvp_unlikely(v->nsge == c->sge_cap))
+				return -ENOSPC;
+			v->s->len = v->slen;
+			v->s = &c->sge[v->nsge++];
+			v->s->offset = lo;
+			v->s->region = lreg;
+			v->slen = len;
+			v->wn++;
+			v->wlen += len;
+			v->rend += len;
+			v->lend = lo + len;
+			return 0;
+		}
+	}
+	if (kvp_unlikely(v->nwr == c->wr_cap || v->nsge == c->sge_cap))
+		return -ENOSPC;
+	if (v->rend != UINT64_MAX) { /* close the live WR */
+		v->w->len = v->wlen;
+		v->w->nsge = v->wn;
+		v->s->len = v->slen;
+	}
+	v->w = &c->wr[v->nwr++];
+	v->s = &c->sge[v->nsge];
+	v->w->offset = ro;
+	v->w->region = rreg;
+	v->w->src = c->src;
+	v->w->group = c->group;
+	v->w->sge_first = v->nsge++;
+	v->s->offset = lo;
+	v->s->region = lreg;
+	v->wn = 1;
+	v->wlen = v->slen = len;
+	v->rend = ro + len;
+	v->lend = lo + len;
+	return 0;
+}
+
+/*
+ * The common case, periods of one block on each side: block k pairs with
+ * block k and the stream's regions are fixed, so the open WR's length, SGE
+ * count and last SGE length live in registers and are stored when the WR
+ * closes. A stream of one piece per block (whole pages, or one head range)
+ * gets its own loop. Same output as put() piece by piece.
+ */
+static int emit_simple(struct cursor *c, const struct kvp_pview *lv,
+		       const struct kvp_pview *rv, const struct kvp_piece *pc,
+		       const struct kvp_piece *pe, const uint32_t *lids,
+		       const uint32_t *rids, uint32_t k0, uint32_t k1)
+{
+	const uint32_t rreg = rv->region, lreg = lv->region;
+	const uint64_t rs = rv->stride, ls = lv->stride;
+	struct live v = { c->w, c->s, UINT64_MAX, UINT64_MAX,
+			  c->nwr, c->nsge, 0, 0, 0 };
+	const struct kvp_piece *q;
+	uint32_t k;
+	int err = 0;
+
+	/* Continue the previous stream's WR only on the same regions. */
+	if (c->open && c->rreg == rreg) {
+		v.rend = c->rend;
+		v.wn = v.w->nsge;
+		v.wlen = v.w->len;
+		v.slen = v.s->len;
+		if (c->lreg == lreg)
+			v.lend = c->lend;
+	}
+	lids -= k0;
+	if (pe - pc == 1) {
+		const uint64_t ro0 = rv->offset + pc->roff;
+		const uint64_t lo0 = lv->offset + pc->loff;
+		const uint32_t len = pc->len;
+
+		for (k = k0; k < k1 && !err; k++)
+			err = live_put(&v, c, ro0 + (uint64_t)rids[k] * rs,
+				       lo0 + (uint64_t)lids[k] * ls, len, rreg,
+				       lreg);
+	} else {
+		for (k = k0; k < k1 && !err; k++) {
+			uint64_t rb = rv->offset + (uint64_t)rids[k] * rs;
+			uint64_t lb = lv->offset + (uint64_t)lids[k] * ls;
+
+			for (q = pc; q < pe && !err; q++)
+				err = live_put(&v, c, rb + q->roff,
+					       lb + q->loff, q->len, rreg,
+					       lreg);
+		}
+	}
+	if (kvp_unlikely(err))
+		return err;
+	if (v.rend != UINT64_MAX) {
+		v.w->len = v.wlen;
+		v.w->nsge = v.wn;
+		v.s->len = v.slen;
+		c->open = 1;
+		c->rreg = rreg;
+		c->lreg = lreg;
+		c->rend = v.rend;
+		c->lend = v.lend;
+	}
+	c->w = v.w;
+	c->s = v.s;
+	c->nwr = v.nwr;
+	c->nsge = v.nsge;
+	return 0;
+}
+
 /* One stream over the request's periods. Periods of one block on each side
  * (the common case) need no per-piece filter: block k pairs with block k. */
 static int emit_stream(struct cursor *cp, const kvp_plan *p,
 		       const struct kvp_pstream *st, const struct need *n,
 		       const struct kvp_ids *id)
 {
-	/* A local copy stays in registers: nothing else can alias it. */
-	struct cursor cur = *cp, *c = &cur;
+	struct cursor *c = cp;
 	const struct kvp_pset *set = &p->sets[st->set];
 	const struct kvp_pgroup *pg = &p->groups[set->group];
 	const struct kvp_pview *lv = &p->lviews[st->lview];
@@ -178,20 +306,9 @@ static int emit_stream(struct cursor *cp, const kvp_plan *p,
 	if (kvp_likely(pg->lper == 1 && pg->rper == 1)) {
 		uint32_t k1 = n->lend < n->rend ? n->lend : n->rend;
 
-		for (k = n->skip; k < k1; k++) {
-			uint64_t rb = rv->offset + (uint64_t)rids[k] * rv->stride;
-			uint64_t lb = lv->offset +
-				      (uint64_t)lids[k - n->skip] * lv->stride;
-
-			for (q = pc; q < pe; q++) {
-				err = put(c, rb + q->roff, lb + q->loff, q->len,
-					  rreg, lreg);
-				if (kvp_unlikely(err))
-					return err;
-			}
-		}
-		*cp = cur;
-		return 0;
+		if (n->skip >= k1)
+			return 0;
+		return emit_simple(c, lv, rv, pc, pe, lids, rids, n->skip, k1);
 	}
 	for (k = n->k0; k < n->k1; k++) {
 		uint32_t lb0 = k * pg->lper, rb0 = k * pg->rper;
@@ -213,7 +330,6 @@ static int emit_stream(struct cursor *cp, const kvp_plan *p,
 				return err;
 		}
 	}
-	*cp = cur;
 	return 0;
 }
 
