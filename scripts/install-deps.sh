@@ -50,15 +50,29 @@ run() {
 	fi
 }
 
+updated=0
+update() {
+	echo "install-deps: apt-get update"
+	run apt-get "${apt_opts[@]}" update
+	updated=1
+}
 # Fresh lists = an InRelease file touched within the last 60 minutes.
 if [[ -z $(find /var/lib/apt/lists -maxdepth 1 -name '*InRelease' \
 	-mmin -60 2>/dev/null | head -n1) ]]; then
-	echo "install-deps: apt-get update"
-	run apt-get "${apt_opts[@]}" update
+	update
 fi
 
 echo "install-deps: installing ${missing[*]}"
-run apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}"
+install=(apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}")
+if ! timeout 1800 "${install[@]}" >"$log" 2>&1; then
+	if ((updated)); then
+		cat "$log" >&2
+		die "failed: ${install[*]}"
+	fi
+	# Recent but stale lists (a superseded version 404s): update, retry.
+	update
+	run "${install[@]}"
+fi
 
 for p in "${missing[@]}"; do
 	st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
