@@ -91,7 +91,10 @@ unit: $(UNIT_BIN) build/header-check
 	done; \
 	echo "unit programs: $$pass passed, $$fail failed"; test $$fail -eq 0
 
-test: unit
+check-tool: build/tools/kvpull-plan
+	sh tests/test_tool.sh build/tools/kvpull-plan
+
+test: unit check-tool
 
 bench: build/tools/kvpull-bench
 	build/tools/kvpull-bench
@@ -115,7 +118,7 @@ clean:
 	rm -rf build
 
 .SECONDARY:
-.PHONY: all unit test bench install uninstall clean
+.PHONY: all unit check-tool test bench install uninstall clean
 
 # --- fuzz: libFuzzer targets, tests/fuzz/fuzz_*.c (clang only) -------------
 # The plan/ sources are compiled into each target so that they carry the

@@ -46,7 +46,7 @@ stage "install dependencies" bash scripts/install-deps.sh
 stage "build with gcc (-Werror)" make clean all WERROR=1
 stage "unit tests" make WERROR=1 unit
 if [[ -f tests/test_tool.sh ]]; then
-	stage "tool tests" bash tests/test_tool.sh
+	stage "tool tests" make WERROR=1 check-tool
 fi
 stage "build with clang (-Werror)" bash -c 'make clean && make CC=clang CXX=clang++ WERROR=1 all build/tests/test_smoke'
 if [[ ${KVP_SKIP_SANITIZE:-0} != 1 ]]; then
