@@ -27,9 +27,9 @@ stage() {
 	echo "==== $name"
 	"$@" 2>&1 | tee "$out"
 	st=${PIPESTATUS[0]}
-	p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test(s)\..*/\1/p; s/^\([0-9]*\) passed, [0-9]* failed.*/\1/p' "$out" |
+	p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test(s)\..*/\1/p; s/^\([0-9][0-9]*\) passed, [0-9][0-9]* failed.*/\1/p' "$out" |
 		awk '{s+=$1} END {print s+0}')
-	f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test(s), listed below:.*/\1/p; s/^[0-9]* passed, \([0-9]*\) failed.*/\1/p' "$out" |
+	f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test(s), listed below:.*/\1/p; s/^[0-9][0-9]* passed, \([0-9][0-9]*\) failed.*/\1/p' "$out" |
 		awk '{s+=$1} END {print s+0}')
 	if [[ $st -ne 0 && $f -eq 0 ]]; then
 		f=1
