@@ -517,6 +517,244 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
 					       const kvp_layout *consumer_layout,
 					       uint32_t producer);
 
+/* ---- Transport (verbs/) ---- */
+/*
+ * An agent is one engine rank's endpoint on one RDMA device: a protection
+ * domain, the rank's registered regions, one completion queue, and one RC
+ * queue pair per peer rank, set up over librdmacm.
+ *
+ *   producer rank                         consumer rank
+ *   kvp_agent_open(PRODUCER)              kvp_agent_open(CONSUMER)
+ *   kvp_agent_register() every region     kvp_agent_register() every region
+ *   kvp_agent_listen(ip, port)            kvp_agent_connect(producer ranks)
+ *   kvp_agent_expect(req, deadline)       kvp_agent_pull(req, ids)
+ *   kvp_agent_poll(): RELEASED/EXPIRED    kvp_agent_poll(): DONE/FAILED
+ *
+ * Handshake: a consumer rank first connects to one producer rank, receives
+ * its metadata blob (kvp_meta_encode(): layout, region addresses and rkeys),
+ * compiles its plan with kvp_plan_compile(), then connects to exactly the
+ * producer ranks the plan reads from or must notify (kvp_plan_source(),
+ * kvp_plan_notify()) and checks that every rank's blob belongs to the same
+ * engine (engine id, TP size, rank, kvp_layout_compat_hash(), geometry).
+ * Each side also sends the other its own blob, so a producer rank learns how
+ * many consumer notifications free a request (kvp_notify_expected()).
+ *
+ * Requests: kvp_agent_pull() posts a request's RDMA READs, chained per
+ * producer rank, one ibv_post_send() per rank; after the reads from a rank
+ * it sends that rank a fenced notification {req_id, consumer engine id,
+ * consumer rank}, and notifies the other producer ranks of its notify list.
+ * A producer rank reports a request RELEASED once every consumer rank that
+ * must notify it has done so, or EXPIRED when its deadline passes first.
+ *
+ * Threads: an agent is not thread-safe. All calls on one agent must be
+ * serialised by the caller (typically: the engine's loop thread). Distinct
+ * agents are independent. Nothing is called back; everything is reported
+ * through kvp_agent_poll(). After setup, no call blocks: pull, expect and
+ * poll make no system calls besides posting and polling verbs (and, at most
+ * once per millisecond, a non-blocking read of the rdma_cm event channel).
+ */
+
+typedef struct kvp_agent kvp_agent;
+
+enum kvp_role {
+	KVP_ROLE_PRODUCER = 0, /* owns blocks that others read (prefill) */
+	KVP_ROLE_CONSUMER,     /* reads blocks into its own (decode) */
+	KVP_ROLE_COUNT
+};
+
+struct kvp_agent_attr {
+	uint32_t role;	    /* enum kvp_role */
+	uint32_t comp_mask; /* must be 0 */
+	/* RDMA device name as ibv_devices prints it; NULL: the device that
+	 * `addr` belongs to, else the first device. */
+	const char *device;
+	/* Local numeric IP address, or NULL. Consumer: the source address of
+	 * its connections (selects the device and the route). Producer: only
+	 * selects the device; kvp_agent_listen() takes the address to bind. */
+	const char *addr;
+	/* This rank's layout (engine id, TP size and rank included). Copied;
+	 * region keys in it are ignored. */
+	const kvp_layout *layout;
+	/* Consumer: the most ids any list of a request may hold (local or
+	 * remote, any group). Sizes the work request arrays allocated at
+	 * connect (kvp_plan_emit_bound()). 0: 256. */
+	uint32_t max_ids;
+	/* Consumer: pulls in flight (pulled, not yet reported by poll).
+	 * Producer: requests tracked at once (expected and not yet reported).
+	 * 0: 64. */
+	uint32_t max_inflight;
+	/* Producer: consumer ranks connected at once. 0: 64. */
+	uint32_t max_peers;
+	/* Consumer: send queue entries per producer rank; 0: 512. Clamped to
+	 * the device's limits. */
+	uint32_t sq_depth;
+	/* Consumer: local scatter entries per READ (kvp_plan_attr.max_sge);
+	 * 0: 4. Clamped to the device's limit. */
+	uint32_t max_sge;
+};
+
+/* Opens an agent on an RDMA device. Returns 0 and an agent owned by the
+ * caller (kvp_agent_close()); -EINVAL for a bad attribute (unknown role,
+ * non-zero comp_mask, no layout, a device name and an address of different
+ * devices); -ENODEV when there is no RDMA device or no device of that name or
+ * address; -ENOMEM; another -errno from the device. Blocks only as long as
+ * opening the device does. */
+KVP_API KVP_MUST_CHECK int kvp_agent_open(const struct kvp_agent_attr *attr,
+					  kvp_agent **out);
+
+/* Disconnects every peer, deregisters memory and releases the agent. Pulls
+ * and expected requests in flight are dropped without events; producer
+ * memory must stay valid until this returns. NULL is a no-op. */
+KVP_API void kvp_agent_close(kvp_agent *agent);
+
+/* Registers the memory of layout region `region`: `len` bytes at `addr`,
+ * at least the region's size. A producer's memory is registered for remote
+ * READ only, a consumer's for local write only. The memory is borrowed: it
+ * must stay valid until kvp_agent_close(). Every region must be registered,
+ * once, before kvp_agent_listen() or kvp_agent_connect(). Returns 0;
+ * -EINVAL for a bad region index, a NULL address, a length below the
+ * region's size, or a region already registered; -EBUSY after listen or
+ * connect; another -errno from memory registration (-ENOMEM, -EFAULT). */
+KVP_API KVP_MUST_CHECK int kvp_agent_register(kvp_agent *agent,
+					      uint32_t region, void *addr,
+					      uint64_t len);
+
+/* Producer: listens for consumer ranks on numeric IP address `ip` (NULL:
+ * every address of the agent's device) and `port`. Non-blocking; incoming
+ * connections are accepted and handshaken inside kvp_agent_poll(), which the
+ * producer must therefore keep calling. Returns 0; -EINVAL (not a producer,
+ * bad address, an address of another device); -EBUSY when already listening;
+ * -ENXIO when a region is not registered; -EADDRINUSE; another -errno. */
+KVP_API KVP_MUST_CHECK int kvp_agent_listen(kvp_agent *agent, const char *ip,
+					    uint16_t port);
+
+/* Where producer rank i listens: numeric IP address and port. */
+struct kvp_peer {
+	const char *addr;
+	uint16_t port;
+};
+
+/* Consumer: connects to the producer engine whose rank i listens at
+ * ranks[i], i < n, n being the producer's TP size. Runs the handshake
+ * described above and leaves the agent ready to pull. Blocks for at most
+ * `timeout_ms` milliseconds in total (> 0), the producer ranks' polling
+ * included. One producer engine per consumer agent; connect succeeds once.
+ * Returns 0; -EINVAL (not a consumer, bad arguments); -EISCONN when already
+ * connected; -ENXIO when a region is not registered; -EPROTO when a
+ * producer's metadata is malformed or does not match (engine id, TP size
+ * other than n, rank, compatibility hash, geometry, layouts that cannot be
+ * matched by kvp_plan_compile()); -ETIMEDOUT; -ECONNREFUSED (nobody listens
+ * or a producer refused); -EHOSTUNREACH, -ENETUNREACH, -EADDRNOTAVAIL when
+ * an address cannot be resolved or routed; -ECONNRESET when a producer
+ * disconnected during the handshake; -ENOMEM. On failure nothing is left
+ * behind: no connection, no plan, and connect may be called again. */
+KVP_API KVP_MUST_CHECK int kvp_agent_connect(kvp_agent *agent,
+					     const struct kvp_peer *ranks,
+					     uint32_t n, int timeout_ms);
+
+/* Consumer: the compiled plan, or NULL before connect. Borrowed: valid
+ * until kvp_agent_close(). */
+KVP_API const kvp_plan *kvp_agent_plan(const kvp_agent *agent);
+
+/* Consumer: starts pulling request `req_id`: ids[g] for each group g of the
+ * layout (as in kvp_plan_emit()), no list longer than max_ids. Posts the
+ * READs and notifications right away as far as the send queues have room;
+ * the rest waits in preallocated queues and is posted from kvp_agent_poll().
+ * Allocation-free. The local id lists are copied (they come back with a
+ * FAILED event); the caller's arrays may be reused on return. The local
+ * blocks must not be read until DONE is reported for req_id.
+ * Returns 0, and exactly one DONE or FAILED event follows for req_id;
+ * -EINVAL (bad arguments, a list longer than max_ids, lists that do not fit
+ * the group); -ERANGE for a block id out of range; -EBUSY when max_inflight
+ * pulls are unreported or the work request queue is full (poll, then retry);
+ * -ENOTCONN before connect or after a producer rank was lost. On error
+ * nothing was posted and no event follows. */
+KVP_API KVP_MUST_CHECK int kvp_agent_pull(kvp_agent *agent, uint64_t req_id,
+					  const struct kvp_ids *ids);
+
+/* Producer: a consumer engine will pull request `req_id`; its blocks must
+ * stay untouched until RELEASED (every notification arrived) or EXPIRED
+ * (`deadline_ns`, CLOCK_MONOTONIC, passed first) is reported for it.
+ * Notifications that arrive before expect are kept (for up to 30 s) and
+ * counted. Returns 0, and exactly one RELEASED or EXPIRED event follows;
+ * -EINVAL (not a producer); -EEXIST when req_id is already expected;
+ * -EBUSY when max_inflight requests are expected or unreported. */
+KVP_API KVP_MUST_CHECK int kvp_agent_expect(kvp_agent *agent, uint64_t req_id,
+					    uint64_t deadline_ns);
+
+enum kvp_event_type {
+	KVP_EV_DONE = 1,     /* consumer: request pulled, blocks valid */
+	KVP_EV_FAILED,	     /* consumer: request failed; recompute ids */
+	KVP_EV_RELEASED,     /* producer: every consumer read; free blocks */
+	KVP_EV_EXPIRED,	     /* producer: deadline passed; free blocks */
+	KVP_EV_DISCONNECTED, /* a peer rank is gone (or its handshake failed) */
+};
+
+struct kvp_event {
+	uint32_t type;	    /* enum kvp_event_type */
+	int32_t status;	    /* 0, or -errno: FAILED, DISCONNECTED */
+	uint64_t req_id;    /* DONE, FAILED, RELEASED, EXPIRED */
+	uint64_t engine_id; /* RELEASED: consumer engine; DISCONNECTED: peer */
+	uint32_t rank;	    /* DISCONNECTED: peer rank */
+	uint32_t ngroups;   /* FAILED: entries in ids */
+	/* FAILED: the request's ids per group, local lists only (remote NULL,
+	 * nremote 0): every one of these local blocks may hold partial data
+	 * and must be recomputed. Owned by the agent, valid until the next
+	 * kvp_agent_poll() or kvp_agent_close(). NULL otherwise. */
+	const struct kvp_ids *ids;
+};
+
+/* Drives the agent without blocking: completions (polled in arrays), queued
+ * work requests, connection events, deadlines. Writes up to `max` events
+ * to ev[] and returns how many (>= 0), or -EINVAL. Events not returned stay
+ * queued for the next call. FAILED status: -ECONNRESET (a producer rank
+ * disconnected), -ETIMEDOUT (the transport gave up retrying), -EACCES (remote
+ * access refused), -EIO (other completion errors). A producer rank dying
+ * mid-transfer fails every request that used it (its completions are
+ * flushed); nothing waits for more than a few seconds. */
+KVP_API KVP_MUST_CHECK int kvp_agent_poll(kvp_agent *agent,
+					  struct kvp_event *ev, int max);
+
+/* File descriptors to sleep on (epoll/poll for reading): the completion
+ * channel's, then the rdma_cm event channel's. Writes up to `max` of them
+ * and returns how many there are (2). Owned by the agent: do not read or
+ * close them. Both are non-blocking. To sleep:
+ *   1. kvp_agent_arm(); if it returns > 0, poll instead of sleeping;
+ *   2. wait for either fd to be readable, up to *wake_ns;
+ *   3. kvp_agent_poll() (it consumes the fd's events and re-arms nothing:
+ *      arm again before the next sleep). */
+KVP_API KVP_MUST_CHECK int kvp_agent_fds(const kvp_agent *agent, int *fds,
+					 int max);
+
+/* Requests a completion-channel wakeup for the next completion and tells
+ * when the agent next needs kvp_agent_poll() regardless of the fds: the
+ * earliest producer deadline or internal timer, CLOCK_MONOTONIC ns, in
+ * *wake_ns (UINT64_MAX: none). Returns 0 when it is safe to sleep, 1 when
+ * events or completions are already waiting (call kvp_agent_poll() first),
+ * or a negative errno. Makes system calls; not for busy-polling loops. */
+KVP_API KVP_MUST_CHECK int kvp_agent_arm(kvp_agent *agent, uint64_t *wake_ns);
+
+/* Counters since open. */
+struct kvp_agent_stats {
+	uint64_t pulls;	      /* consumer: pulls accepted */
+	uint64_t done, failed;  /* consumer: requests reported */
+	uint64_t reads;	      /* RDMA READs posted */
+	uint64_t read_bytes;  /* bytes those READs move */
+	uint64_t doorbells;   /* ibv_post_send() calls on the data path */
+	uint64_t queued;      /* WRs that waited for send queue room */
+	uint64_t notes_sent;  /* consumer: notifications posted */
+	uint64_t notes_recv;  /* producer: notifications received */
+	uint64_t notes_dropped; /* producer: malformed, duplicate, orphaned or
+				 * over capacity */
+	uint64_t released, expired; /* producer: requests reported */
+	uint64_t connects, disconnects; /* peer ranks connected and lost */
+};
+
+/* Copies the agent's counters into *st. */
+KVP_API void kvp_agent_get_stats(const kvp_agent *agent,
+				 struct kvp_agent_stats *st);
+/* ---- end of transport ---- */
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,621 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Agents: device selection, memory registration, the poll loop, events, and
+ * the producer's request table.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define DEF_MAX_IDS 256
+#define DEF_INFLIGHT 64
+#define DEF_PEERS 64
+#define DEF_SQ 512
+#define DEF_SGE 4
+#define CM_INTERVAL_NS 1000000ull    /* rdma_cm channel check, busy polling */
+#define EARLY_LINGER_NS 30000000000ull /* notifications before expect */
+#define CQ_BATCHES 8
+
+static uint32_t pow2_at_least(uint32_t v)
+{
+	uint32_t p = 1;
+
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
+/* ---- events --------------------------------------------------------------
+ * The queue never overflows by construction: request events are bounded by
+ * max_inflight (a consumer slot or a producer's held count is only given
+ * back when its event is delivered), DISCONNECTED events by the connection
+ * slots (producers refuse new connections while too many are queued). */
+
+int kvp__ev_room(const kvp_agent *a)
+{
+	return (int)(a->ev_cap - (a->ev_tail - a->ev_head));
+}
+
+void kvp__ev_push(kvp_agent *a, const struct kvp_event *ev)
+{
+	if (kvp_unlikely(!kvp__ev_room(a)))
+		return; /* unreachable: see above */
+	a->evq[a->ev_tail % a->ev_cap] = *ev;
+	a->ev_tail++;
+}
+
+void kvp__ev_disconnected(kvp_agent *a, struct kvp_conn *c)
+{
+	struct kvp_event ev;
+
+	if (c->reported)
+		return;
+	c->reported = 1;
+	memset(&ev, 0, sizeof(ev));
+	ev.type = KVP_EV_DISCONNECTED;
+	ev.status = c->status;
+	ev.engine_id = c->engine_id;
+	ev.rank = c->rank;
+	kvp__ev_push(a, &ev);
+	a->st.disconnects++;
+}
+
+/* ---- producer request table: open addressing, linear probing ----------- */
+
+static uint32_t tab_hash(const kvp_agent *a, uint64_t id)
+{
+	return (uint32_t)((id * 0x9e3779b97f4a7c15ull) >> 32) & a->tab_mask;
+}
+
+static struct kvp_ent *tab_find(kvp_agent *a, uint64_t id)
+{
+	uint32_t i = tab_hash(a, id);
+
+	for (;; i = (i + 1) & a->tab_mask) {
+		struct kvp_ent *e = &a->tab[i];
+
+		if (e->state == EN_FREE)
+			return NULL;
+		if (e->req_id == id)
+			return e;
+	}
+}
+
+static struct kvp_ent *tab_insert(kvp_agent *a, uint64_t id)
+{
+	uint32_t i = tab_hash(a, id);
+
+	while (a->tab[i].state != EN_FREE)
+		i = (i + 1) & a->tab_mask;
+	memset(&a->tab[i], 0, sizeof(a->tab[i]));
+	a->tab[i].req_id = id;
+	a->tab_used++;
+	return &a->tab[i];
+}
+
+/* Backward-shift deletion keeps every probe chain unbroken. */
+static void tab_remove(kvp_agent *a, struct kvp_ent *e)
+{
+	uint32_t i = (uint32_t)(e - a->tab), j = i, k;
+
+	a->tab[i].state = EN_FREE;
+	a->tab_used--;
+	for (;;) {
+		j = (j + 1) & a->tab_mask;
+		if (a->tab[j].state == EN_FREE)
+			return;
+		k = tab_hash(a, a->tab[j].req_id);
+		/* Move j back to i unless its home k lies cyclically in
+		 * (i, j]. */
+		if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
+			continue;
+		a->tab[i] = a->tab[j];
+		a->tab[j].state = EN_FREE;
+		i = j;
+	}
+}
+
+static void ent_report(kvp_agent *a, struct kvp_ent *e, uint32_t type)
+{
+	struct kvp_event ev;
+
+	memset(&ev, 0, sizeof(ev));
+	ev.type = type;
+	ev.req_id = e->req_id;
+	ev.engine_id = e->engine_id;
+	kvp__ev_push(a, &ev);
+	if (type == KVP_EV_RELEASED)
+		a->st.released++;
+	else
+		a->st.expired++;
+	tab_remove(a, e);
+}
+
+void kvp__note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
+			uint32_t len)
+{
+	struct kvp_ent *e;
+	uint64_t id, engine;
+	uint32_t rank;
+
+	if (len != KVP_NOTE_LEN || kvp__get32(m) != KVP_NOTE_MAGIC)
+		goto drop;
+	rank = kvp__get32(m + 4);
+	id = kvp__get64(m + 8);
+	engine = kvp__get64(m + 16);
+	if (engine != c->engine_id || rank != c->rank)
+		goto drop;
+	a->st.notes_recv++;
+	e = tab_find(a, id);
+	if (!e) {
+		if (a->tab_used >= (a->tab_mask + 1) / 2)
+			goto drop;
+		e = tab_insert(a, id);
+		e->state = EN_EARLY;
+		e->deadline = kvp__now_ns() + EARLY_LINGER_NS;
+		if (e->deadline < a->next_deadline)
+			a->next_deadline = e->deadline;
+	}
+	if (rank < 64) {
+		if (e->rank_mask & (1ull << rank))
+			goto drop;
+		e->rank_mask |= 1ull << rank;
+	}
+	e->engine_id = engine;
+	e->expected = c->expected;
+	e->count++;
+	if (e->state == EN_EXPECTED && e->count >= e->expected)
+		ent_report(a, e, KVP_EV_RELEASED);
+	return;
+drop:
+	a->st.notes_dropped++;
+}
+
+int kvp_agent_expect(kvp_agent *a, uint64_t req_id, uint64_t deadline_ns)
+{
+	struct kvp_ent *e;
+
+	if (!a || a->role != KVP_ROLE_PRODUCER)
+		return -EINVAL;
+	e = tab_find(a, req_id);
+	if (e && e->state == EN_EXPECTED)
+		return -EEXIST;
+	if (a->nheld >= a->max_inflight)
+		return -EBUSY;
+	if (!e)
+		e = tab_insert(a, req_id);
+	e->state = EN_EXPECTED;
+	e->deadline = deadline_ns;
+	a->nheld++;
+	if (e->expected && e->count >= e->expected) {
+		ent_report(a, e, KVP_EV_RELEASED);
+		return 0;
+	}
+	if (deadline_ns < a->next_deadline)
+		a->next_deadline = deadline_ns;
+	return 0;
+}
+
+/* Expires requests and drops orphaned early notifications. */
+static void tab_scan(kvp_agent *a, uint64_t now)
+{
+	uint64_t next = UINT64_MAX;
+	uint32_t i = 0;
+
+	while (i <= a->tab_mask) {
+		struct kvp_ent *e = &a->tab[i];
+
+		if (e->state != EN_FREE && e->deadline <= now) {
+			if (e->state == EN_EXPECTED) {
+				ent_report(a, e, KVP_EV_EXPIRED);
+			} else {
+				a->st.notes_dropped += e->count;
+				tab_remove(a, e);
+			}
+			continue; /* slot i may hold a shifted entry now */
+		}
+		if (e->state != EN_FREE && e->deadline < next)
+			next = e->deadline;
+		i++;
+	}
+	a->next_deadline = next;
+}
+
+/* ---- open / close ------------------------------------------------------- */
+
+/* Picks the device: by name, by the address it owns, or the first. */
+static int pick_device(kvp_agent *a, const struct kvp_agent_attr *attr)
+{
+	struct ibv_context *by_addr = NULL;
+	int n = 0, i, err;
+
+	err = kvp__get_devices(&a->devs, &n);
+	if (err)
+		return err == -ENOMEM ? err : -ENODEV;
+	if (n <= 0)
+		return -ENODEV;
+	if (attr->addr) {
+		struct sockaddr_storage ss;
+		struct rdma_cm_id *id;
+
+		err = kvp__parse_addr(attr->addr, 0, &ss);
+		if (err)
+			return err;
+		err = kvp__create_id(a->ech, NULL, &id);
+		if (err)
+			return err;
+		err = kvp__bind_addr(id, (struct sockaddr *)&ss);
+		by_addr = err ? NULL : id->verbs;
+		kvp__destroy_id(id);
+		if (!by_addr)
+			return -ENODEV;
+	}
+	if (attr->device) {
+		for (i = 0; i < n; i++)
+			if (!strcmp(kvp__dev_name(a->devs[i]), attr->device))
+				break;
+		if (i == n)
+			return -ENODEV;
+		if (by_addr && by_addr != a->devs[i])
+			return -EINVAL;
+		a->ctx = a->devs[i];
+	} else {
+		a->ctx = by_addr ? by_addr : a->devs[0];
+	}
+	return 0;
+}
+
+int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
+{
+	kvp_agent *a;
+	uint32_t n;
+	int err;
+
+	if (!attr || !out || !attr->layout || attr->role >= KVP_ROLE_COUNT ||
+	    attr->comp_mask)
+		return -EINVAL;
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	a->role = attr->role;
+	a->max_ids = attr->max_ids ? attr->max_ids : DEF_MAX_IDS;
+	a->max_inflight = attr->max_inflight ? attr->max_inflight : DEF_INFLIGHT;
+	a->max_peers = attr->max_peers ? attr->max_peers : DEF_PEERS;
+	a->sq_depth = attr->sq_depth ? attr->sq_depth : DEF_SQ;
+	a->max_sge = attr->max_sge ? attr->max_sge : DEF_SGE;
+	a->next_deadline = UINT64_MAX;
+	if (a->max_inflight > (1u << 20) || a->max_peers > 0xffff ||
+	    a->max_ids > (1u << 24)) {
+		err = -EINVAL;
+		goto err_free;
+	}
+	if (attr->addr) {
+		a->src_addr = strdup(attr->addr);
+		if (!a->src_addr) {
+			err = -ENOMEM;
+			goto err_free;
+		}
+	}
+	err = kvp_layout_clone(attr->layout, &a->layout);
+	if (err)
+		goto err_free;
+	kvp_layout_get_info(a->layout, &a->li);
+	err = kvp__create_event_channel(&a->ech);
+	if (err)
+		goto err_layout;
+	err = kvp__set_nonblock(a->ech->fd);
+	if (err)
+		goto err_ech;
+	err = pick_device(a, attr);
+	if (err)
+		goto err_devs;
+	err = kvp__query_device(a->ctx, &a->dattr);
+	if (err)
+		goto err_devs;
+	if (a->sq_depth > (uint32_t)a->dattr.max_qp_wr)
+		a->sq_depth = (uint32_t)a->dattr.max_qp_wr;
+	if (a->sq_depth < 4)
+		a->sq_depth = 4;
+	if (a->max_sge > (uint32_t)a->dattr.max_sge)
+		a->max_sge = (uint32_t)a->dattr.max_sge;
+	err = kvp__alloc_pd(a->ctx, &a->pd);
+	if (err)
+		goto err_devs;
+	err = kvp__create_comp_channel(a->ctx, &a->cch);
+	if (err)
+		goto err_pd;
+	err = kvp__set_nonblock(a->cch->fd);
+	if (err)
+		goto err_cch;
+	n = a->li.nregions;
+	a->mrs = calloc(n + 1, sizeof(*a->mrs));
+	a->lbase = calloc(n + 1, sizeof(*a->lbase));
+	a->lkey = calloc(n + 1, sizeof(*a->lkey));
+	err = -ENOMEM;
+	if (!a->mrs || !a->lbase || !a->lkey)
+		goto err_arrays;
+	if (a->role == KVP_ROLE_PRODUCER) {
+		a->ev_cap = a->max_inflight + 2 * a->max_peers + 8;
+		a->evq = calloc(a->ev_cap, sizeof(*a->evq));
+		a->tab_mask = pow2_at_least(4 * a->max_inflight) - 1;
+		a->tab = calloc(a->tab_mask + 1, sizeof(*a->tab));
+		if (!a->evq || !a->tab)
+			goto err_arrays;
+	}
+	*out = a;
+	return 0;
+
+err_arrays:
+	free(a->evq);
+	free(a->tab);
+	free(a->mrs);
+	free(a->lbase);
+	free(a->lkey);
+err_cch:
+	kvp__destroy_comp_channel(a->cch);
+err_pd:
+	kvp__dealloc_pd(a->pd);
+err_devs:
+	kvp__free_devices(a->devs);
+err_ech:
+	kvp__destroy_event_channel(a->ech);
+err_layout:
+	kvp_layout_destroy(a->layout);
+err_free:
+	free(a->src_addr);
+	free(a);
+	return err;
+}
+
+void kvp_agent_close(kvp_agent *a)
+{
+	uint32_t i;
+
+	if (!a)
+		return;
+	for (i = 0; a->conns && i < a->nconns; i++) {
+		struct kvp_conn *c = &a->conns[i];
+
+		if (c->state == CS_FREE)
+			continue;
+		if (c->id && c->state >= CS_CONNECTING)
+			(void)kvp__disconnect(c->id);
+		kvp__conn_release(a, c);
+	}
+	free(a->conns);
+	kvp__destroy_id(a->listen_id);
+	kvp__data_free(a);
+	kvp__dereg_mr(a->blob_mr);
+	free(a->blob);
+	kvp__destroy_cq(a->cq);
+	for (i = 0; i < a->li.nregions; i++)
+		kvp__dereg_mr(a->mrs[i]);
+	kvp__destroy_comp_channel(a->cch);
+	kvp__dealloc_pd(a->pd);
+	kvp__free_devices(a->devs);
+	kvp__destroy_event_channel(a->ech);
+	kvp_layout_destroy(a->layout);
+	free(a->evq);
+	free(a->tab);
+	free(a->mrs);
+	free(a->lbase);
+	free(a->lkey);
+	free(a->src_addr);
+	free(a);
+}
+
+int kvp_agent_register(kvp_agent *a, uint32_t region, void *addr, uint64_t len)
+{
+	struct ibv_mr *mr;
+	uint64_t size;
+	int access, err;
+
+	if (!a || !addr || region >= a->li.nregions || a->mrs[region])
+		return -EINVAL;
+	if (a->connected || a->listening)
+		return -EBUSY;
+	if (kvp_layout_get_region(a->layout, region, &size) || len < size ||
+	    len > SIZE_MAX)
+		return -EINVAL;
+	/* Producer memory is only ever read remotely; consumer memory is only
+	 * written by our own READ responses. Nothing else is granted. */
+	access = a->role == KVP_ROLE_PRODUCER ? IBV_ACCESS_REMOTE_READ :
+						IBV_ACCESS_LOCAL_WRITE;
+	err = kvp__reg_mr(a->pd, addr, (size_t)len, access, &mr);
+	if (err)
+		return err;
+	a->mrs[region] = mr;
+	a->lbase[region] = (uint64_t)(uintptr_t)addr;
+	a->lkey[region] = mr->lkey;
+	return 0;
+}
+
+const kvp_plan *kvp_agent_plan(const kvp_agent *a)
+{
+	return a ? a->plan : NULL;
+}
+
+void kvp_agent_get_stats(const kvp_agent *a, struct kvp_agent_stats *st)
+{
+	if (a && st)
+		*st = a->st;
+}
+
+int kvp_agent_fds(const kvp_agent *a, int *fds, int max)
+{
+	if (!a || max < 0 || (max && !fds))
+		return -EINVAL;
+	if (max > 0)
+		fds[0] = a->cch->fd;
+	if (max > 1)
+		fds[1] = a->ech->fd;
+	return 2;
+}
+
+/* ---- completions -------------------------------------------------------- */
+
+static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
+{
+	uint32_t kind = WRID_KIND(wc->wr_id), ci = WRID_CONN(wc->wr_id);
+	struct kvp_conn *c;
+
+	if (kvp_unlikely(ci >= a->nconns))
+		return;
+	c = &a->conns[ci];
+	if (kvp_unlikely(WRID_GEN(wc->wr_id) != (c->gen & 0xff) ||
+			 c->state == CS_FREE))
+		return; /* a completion of a connection slot's past life */
+	switch (kind) {
+	case WK_READ:
+	case WK_SIGNAL:
+	case WK_NOTE:
+		kvp__send_wc(a, c, wc);
+		break;
+	case WK_DRAIN_SQ:
+	case WK_DRAIN_RQ:
+		if (c->state == CS_DRAINING && c->drains && !--c->drains)
+			kvp__conn_drained(a, c);
+		break;
+	case WK_META_SEND:
+	case WK_META_RECV:
+		(void)kvp__handshake_wc(a, c, wc);
+		break;
+	case WK_NOTE_RECV:
+		if (c->state != CS_READY)
+			break;
+		if (wc->status != IBV_WC_SUCCESS) {
+			kvp__conn_fail(a, c, kvp__wc_errno(wc->status));
+			break;
+		}
+		if (WRID_VALUE(wc->wr_id) < a->rq_depth)
+			kvp__note_received(a, c,
+					   c->notes + (size_t)WRID_VALUE(wc->wr_id) *
+							      KVP_NOTE_LEN,
+					   wc->byte_len);
+		(void)kvp__post_note_recv(a, c, WRID_VALUE(wc->wr_id));
+		break;
+	default:
+		break;
+	}
+}
+
+/* Polls the CQ in arrays of 32, a bounded number of times. */
+int kvp__cq_drain(kvp_agent *a)
+{
+	int b, i, n, total = 0;
+
+	if (!a->cq)
+		return 0;
+	for (b = 0; b < CQ_BATCHES; b++) {
+		n = kvp__poll_cq(a->cq, 32, a->wc);
+		if (n <= 0)
+			break;
+		for (i = 0; i < n; i++)
+			dispatch(a, &a->wc[i]);
+		total += n;
+		if (n < 32)
+			break;
+	}
+	return total;
+}
+
+/* Posts what waits for send queue room on every live connection. */
+static void flush_backlog(kvp_agent *a)
+{
+	uint32_t k;
+
+	for (k = 0; k < a->pi.nnotify; k++) {
+		struct kvp_conn *c = &a->conns[a->note_conn[k]];
+
+		if (c->c_post != c->c_tail)
+			kvp__conn_flush(a, c);
+	}
+}
+
+int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
+{
+	uint64_t now;
+	int n = 0;
+
+	if (!a || max < 0 || (max && !ev))
+		return -EINVAL;
+	if (a->role == KVP_ROLE_CONSUMER)
+		kvp__req_reap(a);
+	now = kvp__now_ns();
+	if (a->armed) {
+		while (kvp__get_cq_event(a->cch) > 0)
+			;
+		a->armed = 0;
+		a->next_cm_ns = 0;
+	}
+	if (kvp__cq_drain(a) && a->connected)
+		flush_backlog(a);
+	if (now >= a->next_cm_ns) {
+		kvp__cm_process(a, 16);
+		kvp__conn_timers(a, now);
+		a->next_cm_ns = now + CM_INTERVAL_NS;
+	}
+	if (a->role == KVP_ROLE_PRODUCER && now >= a->next_deadline)
+		tab_scan(a, now);
+	while (n < max && a->ev_head != a->ev_tail) {
+		struct kvp_event *e = &a->evq[a->ev_head % a->ev_cap];
+
+		ev[n] = *e;
+		a->ev_head++;
+		if (e->type == KVP_EV_DONE || e->type == KVP_EV_FAILED) {
+			struct kvp_req *r = &a->reqs[e->rank];
+
+			ev[n].rank = 0;
+			if (e->type == KVP_EV_FAILED) {
+				ev[n].ids = r->gids;
+				ev[n].ngroups = a->li.ngroups;
+				r->state = RQ_REPORTED;
+				a->nreq_reported++;
+			} else {
+				r->state = RQ_FREE;
+				r->next_free = a->free_req;
+				a->free_req = (uint32_t)(r - a->reqs);
+			}
+		} else if (e->type == KVP_EV_RELEASED ||
+			   e->type == KVP_EV_EXPIRED) {
+			a->nheld--;
+		}
+		n++;
+	}
+	return n;
+}
+
+int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
+{
+	uint64_t wake = UINT64_MAX, now = kvp__now_ns();
+	uint32_t i;
+	int err;
+
+	if (!a || !wake_ns)
+		return -EINVAL;
+	if (a->role == KVP_ROLE_PRODUCER)
+		wake = a->next_deadline;
+	for (i = 0; i < a->nconns; i++) {
+		const struct kvp_conn *c = &a->conns[i];
+
+		/* Drain and handshake bounds (kvp__conn_timers()). */
+		if ((c->state == CS_DRAINING ||
+		     (a->role == KVP_ROLE_PRODUCER &&
+		      (c->state == CS_CONNECTING || c->state == CS_HANDSHAKE))) &&
+		    c->drain_deadline < wake)
+			wake = c->drain_deadline;
+	}
+	(void)now;
+	*wake_ns = wake;
+	if (a->cq) {
+		err = kvp__req_notify_cq(a->cq);
+		if (err)
+			return err;
+		a->armed = 1;
+		/* Completions that arrived before arming raise no event. */
+		if (kvp__cq_drain(a) && a->connected)
+			flush_backlog(a);
+	}
+	return a->ev_head != a->ev_tail ? 1 : 0;
+}

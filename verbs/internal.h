@@ -1,0 +1,398 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Internal structures of verbs/: agents, connections, requests. Never
+ * installed. Only verbs/ includes <infiniband/verbs.h> and <rdma/...>.
+ */
+#ifndef KVP_VERBS_INTERNAL_H
+#define KVP_VERBS_INTERNAL_H
+
+#include <errno.h>
+#include <stdint.h>
+#include <time.h>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include "kvpull.h"
+
+#define kvp_likely(x) __builtin_expect(!!(x), 1)
+#define kvp_unlikely(x) __builtin_expect(!!(x), 0)
+#define KVP_HIDDEN __attribute__((visibility("hidden")))
+#define KVP_CACHELINE 64
+
+/* ---- rdma-core boundary (wrap.c, and the hot ones inline here) ---------
+ * libibverbs returns +errno, its constructors NULL with errno set, and
+ * librdmacm -1 with errno set. Every call below returns 0 (or a count) or a
+ * negative errno, and constructors return their object through an
+ * out-parameter. Nothing outside these wrappers calls ibv_* or rdma_*. */
+
+/* Maps a verbs return value (+errno, or -1 with errno, or a negative errno
+ * from some providers) to -errno. */
+static inline int kvp__vret(int ret)
+{
+	if (kvp_likely(ret == 0))
+		return 0;
+	if (ret > 0)
+		return -ret;
+	if (ret == -1)
+		return errno ? -errno : -EIO;
+	return ret;
+}
+
+static inline int kvp__post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
+				 struct ibv_send_wr **bad)
+{
+	return kvp__vret(ibv_post_send(qp, wr, bad));
+}
+
+static inline int kvp__post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
+				 struct ibv_recv_wr **bad)
+{
+	return kvp__vret(ibv_post_recv(qp, wr, bad));
+}
+
+/* Returns the number of completions (>= 0) or -EIO. */
+static inline int kvp__poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+	int ret = ibv_poll_cq(cq, n, wc);
+
+	return kvp_likely(ret >= 0) ? ret : -EIO;
+}
+
+KVP_HIDDEN int kvp__get_devices(struct ibv_context ***list, int *n);
+KVP_HIDDEN void kvp__free_devices(struct ibv_context **list);
+KVP_HIDDEN const char *kvp__dev_name(struct ibv_context *ctx);
+KVP_HIDDEN int kvp__query_device(struct ibv_context *ctx,
+				 struct ibv_device_attr *attr);
+KVP_HIDDEN int kvp__alloc_pd(struct ibv_context *ctx, struct ibv_pd **out);
+KVP_HIDDEN void kvp__dealloc_pd(struct ibv_pd *pd);
+KVP_HIDDEN int kvp__reg_mr(struct ibv_pd *pd, void *addr, size_t len,
+			   int access, struct ibv_mr **out);
+KVP_HIDDEN void kvp__dereg_mr(struct ibv_mr *mr);
+KVP_HIDDEN int kvp__create_comp_channel(struct ibv_context *ctx,
+					struct ibv_comp_channel **out);
+KVP_HIDDEN void kvp__destroy_comp_channel(struct ibv_comp_channel *ch);
+KVP_HIDDEN int kvp__create_cq(struct ibv_context *ctx, int cqe,
+			      struct ibv_comp_channel *ch, struct ibv_cq **out);
+KVP_HIDDEN void kvp__destroy_cq(struct ibv_cq *cq);
+KVP_HIDDEN int kvp__req_notify_cq(struct ibv_cq *cq);
+/* Takes one completion-channel event without blocking: 1 if there was one
+ * (acknowledged), 0 if none, or -errno. */
+KVP_HIDDEN int kvp__get_cq_event(struct ibv_comp_channel *ch);
+KVP_HIDDEN int kvp__qp_to_error(struct ibv_qp *qp);
+
+KVP_HIDDEN int kvp__create_event_channel(struct rdma_event_channel **out);
+KVP_HIDDEN void kvp__destroy_event_channel(struct rdma_event_channel *ch);
+KVP_HIDDEN int kvp__create_id(struct rdma_event_channel *ch, void *ctx,
+			      struct rdma_cm_id **out);
+KVP_HIDDEN void kvp__destroy_id(struct rdma_cm_id *id);
+KVP_HIDDEN int kvp__bind_addr(struct rdma_cm_id *id, struct sockaddr *sa);
+KVP_HIDDEN int kvp__listen(struct rdma_cm_id *id, int backlog);
+KVP_HIDDEN int kvp__resolve_addr(struct rdma_cm_id *id, struct sockaddr *src,
+				 struct sockaddr *dst, int timeout_ms);
+KVP_HIDDEN int kvp__resolve_route(struct rdma_cm_id *id, int timeout_ms);
+KVP_HIDDEN int kvp__set_ack_timeout(struct rdma_cm_id *id, uint8_t t);
+KVP_HIDDEN int kvp__create_qp(struct rdma_cm_id *id, struct ibv_pd *pd,
+			      struct ibv_qp_init_attr *attr);
+KVP_HIDDEN void kvp__destroy_qp(struct rdma_cm_id *id);
+KVP_HIDDEN int kvp__connect(struct rdma_cm_id *id,
+			    struct rdma_conn_param *param);
+KVP_HIDDEN int kvp__accept(struct rdma_cm_id *id,
+			   struct rdma_conn_param *param);
+KVP_HIDDEN int kvp__reject(struct rdma_cm_id *id);
+KVP_HIDDEN int kvp__disconnect(struct rdma_cm_id *id);
+/* Takes one rdma_cm event without blocking: 1 and *ev, 0 if none, or
+ * -errno. Every event taken must be given back with kvp__ack_event(). */
+KVP_HIDDEN int kvp__get_cm_event(struct rdma_event_channel *ch,
+				 struct rdma_cm_event **ev);
+KVP_HIDDEN void kvp__ack_event(struct rdma_cm_event *ev);
+/* Parses a numeric address and port into *ss. 0 or -EINVAL. */
+KVP_HIDDEN int kvp__parse_addr(const char *ip, uint16_t port,
+			       struct sockaddr_storage *ss);
+KVP_HIDDEN int kvp__set_nonblock(int fd);
+
+/* ---- work request ids ---------------------------------------------------
+ * wr_id = kind << 56 | generation << 48 | connection << 32 | value.
+ * The generation tells a recycled producer connection slot from the one a
+ * stale completion belongs to. value: WRs retired by a signalled send
+ * completion, or a receive buffer index. */
+enum wr_kind {
+	WK_READ = 1,   /* unsignalled READ: completes only with an error */
+	WK_SIGNAL,     /* signalled READ: retires `value` send queue WRs */
+	WK_NOTE,       /* notification SEND: retires `value`, ends a chunk */
+	WK_DRAIN_SQ,   /* marker after the QP went to error */
+	WK_DRAIN_RQ,
+	WK_META_SEND,  /* our metadata blob */
+	WK_META_RECV,  /* the peer's metadata blob */
+	WK_NOTE_RECV,  /* producer: a notification buffer */
+};
+
+static inline uint64_t kvp__wrid(uint32_t kind, uint32_t gen, uint32_t conn,
+				 uint32_t value)
+{
+	return (uint64_t)kind << 56 | (uint64_t)(gen & 0xff) << 48 |
+	       (uint64_t)(conn & 0xffff) << 32 | value;
+}
+#define WRID_KIND(id) ((uint32_t)((id) >> 56))
+#define WRID_GEN(id) ((uint32_t)((id) >> 48) & 0xff)
+#define WRID_CONN(id) ((uint32_t)((id) >> 32) & 0xffff)
+#define WRID_VALUE(id) ((uint32_t)(id))
+
+/* ---- wire formats (little endian, byte by byte) ------------------------ */
+
+/* rdma_cm private data of connect and accept. */
+#define KVP_HELLO_MAGIC 0x4b565048u /* "HPVK" read as LE: 'K','V','P','H' */
+#define KVP_HELLO_VERSION 1
+#define KVP_HELLO_LEN 32
+struct kvp_hello {
+	uint16_t version, role;
+	uint32_t tp_size, tp_rank;
+	uint32_t blob_len;
+	uint64_t engine_id;
+};
+KVP_HIDDEN void kvp__hello_put(uint8_t *p, const struct kvp_hello *h);
+KVP_HIDDEN int kvp__hello_get(const void *p, size_t len, struct kvp_hello *h);
+
+/* A notification: the consumer's SEND after its reads. */
+#define KVP_NOTE_MAGIC 0x4b56504eu
+#define KVP_NOTE_LEN 32
+/* Largest metadata blob accepted from a peer. */
+#define KVP_META_MAX (16u << 20)
+
+static inline void kvp__put32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+}
+
+static inline void kvp__put64(uint8_t *p, uint64_t v)
+{
+	kvp__put32(p, (uint32_t)v);
+	kvp__put32(p + 4, (uint32_t)(v >> 32));
+}
+
+static inline uint32_t kvp__get32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+	       (uint32_t)p[3] << 24;
+}
+
+static inline uint64_t kvp__get64(const uint8_t *p)
+{
+	return kvp__get32(p) | (uint64_t)kvp__get32(p + 4) << 32;
+}
+
+static inline uint64_t kvp__now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- connections -------------------------------------------------------- */
+
+enum conn_state {
+	CS_FREE = 0,
+	CS_ADDR,	/* consumer: resolving the address */
+	CS_ROUTE,	/* consumer: resolving the route */
+	CS_CONNECTING,	/* consumer: connect sent; producer: accept sent */
+	CS_HANDSHAKE,	/* established, waiting for the peer's blob */
+	CS_READY,
+	CS_DRAINING,	/* QP in error, waiting for the drain markers */
+	CS_DEAD,	/* drained (consumer: kept until close) */
+};
+
+/* One in-flight request's share of one connection: its READs from that
+ * producer rank, then the notification. */
+struct kvp_chunk {
+	uint32_t slot;	   /* request slot */
+	uint32_t wr_pos;   /* next READ to post, index in the WR ring */
+	uint32_t wr_end;
+	uint32_t sge_base; /* WR ring entries' sge_first are relative to it */
+};
+
+struct kvp_conn {
+	/* Mutable counters, written on every post and completion of this QP.
+	 * The agent is single-threaded, so this is not about contention: the
+	 * alignment keeps one QP's counters in exactly one line (one miss per
+	 * completion, never two for a straddling struct) and keeps those
+	 * writes off the lines of the read-only posting data below and of the
+	 * neighbouring connections, which the post loop streams through. */
+	struct {
+		uint32_t outstanding; /* SQ WRs posted, not yet retired */
+		uint32_t c_head;      /* oldest chunk not completed */
+		uint32_t c_post;      /* first chunk not fully posted */
+		uint32_t c_tail;      /* next free chunk */
+		uint32_t state;	      /* enum conn_state */
+		int32_t status;	      /* why it died */
+		uint32_t drains;      /* drain markers still expected */
+		uint32_t gen;
+		uint64_t drain_deadline;
+	} __attribute__((aligned(KVP_CACHELINE)));
+
+	/* Read-mostly after setup. */
+	struct ibv_qp *qp;
+	struct rdma_cm_id *id;
+	struct kvp_chunk *chunks; /* consumer: FIFO, chunk_mask + 1 entries */
+	uint64_t *raddr;	  /* consumer: per remote region */
+	uint32_t *rkey;
+	uint32_t idx;		  /* index in agent->conns */
+	uint32_t rank;		  /* peer rank */
+	uint64_t engine_id;	  /* peer engine */
+	int reported;		  /* DISCONNECTED event queued */
+
+	/* Handshake. */
+	uint8_t *blob;		  /* the peer's blob */
+	uint32_t blob_len;
+	struct ibv_mr *blob_mr;
+	kvp_layout *peer;	  /* decoded peer layout */
+	int meta_sent, meta_recv;
+
+	/* Producer: notification receive buffers and the request count. */
+	uint8_t *notes;
+	struct ibv_mr *notes_mr;
+	uint32_t expected;	  /* notifications that free a request */
+} __attribute__((aligned(KVP_CACHELINE)));
+
+/* ---- requests ----------------------------------------------------------- */
+
+enum req_state { RQ_FREE = 0, RQ_ACTIVE, RQ_FINISHED, RQ_REPORTED };
+
+struct kvp_req {
+	uint64_t req_id;
+	uint32_t state;
+	uint32_t pending;  /* chunks not completed */
+	uint32_t unposted; /* chunks not fully posted */
+	int32_t status;	   /* first failure, 0 */
+	uint32_t rec;	   /* its record in the ring FIFO */
+	uint32_t next_free;
+	uint32_t *ids;		/* ngroups * max_ids local ids */
+	struct kvp_ids *gids;	/* per group, local lists into ids */
+};
+
+/* A WR ring allocation, released in pull order once fully posted. */
+struct kvp_rec {
+	uint32_t wr_start, wr_end, sge_start, sge_end;
+	uint32_t done;
+};
+
+/* Producer: one request in the table. */
+enum ent_state { EN_FREE = 0, EN_EARLY, EN_EXPECTED };
+struct kvp_ent {
+	uint64_t req_id;
+	uint64_t deadline; /* EXPECTED: the user's; EARLY: when dropped */
+	uint64_t rank_mask; /* consumer ranks < 64 heard from */
+	uint64_t engine_id;
+	uint32_t state, count, expected, pad;
+};
+
+/* ---- the agent ---------------------------------------------------------- */
+
+struct kvp_agent {
+	uint32_t role;
+	uint32_t connected, listening;
+	char *src_addr; /* consumer: source address of connections */
+	kvp_layout *layout;
+	struct kvp_layout_info li;
+	uint32_t max_ids, max_inflight, max_peers, sq_depth, max_sge;
+
+	struct ibv_context **devs;
+	struct ibv_context *ctx;
+	struct ibv_device_attr dattr;
+	struct ibv_pd *pd;
+	struct ibv_comp_channel *cch;
+	struct ibv_cq *cq;
+	uint32_t cq_size;
+	struct rdma_event_channel *ech;
+	struct rdma_cm_id *listen_id;
+
+	/* Regions. */
+	struct ibv_mr **mrs;
+	uint64_t *lbase; /* per local region: registered address */
+	uint32_t *lkey;
+
+	/* Our metadata blob. */
+	uint8_t *blob;
+	size_t blob_len;
+	struct ibv_mr *blob_mr;
+
+	/* Connections: consumer: one per producer rank (nconns = producer TP
+	 * size; only the notify list is used); producer: max_peers slots. */
+	struct kvp_conn *conns;
+	uint32_t nconns;
+	uint32_t ndead;	    /* consumer: connections lost */
+	uint32_t ndraining; /* connections waiting for drain markers */
+
+	/* Consumer data path. */
+	kvp_plan *plan;
+	struct kvp_plan_info pi;
+	uint32_t *note_conn;   /* per notify index: connection (= rank) */
+	int32_t *note_src;     /* per notify index: source index or -1 */
+	uint32_t *src_end;     /* per source, from kvp_plan_emit() */
+	struct kvp_wr *ring_wr;
+	struct kvp_sge *ring_sge;
+	uint32_t ring_wr_cap, ring_sge_cap;
+	uint32_t bound_wr, bound_sge; /* per request */
+	uint32_t wr_head, wr_tail, sge_head, sge_tail;
+	struct kvp_rec *recs;
+	uint32_t rec_head, rec_tail, rec_mask;
+	struct kvp_req *reqs;
+	uint32_t free_req, nreq_reported;
+	uint32_t chunk_mask;
+	uint8_t *note_buf;     /* per request slot: KVP_NOTE_LEN bytes */
+	struct ibv_mr *note_mr;
+	uint32_t sq_cap, sig_every;
+	struct ibv_send_wr *swr;
+	struct ibv_sge *ssge;
+
+	/* Producer requests. */
+	struct kvp_ent *tab;
+	uint32_t tab_mask, tab_used, nheld;
+	uint64_t next_deadline;
+	uint32_t rq_depth;
+
+	/* Events waiting for poll. */
+	struct kvp_event *evq;
+	uint32_t ev_head, ev_tail, ev_cap;
+
+	uint64_t next_cm_ns;
+	int armed;
+	struct ibv_wc wc[32];
+	struct kvp_agent_stats st;
+};
+
+/* agent.c */
+KVP_HIDDEN int kvp__ev_room(const kvp_agent *a);
+KVP_HIDDEN void kvp__ev_push(kvp_agent *a, const struct kvp_event *ev);
+KVP_HIDDEN void kvp__ev_disconnected(kvp_agent *a, struct kvp_conn *c);
+KVP_HIDDEN int kvp__cq_drain(kvp_agent *a);
+KVP_HIDDEN void kvp__note_received(kvp_agent *a, struct kvp_conn *c,
+				   const uint8_t *msg, uint32_t len);
+
+/* conn.c */
+KVP_HIDDEN void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err);
+KVP_HIDDEN void kvp__conn_release(kvp_agent *a, struct kvp_conn *c);
+KVP_HIDDEN void kvp__cm_process(kvp_agent *a, int budget);
+KVP_HIDDEN int kvp__handshake_wc(kvp_agent *a, struct kvp_conn *c,
+				 const struct ibv_wc *wc);
+KVP_HIDDEN void kvp__conn_drained(kvp_agent *a, struct kvp_conn *c);
+/* Drain and handshake deadlines; called about once a millisecond. */
+KVP_HIDDEN void kvp__conn_timers(kvp_agent *a, uint64_t now);
+KVP_HIDDEN int kvp__post_note_recv(kvp_agent *a, struct kvp_conn *c,
+				   uint32_t i);
+
+/* post.c */
+KVP_HIDDEN void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c);
+KVP_HIDDEN void kvp__send_wc(kvp_agent *a, struct kvp_conn *c,
+			     const struct ibv_wc *wc);
+/* Fails every chunk a drained connection still holds. */
+KVP_HIDDEN void kvp__chunks_fail(kvp_agent *a, struct kvp_conn *c);
+KVP_HIDDEN int kvp__wc_errno(enum ibv_wc_status st);
+KVP_HIDDEN int kvp__data_alloc(kvp_agent *a);
+KVP_HIDDEN void kvp__data_free(kvp_agent *a);
+KVP_HIDDEN void kvp__req_reap(kvp_agent *a);
+
+#endif

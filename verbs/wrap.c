@@ -1,0 +1,354 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The rdma-core boundary. libibverbs returns +errno, its constructors NULL
+ * with errno, librdmacm -1 with errno: every wrapper here returns 0 or a
+ * negative errno and hands objects back through out-parameters. errno is
+ * read right after the failing call and never left for the caller.
+ */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* errno after a failed constructor or librdmacm call; a library that
+ * forgot to set it still yields an error. */
+static int err_now(int fallback)
+{
+	int e = errno;
+
+	return e > 0 ? -e : -fallback;
+}
+
+static int cm_ret(int ret)
+{
+	return ret ? err_now(EIO) : 0;
+}
+
+int kvp__get_devices(struct ibv_context ***list, int *n)
+{
+	struct ibv_context **l;
+	int cnt = 0;
+
+	errno = 0;
+	l = rdma_get_devices(&cnt);
+	if (!l)
+		return err_now(ENODEV);
+	*list = l;
+	*n = cnt;
+	return 0;
+}
+
+void kvp__free_devices(struct ibv_context **list)
+{
+	if (list)
+		rdma_free_devices(list);
+}
+
+const char *kvp__dev_name(struct ibv_context *ctx)
+{
+	const char *s = ibv_get_device_name(ctx->device);
+
+	return s ? s : "";
+}
+
+int kvp__query_device(struct ibv_context *ctx, struct ibv_device_attr *attr)
+{
+	return kvp__vret(ibv_query_device(ctx, attr));
+}
+
+int kvp__alloc_pd(struct ibv_context *ctx, struct ibv_pd **out)
+{
+	struct ibv_pd *pd;
+
+	errno = 0;
+	pd = ibv_alloc_pd(ctx);
+	if (!pd)
+		return err_now(ENOMEM);
+	*out = pd;
+	return 0;
+}
+
+void kvp__dealloc_pd(struct ibv_pd *pd)
+{
+	if (pd)
+		(void)ibv_dealloc_pd(pd);
+}
+
+int kvp__reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access,
+		struct ibv_mr **out)
+{
+	struct ibv_mr *mr;
+
+	errno = 0;
+	mr = ibv_reg_mr(pd, addr, len, access);
+	if (!mr)
+		return err_now(ENOMEM);
+	*out = mr;
+	return 0;
+}
+
+void kvp__dereg_mr(struct ibv_mr *mr)
+{
+	if (mr)
+		(void)ibv_dereg_mr(mr);
+}
+
+int kvp__create_comp_channel(struct ibv_context *ctx,
+			     struct ibv_comp_channel **out)
+{
+	struct ibv_comp_channel *ch;
+
+	errno = 0;
+	ch = ibv_create_comp_channel(ctx);
+	if (!ch)
+		return err_now(ENOMEM);
+	*out = ch;
+	return 0;
+}
+
+void kvp__destroy_comp_channel(struct ibv_comp_channel *ch)
+{
+	if (ch)
+		(void)ibv_destroy_comp_channel(ch);
+}
+
+int kvp__create_cq(struct ibv_context *ctx, int cqe,
+		   struct ibv_comp_channel *ch, struct ibv_cq **out)
+{
+	struct ibv_cq *cq;
+
+	errno = 0;
+	cq = ibv_create_cq(ctx, cqe, NULL, ch, 0);
+	if (!cq)
+		return err_now(ENOMEM);
+	*out = cq;
+	return 0;
+}
+
+void kvp__destroy_cq(struct ibv_cq *cq)
+{
+	if (cq)
+		(void)ibv_destroy_cq(cq);
+}
+
+int kvp__req_notify_cq(struct ibv_cq *cq)
+{
+	return kvp__vret(ibv_req_notify_cq(cq, 0));
+}
+
+int kvp__get_cq_event(struct ibv_comp_channel *ch)
+{
+	struct ibv_cq *cq;
+	void *ctx;
+
+	errno = 0;
+	if (ibv_get_cq_event(ch, &cq, &ctx)) {
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return 0;
+		return err_now(EIO);
+	}
+	ibv_ack_cq_events(cq, 1);
+	return 1;
+}
+
+int kvp__qp_to_error(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr attr;
+
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_ERR;
+	return kvp__vret(ibv_modify_qp(qp, &attr, IBV_QP_STATE));
+}
+
+int kvp__create_event_channel(struct rdma_event_channel **out)
+{
+	struct rdma_event_channel *ch;
+
+	errno = 0;
+	ch = rdma_create_event_channel();
+	if (!ch)
+		return err_now(ENODEV);
+	*out = ch;
+	return 0;
+}
+
+void kvp__destroy_event_channel(struct rdma_event_channel *ch)
+{
+	if (ch)
+		rdma_destroy_event_channel(ch);
+}
+
+int kvp__create_id(struct rdma_event_channel *ch, void *ctx,
+		   struct rdma_cm_id **out)
+{
+	struct rdma_cm_id *id = NULL;
+
+	errno = 0;
+	if (rdma_create_id(ch, &id, ctx, RDMA_PS_TCP))
+		return err_now(ENOMEM);
+	*out = id;
+	return 0;
+}
+
+void kvp__destroy_id(struct rdma_cm_id *id)
+{
+	if (id)
+		(void)rdma_destroy_id(id);
+}
+
+int kvp__bind_addr(struct rdma_cm_id *id, struct sockaddr *sa)
+{
+	errno = 0;
+	return cm_ret(rdma_bind_addr(id, sa));
+}
+
+int kvp__listen(struct rdma_cm_id *id, int backlog)
+{
+	errno = 0;
+	return cm_ret(rdma_listen(id, backlog));
+}
+
+int kvp__resolve_addr(struct rdma_cm_id *id, struct sockaddr *src,
+		      struct sockaddr *dst, int timeout_ms)
+{
+	errno = 0;
+	return cm_ret(rdma_resolve_addr(id, src, dst, timeout_ms));
+}
+
+int kvp__resolve_route(struct rdma_cm_id *id, int timeout_ms)
+{
+	errno = 0;
+	return cm_ret(rdma_resolve_route(id, timeout_ms));
+}
+
+int kvp__set_ack_timeout(struct rdma_cm_id *id, uint8_t t)
+{
+	errno = 0;
+	return cm_ret(rdma_set_option(id, RDMA_OPTION_ID,
+				      RDMA_OPTION_ID_ACK_TIMEOUT, &t,
+				      sizeof(t)));
+}
+
+int kvp__create_qp(struct rdma_cm_id *id, struct ibv_pd *pd,
+		   struct ibv_qp_init_attr *attr)
+{
+	errno = 0;
+	return cm_ret(rdma_create_qp(id, pd, attr));
+}
+
+void kvp__destroy_qp(struct rdma_cm_id *id)
+{
+	if (id && id->qp)
+		rdma_destroy_qp(id);
+}
+
+int kvp__connect(struct rdma_cm_id *id, struct rdma_conn_param *param)
+{
+	errno = 0;
+	return cm_ret(rdma_connect(id, param));
+}
+
+int kvp__accept(struct rdma_cm_id *id, struct rdma_conn_param *param)
+{
+	errno = 0;
+	return cm_ret(rdma_accept(id, param));
+}
+
+int kvp__reject(struct rdma_cm_id *id)
+{
+	errno = 0;
+	return cm_ret(rdma_reject(id, NULL, 0));
+}
+
+int kvp__disconnect(struct rdma_cm_id *id)
+{
+	errno = 0;
+	return cm_ret(rdma_disconnect(id));
+}
+
+int kvp__get_cm_event(struct rdma_event_channel *ch, struct rdma_cm_event **ev)
+{
+	errno = 0;
+	if (rdma_get_cm_event(ch, ev)) {
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return 0;
+		return err_now(EIO);
+	}
+	return 1;
+}
+
+void kvp__ack_event(struct rdma_cm_event *ev)
+{
+	(void)rdma_ack_cm_event(ev);
+}
+
+int kvp__parse_addr(const char *ip, uint16_t port, struct sockaddr_storage *ss)
+{
+	struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+	struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+
+	memset(ss, 0, sizeof(*ss));
+	if (!ip) {
+		s4->sin_family = AF_INET;
+		s4->sin_port = htons(port);
+		s4->sin_addr.s_addr = htonl(INADDR_ANY);
+		return 0;
+	}
+	if (inet_pton(AF_INET, ip, &s4->sin_addr) == 1) {
+		s4->sin_family = AF_INET;
+		s4->sin_port = htons(port);
+		return 0;
+	}
+	memset(ss, 0, sizeof(*ss));
+	if (inet_pton(AF_INET6, ip, &s6->sin6_addr) == 1) {
+		s6->sin6_family = AF_INET6;
+		s6->sin6_port = htons(port);
+		return 0;
+	}
+	return -EINVAL;
+}
+
+int kvp__set_nonblock(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return err_now(EIO);
+	return 0;
+}
+
+void kvp__hello_put(uint8_t *p, const struct kvp_hello *h)
+{
+	memset(p, 0, KVP_HELLO_LEN);
+	kvp__put32(p, KVP_HELLO_MAGIC);
+	p[4] = (uint8_t)h->version;
+	p[5] = (uint8_t)(h->version >> 8);
+	p[6] = (uint8_t)h->role;
+	p[7] = (uint8_t)(h->role >> 8);
+	kvp__put32(p + 8, h->tp_size);
+	kvp__put32(p + 12, h->tp_rank);
+	kvp__put32(p + 16, h->blob_len);
+	kvp__put64(p + 24, h->engine_id);
+}
+
+int kvp__hello_get(const void *buf, size_t len, struct kvp_hello *h)
+{
+	const uint8_t *p = buf;
+
+	if (!p || len < KVP_HELLO_LEN || kvp__get32(p) != KVP_HELLO_MAGIC)
+		return -EPROTO;
+	h->version = (uint16_t)(p[4] | p[5] << 8);
+	h->role = (uint16_t)(p[6] | p[7] << 8);
+	h->tp_size = kvp__get32(p + 8);
+	h->tp_rank = kvp__get32(p + 12);
+	h->blob_len = kvp__get32(p + 16);
+	h->engine_id = kvp__get64(p + 24);
+	if (h->version != KVP_HELLO_VERSION || h->role >= KVP_ROLE_COUNT ||
+	    !h->tp_size || h->tp_rank >= h->tp_size || !h->blob_len ||
+	    h->blob_len > KVP_META_MAX || kvp__get32(p + 20))
+		return -EPROTO;
+	return 0;
+}
