@@ -1,0 +1,773 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Multi-process RDMA test harness (header-only: the Makefile builds each
+ * tests/rdma_*.c alone). A case is a producer engine of P processes and a
+ * consumer engine of D processes, every rank its own process with its own
+ * agent and QPs, forked from the test program:
+ *
+ *   parent ── fork P producers ── each: layout, memory filled with identity
+ *      │                             patterns, agent, listen, "ready" byte,
+ *      │                             expect every request, poll until each is
+ *      │                             RELEASED (extras EXPIRED), then serve
+ *      │                             until the parent says stop
+ *      └───── fork D consumers ── each: layout, background memory and its
+ *                                    expected copy (kvt_expect_consumer),
+ *                                    agent, connect, pull every request, poll
+ *                                    until DONE, compare the whole memory
+ *
+ * Requests are drawn in the parent before forking, so every process sees
+ * the same ids. Every wait is bounded (alarm() in children, deadlines in
+ * the parent). Addresses come from the soft-RoCE harness: KVP_ADDR0 (and
+ * KVP_ADDR1 for cross-device cases).
+ */
+#ifndef KVP_RDMA_HARNESS_H
+#define KVP_RDMA_HARNESS_H
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+
+#include "kvpull.h"
+#include "kvtest.h"
+
+#define RT_MAX_RANKS 8
+#define RT_MAX_REQ 16
+#define RT_MAX_GROUPS 4
+#define RT_MAX_IDS 256
+#define RT_PROD_ENGINE 0x50524f44ull
+#define RT_CONS_ENGINE 0x434f4e53ull
+
+struct rt_case {
+	const char *name;
+	const char *model;
+	uint32_t layers;
+	uint32_t P, D;
+	uint32_t pblock, dblock;   /* logical block tokens */
+	uint32_t pkernel, dkernel; /* kernel block tokens, 0: same */
+	uint32_t playout, dlayout; /* enum kvp_kv_layout */
+	uint32_t pblocks, dblocks; /* blocks per region */
+	uint32_t nreq;
+	uint32_t tokens;	   /* sequence length of every request */
+	uint32_t hit_tokens;	   /* consumer prefix hit (multiple of dblock) */
+	uint32_t full_hit;	   /* no local block read at all */
+	uint32_t cross;		   /* consumers on KVP_ADDR1 (second device) */
+	uint32_t max_sge, sq_depth, max_inflight;
+	uint32_t extra_expire;	   /* ids the producer expects, nobody pulls */
+	uint32_t late_expect;	   /* expect request 0 after its notifications */
+	int kill_rank;		   /* producer rank killed mid-transfer, or -1 */
+	uint32_t seed;
+};
+
+struct rt_req {
+	uint64_t id;
+	struct kvp_ids ids[RT_MAX_GROUPS];
+	uint32_t lid[RT_MAX_GROUPS][RT_MAX_IDS];
+	uint32_t rid[RT_MAX_GROUPS][RT_MAX_IDS];
+};
+
+struct rt_env {
+	const char *addr0, *addr1;
+	uint16_t port;
+	int verbose;
+};
+
+static double rt_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rt_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Exit 77 (skip) when there is no RDMA device. Checked in a child so the
+ * parent never initialises libibverbs before forking. */
+static void rt_require_device(void)
+{
+	pid_t pid = fork();
+	int st = 0;
+
+	if (pid == 0) {
+		int n = 0;
+		struct ibv_device **l = ibv_get_device_list(&n);
+
+		if (l)
+			ibv_free_device_list(l);
+		_exit(n > 0 ? 0 : 77);
+	}
+	if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) ||
+	    WEXITSTATUS(st) == 77) {
+		printf("no RDMA device: skipped\n0 passed, 0 failed\n");
+		exit(77);
+	}
+}
+
+static kvp_layout *rt_layout(const struct rt_case *tc, int producer,
+			     uint32_t rank)
+{
+	struct kvp_engine_desc e;
+	struct kvp_model m;
+	kvp_layout *l = NULL;
+
+	if (kvp_model_preset(tc->model, &m))
+		return NULL;
+	if (tc->layers)
+		m.layers = tc->layers;
+	memset(&e, 0, sizeof(e));
+	e.engine_id = producer ? RT_PROD_ENGINE : RT_CONS_ENGINE;
+	e.tp_size = producer ? tc->P : tc->D;
+	e.tp_rank = rank;
+	e.block_tokens = producer ? tc->pblock : tc->dblock;
+	e.kernel_block_tokens = producer ? tc->pkernel : tc->dkernel;
+	e.num_blocks = producer ? tc->pblocks : tc->dblocks;
+	e.kv_layout = producer ? tc->playout : tc->dlayout;
+	if (kvp_layout_build(&m, &e, &l))
+		return NULL;
+	return l;
+}
+
+/* Block ids valid in group g: the fewest pages of its views. */
+static uint32_t rt_group_blocks(const kvp_layout *l, uint32_t g)
+{
+	struct kvp_layout_info li;
+	uint32_t i, n = UINT32_MAX;
+
+	kvp_layout_get_info(l, &li);
+	for (i = 0; i < li.nviews; i++) {
+		struct kvp_view_desc v;
+
+		if (!kvp_layout_get_view(l, i, &v) && v.group == g &&
+		    v.num_blocks < n)
+			n = v.num_blocks;
+	}
+	return n;
+}
+
+/* Draws the case's requests: distinct remote blocks and distinct local
+ * blocks across all requests (so that one producer fill and one consumer
+ * expectation hold them all). */
+static int rt_make_requests(const struct rt_case *tc, struct rt_req *rq)
+{
+	kvp_layout *pl = rt_layout(tc, 1, 0), *dl = rt_layout(tc, 0, 0);
+	struct kvp_layout_info li;
+	uint64_t seed = tc->seed ? tc->seed : 1;
+	uint32_t g, i, k;
+	int ret = -1;
+
+	if (!pl || !dl)
+		goto out;
+	kvp_layout_get_info(dl, &li);
+	if (li.ngroups > RT_MAX_GROUPS || tc->nreq > RT_MAX_REQ)
+		goto out;
+	for (g = 0; g < li.ngroups; g++) {
+		struct kvp_group_desc pg, dg;
+		uint32_t pb = rt_group_blocks(pl, g), db = rt_group_blocks(dl, g);
+		uint32_t *pperm = malloc(pb * sizeof(*pperm));
+		uint32_t *dperm = malloc(db * sizeof(*dperm));
+		uint32_t pu = 0, du = 0;
+
+		if (!pperm || !dperm || kvp_layout_get_group(pl, g, &pg) ||
+		    kvp_layout_get_group(dl, g, &dg)) {
+			free(pperm);
+			free(dperm);
+			goto out;
+		}
+		kvt_random_ids(&seed, pperm, pb, pb);
+		kvt_random_ids(&seed, dperm, db, db);
+		for (i = 0; i < tc->nreq; i++) {
+			struct kvp_ids *id = &rq[i].ids[g];
+			uint32_t nr, nl;
+
+			if (dg.kind == KVP_GROUP_STATE) {
+				nr = nl = 1;
+			} else {
+				nr = (tc->tokens + pg.block_tokens - 1) /
+				     pg.block_tokens;
+				nl = (tc->tokens + dg.block_tokens - 1) /
+				     dg.block_tokens;
+				nl -= tc->hit_tokens / dg.block_tokens;
+				if (tc->full_hit)
+					nl = 0;
+			}
+			if (nr > RT_MAX_IDS || nl > RT_MAX_IDS ||
+			    pu + nr > pb || du + nl > db) {
+				fprintf(stderr, "case %s: blocks do not fit\n",
+					tc->name);
+				free(pperm);
+				free(dperm);
+				goto out;
+			}
+			for (k = 0; k < nr; k++)
+				rq[i].rid[g][k] = pperm[pu++];
+			for (k = 0; k < nl; k++)
+				rq[i].lid[g][k] = dperm[du++];
+			id->remote = rq[i].rid[g];
+			id->local = rq[i].lid[g];
+			id->nremote = nr;
+			id->nlocal = nl;
+			id->tokens = dg.kind == KVP_GROUP_STATE ? 0 : tc->tokens;
+		}
+		free(pperm);
+		free(dperm);
+	}
+	for (i = 0; i < tc->nreq; i++)
+		rq[i].id = 1000 + i;
+	ret = 0;
+out:
+	kvp_layout_destroy(pl);
+	kvp_layout_destroy(dl);
+	return ret;
+}
+
+#define RT_FAIL(...)                                                     \
+	do {                                                             \
+		fprintf(stderr, "  [%s] ", who);                         \
+		fprintf(stderr, __VA_ARGS__);                            \
+		fprintf(stderr, "\n");                                   \
+		goto out;                                                \
+	} while (0)
+
+static int rt_register_all(kvp_agent *a, struct kvt_mem *m)
+{
+	uint32_t r;
+	int err;
+
+	for (r = 0; r < m->nregions; r++) {
+		err = kvp_agent_register(a, r, m->buf[r], m->size[r]);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+/* ---- producer rank ------------------------------------------------------ */
+
+static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
+		       const struct rt_req *rq, uint32_t rank, int ready_fd,
+		       int stop_fd)
+{
+	struct kvp_agent_attr at;
+	struct kvt_mem mem = { 0 };
+	kvp_agent *a = NULL;
+	kvp_layout *l = rt_layout(tc, 1, rank);
+	uint32_t i, released = 0, expired = 0, want_rel, want_exp;
+	uint8_t got[RT_MAX_REQ + 8] = { 0 };
+	uint64_t t_late, t_end;
+	int late_done = !tc->late_expect, ret = 1, err, n;
+	char who[32];
+	struct kvp_event ev[16];
+
+	snprintf(who, sizeof(who), "%s P%u", tc->name, rank);
+	alarm(120);
+	if (!l || kvt_mem_alloc(l, &mem))
+		RT_FAIL("layout or memory");
+	kvt_fill_background(&mem, 100 + rank);
+	for (i = 0; i < tc->nreq; i++)
+		kvt_fill_producer(l, &mem, rq[i].ids);
+	memset(&at, 0, sizeof(at));
+	at.role = KVP_ROLE_PRODUCER;
+	at.layout = l;
+	at.addr = env->addr0;
+	at.max_inflight = 32;
+	err = kvp_agent_open(&at, &a);
+	if (err)
+		RT_FAIL("open: %s", kvp_strerror(err));
+	err = rt_register_all(a, &mem);
+	if (err)
+		RT_FAIL("register: %s", kvp_strerror(err));
+	err = kvp_agent_listen(a, env->addr0, (uint16_t)(env->port + rank));
+	if (err)
+		RT_FAIL("listen: %s", kvp_strerror(err));
+	if (write(ready_fd, "r", 1) != 1)
+		RT_FAIL("ready pipe");
+	for (i = tc->late_expect ? 1 : 0; i < tc->nreq; i++) {
+		err = kvp_agent_expect(a, rq[i].id,
+				       rt_now_ns() + (tc->kill_rank >= 0 ?
+							      10 :
+							      90) * 1000000000ull);
+		if (err)
+			RT_FAIL("expect: %s", kvp_strerror(err));
+	}
+	for (i = 0; i < tc->extra_expire; i++) {
+		err = kvp_agent_expect(a, 5000 + i, rt_now_ns() + 300000000ull);
+		if (err)
+			RT_FAIL("expect extra: %s", kvp_strerror(err));
+	}
+	/* -EEXIST on a second expect of the same id. */
+	if (tc->nreq > 1 &&
+	    kvp_agent_expect(a, rq[1].id, rt_now_ns()) != -EEXIST)
+		RT_FAIL("second expect was not -EEXIST");
+	want_rel = tc->nreq;
+	want_exp = tc->extra_expire;
+	t_late = rt_now_ns() + 1500000000ull;
+	t_end = rt_now_ns() + 100000000000ull;
+	while (released + expired < want_rel + want_exp) {
+		if (!late_done && rt_now_ns() >= t_late) {
+			/* Request 0's notifications arrived before this. */
+			err = kvp_agent_expect(a, rq[0].id,
+					       rt_now_ns() + 60000000000ull);
+			if (err)
+				RT_FAIL("late expect: %s", kvp_strerror(err));
+			late_done = 1;
+		}
+		n = kvp_agent_poll(a, ev, 16);
+		if (n < 0)
+			RT_FAIL("poll: %s", kvp_strerror(n));
+		for (i = 0; i < (uint32_t)n; i++) {
+			uint64_t id = ev[i].req_id;
+			uint32_t k;
+
+			if (ev[i].type == KVP_EV_DISCONNECTED)
+				continue;
+			if (ev[i].type != KVP_EV_RELEASED &&
+			    ev[i].type != KVP_EV_EXPIRED)
+				RT_FAIL("unexpected event %u", ev[i].type);
+			if (id >= 5000 && id < 5000 + tc->extra_expire) {
+				if (ev[i].type != KVP_EV_EXPIRED)
+					RT_FAIL("extra %llu released",
+						(unsigned long long)id);
+				expired++;
+				continue;
+			}
+			k = (uint32_t)(id - 1000);
+			if (id < 1000 || k >= tc->nreq || got[k]++)
+				RT_FAIL("event for bad or repeated id %llu",
+					(unsigned long long)id);
+			if (ev[i].type == KVP_EV_EXPIRED) {
+				if (tc->kill_rank < 0)
+					RT_FAIL("request %llu expired",
+						(unsigned long long)id);
+				expired++;
+				want_exp++;
+				want_rel--;
+			} else {
+				if (ev[i].engine_id != RT_CONS_ENGINE)
+					RT_FAIL("released by engine %llx",
+						(unsigned long long)
+							ev[i].engine_id);
+				released++;
+			}
+		}
+		if (rt_now_ns() > t_end)
+			RT_FAIL("timeout: %u released %u expired", released,
+				expired);
+		if (!n)
+			usleep(50);
+	}
+	/* Keep the connections served until every consumer is done. */
+	for (;;) {
+		struct pollfd p = { .fd = stop_fd, .events = POLLIN };
+
+		if (poll(&p, 1, 0) > 0)
+			break;
+		if (kvp_agent_poll(a, ev, 16) < 0)
+			RT_FAIL("poll while serving");
+		usleep(200);
+		if (rt_now_ns() > t_end)
+			RT_FAIL("never told to stop");
+	}
+	if (env->verbose) {
+		struct kvp_agent_stats st;
+
+		kvp_agent_get_stats(a, &st);
+		fprintf(stderr,
+			"  [%s] released %llu expired %llu notes %llu dropped %llu\n",
+			who, (unsigned long long)st.released,
+			(unsigned long long)st.expired,
+			(unsigned long long)st.notes_recv,
+			(unsigned long long)st.notes_dropped);
+	}
+	ret = 0;
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvp_layout_destroy(l);
+	return ret;
+}
+
+/* ---- consumer rank ------------------------------------------------------ */
+
+static int rt_copy_mem(struct kvt_mem *dst, const struct kvt_mem *src)
+{
+	uint32_t i;
+
+	dst->nregions = src->nregions;
+	dst->buf = calloc(src->nregions + 1, sizeof(*dst->buf));
+	dst->size = calloc(src->nregions + 1, sizeof(*dst->size));
+	if (!dst->buf || !dst->size)
+		return -1;
+	for (i = 0; i < src->nregions; i++) {
+		dst->size[i] = src->size[i];
+		dst->buf[i] = malloc(src->size[i] ? src->size[i] : 1);
+		if (!dst->buf[i])
+			return -1;
+		memcpy(dst->buf[i], src->buf[i], src->size[i]);
+	}
+	return 0;
+}
+
+static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
+		       const struct rt_req *rq, uint32_t rank, int posted_fd)
+{
+	struct kvp_peer peers[RT_MAX_RANKS];
+	struct kvp_agent_attr at;
+	struct kvt_mem mem = { 0 }, exp = { 0 }, need = { 0 };
+	struct kvp_agent_stats st;
+	struct kvp_event ev[16];
+	kvp_agent *a = NULL;
+	kvp_layout *l = rt_layout(tc, 0, rank), *r0 = rt_layout(tc, 1, 0);
+	uint32_t i, g, r, done = 0, failed = 0, reported = 0, next = 0;
+	uint8_t got[RT_MAX_REQ] = { 0 }, bad[RT_MAX_REQ] = { 0 };
+	struct kvp_layout_info li;
+	uint64_t o;
+	double t0, t1;
+	int ret = 1, err, n;
+	char who[32];
+
+	snprintf(who, sizeof(who), "%s D%u", tc->name, rank);
+	alarm(120);
+	if (!l || !r0 || kvt_mem_alloc(l, &mem))
+		RT_FAIL("layout or memory");
+	kvp_layout_get_info(l, &li);
+	kvt_fill_background(&mem, 7 + rank);
+	if (rt_copy_mem(&exp, &mem))
+		RT_FAIL("memory");
+	for (i = 0; i < tc->nreq; i++)
+		kvt_expect_consumer(l, r0, &exp, NULL, rq[i].ids);
+	memset(&at, 0, sizeof(at));
+	at.role = KVP_ROLE_CONSUMER;
+	at.layout = l;
+	at.addr = tc->cross ? env->addr1 : env->addr0;
+	at.max_ids = RT_MAX_IDS;
+	at.max_inflight = tc->max_inflight ? tc->max_inflight : 8;
+	at.sq_depth = tc->sq_depth;
+	at.max_sge = tc->max_sge;
+	err = kvp_agent_open(&at, &a);
+	if (err)
+		RT_FAIL("open: %s", kvp_strerror(err));
+	/* Pulling before connect is refused. */
+	if (kvp_agent_pull(a, 1, rq[0].ids) != -ENOTCONN)
+		RT_FAIL("pull before connect was not -ENOTCONN");
+	err = rt_register_all(a, &mem);
+	if (err)
+		RT_FAIL("register: %s", kvp_strerror(err));
+	for (r = 0; r < tc->P; r++) {
+		peers[r].addr = env->addr0;
+		peers[r].port = (uint16_t)(env->port + r);
+	}
+	t0 = rt_now();
+	err = kvp_agent_connect(a, peers, tc->P, 30000);
+	if (err)
+		RT_FAIL("connect: %s", kvp_strerror(err));
+	if (kvp_agent_connect(a, peers, tc->P, 1000) != -EISCONN)
+		RT_FAIL("second connect was not -EISCONN");
+	t1 = rt_now();
+	while (reported < tc->nreq) {
+		while (next < tc->nreq) {
+			err = kvp_agent_pull(a, rq[next].id, rq[next].ids);
+			if (err == -EBUSY)
+				break;
+			if (err)
+				RT_FAIL("pull %u: %s", next, kvp_strerror(err));
+			next++;
+			if (next == tc->nreq && posted_fd >= 0 &&
+			    write(posted_fd, "p", 1) != 1)
+				RT_FAIL("posted pipe");
+		}
+		n = kvp_agent_poll(a, ev, 16);
+		if (n < 0)
+			RT_FAIL("poll: %s", kvp_strerror(n));
+		for (i = 0; i < (uint32_t)n; i++) {
+			uint32_t k = (uint32_t)(ev[i].req_id - 1000);
+
+			if (ev[i].type == KVP_EV_DISCONNECTED) {
+				if (tc->kill_rank < 0)
+					RT_FAIL("producer %u disconnected: %s",
+						ev[i].rank,
+						kvp_strerror(ev[i].status));
+				continue;
+			}
+			if (k >= tc->nreq || got[k]++)
+				RT_FAIL("event %u for bad or repeated id %llu",
+					ev[i].type,
+					(unsigned long long)ev[i].req_id);
+			reported++;
+			if (ev[i].type == KVP_EV_DONE) {
+				done++;
+				continue;
+			}
+			if (ev[i].type != KVP_EV_FAILED)
+				RT_FAIL("unexpected event %u", ev[i].type);
+			if (tc->kill_rank < 0)
+				RT_FAIL("request %u failed: %s", k,
+					kvp_strerror(ev[i].status));
+			failed++;
+			bad[k] = 1;
+			/* The ids to recompute are exactly the request's. */
+			if (ev[i].ngroups != li.ngroups || !ev[i].ids)
+				RT_FAIL("FAILED without ids");
+			for (g = 0; g < li.ngroups; g++) {
+				const struct kvp_ids *x = &ev[i].ids[g];
+
+				if (x->nlocal != rq[k].ids[g].nlocal ||
+				    memcmp(x->local, rq[k].ids[g].local,
+					   x->nlocal * sizeof(uint32_t)))
+					RT_FAIL("FAILED ids differ (group %u)",
+						g);
+			}
+		}
+		if (!n)
+			usleep(20);
+	}
+	kvp_agent_get_stats(a, &st);
+	if (tc->kill_rank >= 0) {
+		/* Bytes of failed requests may hold anything; every other
+		 * byte must be exact. */
+		if (!failed)
+			RT_FAIL("no request failed although a producer died");
+		if (rt_copy_mem(&need, &mem))
+			RT_FAIL("memory");
+		for (r = 0; r < need.nregions; r++)
+			memset(need.buf[r], 0, need.size[r]);
+		for (i = 0; i < tc->nreq; i++)
+			if (bad[i])
+				kvt_expect_consumer(l, r0, &exp, &need,
+						    rq[i].ids);
+		for (r = 0; r < need.nregions; r++)
+			for (o = 0; o < need.size[r]; o++)
+				if (need.buf[r][o])
+					exp.buf[r][o] = mem.buf[r][o];
+	}
+	if (kvt_mem_compare(&mem, &exp, who))
+		RT_FAIL("consumer memory differs from the expectation");
+	if (env->verbose)
+		fprintf(stderr,
+			"  [%s] connect %.3f s, %u done %u failed, %llu READs %llu bytes %llu doorbells %llu queued, %.3f s\n",
+			who, t1 - t0, done, failed,
+			(unsigned long long)st.reads,
+			(unsigned long long)st.read_bytes,
+			(unsigned long long)st.doorbells,
+			(unsigned long long)st.queued, rt_now() - t1);
+	ret = 0;
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvt_mem_free(&exp);
+	kvt_mem_free(&need);
+	kvp_layout_destroy(l);
+	kvp_layout_destroy(r0);
+	return ret;
+}
+
+/* ---- one case ----------------------------------------------------------- */
+
+static void rt_kill_all(pid_t *pids, uint32_t n)
+{
+	uint32_t i;
+
+	for (i = 0; i < n; i++)
+		if (pids[i] > 0)
+			kill(pids[i], SIGKILL);
+}
+
+/* Waits for pids[0..n) to exit until `deadline`; 0 if every one exited 0
+ * (pids[i] of a killed rank are set to -1 and skipped). */
+static int rt_wait(pid_t *pids, uint32_t n, double deadline, const char *what)
+{
+	uint32_t left = 0, i;
+	int bad = 0, st;
+
+	for (i = 0; i < n; i++)
+		left += pids[i] > 0;
+	while (left) {
+		pid_t p = waitpid(-1, &st, WNOHANG);
+
+		if (p <= 0) {
+			if (rt_now() > deadline) {
+				fprintf(stderr, "  %s: timeout, killing\n", what);
+				rt_kill_all(pids, n);
+				deadline = 1e300;
+			}
+			usleep(5000);
+			continue;
+		}
+		for (i = 0; i < n; i++) {
+			if (pids[i] != p)
+				continue;
+			pids[i] = 0;
+			left--;
+			if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+				fprintf(stderr, "  %s %u: %s %d\n", what, i,
+					WIFEXITED(st) ? "exit" : "signal",
+					WIFEXITED(st) ? WEXITSTATUS(st) :
+							WTERMSIG(st));
+				bad = 1;
+			}
+		}
+	}
+	return bad ? -1 : 0;
+}
+
+static int rt_run(const struct rt_case *tc, const struct rt_env *env)
+{
+	static struct rt_req rq[RT_MAX_REQ];
+	pid_t prod[RT_MAX_RANKS] = { 0 }, cons[RT_MAX_RANKS] = { 0 };
+	int ready[2] = { -1, -1 }, stop[2] = { -1, -1 }, posted[2] = { -1, -1 };
+	uint32_t i, nready = 0;
+	double deadline;
+	int ret = -1;
+	char c;
+
+	memset(rq, 0, sizeof(rq));
+	if (tc->P > RT_MAX_RANKS || tc->D > RT_MAX_RANKS ||
+	    rt_make_requests(tc, rq))
+		return -1;
+	if (tc->cross && !env->addr1) {
+		fprintf(stderr, "  %s: needs KVP_ADDR1 (--devices 2)\n",
+			tc->name);
+		return -1;
+	}
+	if (pipe(ready) || pipe(stop) || pipe(posted))
+		goto out;
+	fflush(NULL);
+	for (i = 0; i < tc->P; i++) {
+		prod[i] = fork();
+		if (prod[i] == 0) {
+			close(ready[0]);
+			close(stop[1]);
+			_exit(rt_producer(tc, env, rq, i, ready[1], stop[0]));
+		}
+		if (prod[i] < 0)
+			goto out_kill;
+	}
+	close(ready[1]);
+	ready[1] = -1;
+	close(stop[0]);
+	stop[0] = -1;
+	deadline = rt_now() + 30;
+	while (nready < tc->P) {
+		struct pollfd p = { .fd = ready[0], .events = POLLIN };
+
+		if (poll(&p, 1, 100) > 0) {
+			if (read(ready[0], &c, 1) != 1)
+				goto out_kill; /* a producer died early */
+			nready++;
+		}
+		if (rt_now() > deadline)
+			goto out_kill;
+	}
+	for (i = 0; i < tc->D; i++) {
+		cons[i] = fork();
+		if (cons[i] == 0) {
+			close(stop[1]);
+			close(posted[0]);
+			_exit(rt_consumer(tc, env, rq, i,
+					  i == 0 ? posted[1] : -1));
+		}
+		if (cons[i] < 0)
+			goto out_kill;
+	}
+	close(posted[1]);
+	posted[1] = -1;
+	if (tc->kill_rank >= 0) {
+		struct pollfd p = { .fd = posted[0], .events = POLLIN };
+
+		/* Consumer 0 posted every pull: kill the producer now, with
+		 * READs in flight. */
+		if (poll(&p, 1, 30000) <= 0 || read(posted[0], &c, 1) != 1)
+			goto out_kill;
+		kill(prod[tc->kill_rank], SIGKILL);
+		waitpid(prod[tc->kill_rank], NULL, 0);
+		prod[tc->kill_rank] = -1;
+	}
+	ret = rt_wait(cons, tc->D, rt_now() + 100, "consumer");
+	close(stop[1]);
+	stop[1] = -1;
+	if (rt_wait(prod, tc->P, rt_now() + 20, "producer"))
+		ret = -1;
+	goto out;
+out_kill:
+	rt_kill_all(prod, tc->P);
+	rt_kill_all(cons, tc->D);
+	while (waitpid(-1, NULL, 0) > 0)
+		;
+	ret = -1;
+out:
+	for (i = 0; i < 2; i++) {
+		if (ready[i] >= 0)
+			close(ready[i]);
+		if (stop[i] >= 0)
+			close(stop[i]);
+		if (posted[i] >= 0)
+			close(posted[i]);
+	}
+	return ret;
+}
+
+static void rt_env_init(struct rt_env *env, uint16_t port)
+{
+	memset(env, 0, sizeof(*env));
+	env->addr0 = getenv("KVP_ADDR0");
+	env->addr1 = getenv("KVP_ADDR1");
+	if (env->addr1 && !*env->addr1)
+		env->addr1 = NULL;
+	env->port = port;
+	env->verbose = getenv("KVP_TEST_VERBOSE") != NULL;
+}
+
+/* Runs the cases whose name contains `filter` (NULL: all); prints one line
+ * per case and the closing count; returns the exit status. */
+static int rt_main(const struct rt_case *cases, uint32_t n, const char *filter,
+		   uint16_t port)
+{
+	struct rt_env env;
+	uint32_t i, pass = 0, fail = 0;
+
+	rt_require_device();
+	rt_env_init(&env, port);
+	if (!env.addr0) {
+		printf("KVP_ADDR0 is not set (run under scripts/rxe-vm.sh)\n");
+		printf("0 passed, 1 failed\n");
+		return 1;
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	for (i = 0; i < n; i++) {
+		double t0 = rt_now();
+		int ok;
+
+		if (filter && !strstr(cases[i].name, filter))
+			continue;
+		if (cases[i].cross && !env.addr1) {
+			printf("skip %s (needs a second device)\n",
+			       cases[i].name);
+			continue;
+		}
+		ok = !rt_run(&cases[i], &env);
+		env.port = (uint16_t)(env.port + RT_MAX_RANKS);
+		printf("%s %s (%.2f s)\n", ok ? "ok  " : "FAIL", cases[i].name,
+		       rt_now() - t0);
+		if (ok)
+			pass++;
+		else
+			fail++;
+	}
+	printf("%u passed, %u failed\n", pass, fail);
+	return fail ? 1 : 0;
+}
+
+#endif
