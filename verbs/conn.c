@@ -216,6 +216,7 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->blob_mr = NULL;
 	c->peer = NULL;
 	c->meta_sent = c->meta_recv = 0;
+	c->refused = 0;
 	c->notes = NULL;
 	c->notes_mr = NULL;
 	c->expected = 0;
@@ -232,7 +233,8 @@ void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err)
 
 	if (c->state == CS_FREE || c->state >= CS_DRAINING)
 		return;
-	c->status = err ? err : -ECONNRESET;
+	if (!c->status) /* a refusal's reason wins over the disconnect */
+		c->status = err ? err : -ECONNRESET;
 	if (a->role == KVP_ROLE_CONSUMER && !a->connected) {
 		/* Inside kvp_agent_connect(): it tears everything down. */
 		c->state = CS_DEAD;
@@ -470,7 +472,7 @@ static int producer_meta(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 	    kvp_layout_compat_hash(c->peer) != kvp_layout_compat_hash(a->layout))
 		return -EPROTO;
 	n = kvp_notify_expected(a->layout, c->peer, a->li.tp_rank);
-	if (n < 0)
+	if (n <= 0)
 		return n == -ENOMEM ? n : -EPROTO;
 	c->expected = (uint32_t)n;
 	kvp_layout_destroy(c->peer);
@@ -672,6 +674,38 @@ void kvp__cm_process(kvp_agent *a, int budget)
 	}
 }
 
+/* Producer: answers a consumer whose metadata it cannot serve with a
+ * refusal instead of its blob, so that the consumer learns why (rather than
+ * seeing a bare disconnect), then waits for it to close (bounded by the
+ * handshake deadline). The refusal is written over the consumer's blob,
+ * which is no longer needed and already registered. */
+static void refuse(kvp_agent *a, struct kvp_conn *c, int err)
+{
+	kvp__put32(c->blob, KVP_REFUSE_MAGIC);
+	kvp__put32(c->blob + 4, (uint32_t)err);
+	c->status = err;
+	c->refused = 1;
+	c->state = CS_HANDSHAKE;
+	if (post_send1(c, kvp__wrid(WK_META_SEND, c->gen, c->idx, 0), c->blob,
+		       KVP_REFUSE_LEN, c->blob_mr->lkey))
+		kvp__conn_fail(a, c, err);
+}
+
+/* Consumer: the producer's answer arrived: its blob or a refusal. */
+static int consumer_meta(struct kvp_conn *c, uint32_t len)
+{
+	int err;
+
+	if (len == KVP_REFUSE_LEN && kvp__get32(c->blob) == KVP_REFUSE_MAGIC) {
+		err = (int)kvp__get32(c->blob + 4);
+		return err < 0 && err > -4096 ? err : -EPROTO;
+	}
+	err = kvp_meta_decode(c->blob, len, &c->peer);
+	if (err)
+		return err == -ENOMEM ? err : -EPROTO;
+	return 0;
+}
+
 int kvp__handshake_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 {
 	int err;
@@ -685,14 +719,16 @@ int kvp__handshake_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 	if (WRID_KIND(wc->wr_id) == WK_META_SEND) {
 		c->meta_sent = 1;
 	} else if (a->role == KVP_ROLE_PRODUCER) {
+		if (c->refused || c->state != CS_CONNECTING)
+			return 0;
 		err = producer_meta(a, c, wc->byte_len);
 		if (err)
-			kvp__conn_fail(a, c, err);
+			refuse(a, c, err);
 		return 0;
 	} else {
-		err = kvp_meta_decode(c->blob, wc->byte_len, &c->peer);
+		err = consumer_meta(c, wc->byte_len);
 		if (err) {
-			kvp__conn_fail(a, c, err == -ENOMEM ? err : -EPROTO);
+			kvp__conn_fail(a, c, err);
 			return 0;
 		}
 		c->meta_recv = 1;
@@ -834,9 +870,15 @@ static void connect_undo(kvp_agent *a)
 {
 	uint32_t i;
 
-	for (i = 0; a->conns && i < a->nconns; i++)
-		if (a->conns[i].state != CS_FREE)
-			kvp__conn_release(a, &a->conns[i]);
+	for (i = 0; a->conns && i < a->nconns; i++) {
+		struct kvp_conn *c = &a->conns[i];
+
+		if (c->state == CS_FREE)
+			continue;
+		if (c->qp)
+			(void)kvp__disconnect(c->id);
+		kvp__conn_release(a, c);
+	}
 	kvp__data_free(a);
 	kvp_plan_destroy(a->plan);
 	a->plan = NULL;

@@ -153,6 +153,11 @@ struct kvp_hello {
 KVP_HIDDEN void kvp__hello_put(uint8_t *p, const struct kvp_hello *h);
 KVP_HIDDEN int kvp__hello_get(const void *p, size_t len, struct kvp_hello *h);
 
+/* A producer's answer in place of its blob when it refuses a consumer's:
+ * u32 magic, i32 -errno. */
+#define KVP_REFUSE_MAGIC 0x4b565052u
+#define KVP_REFUSE_LEN 8
+
 /* A notification: the consumer's SEND after its reads. */
 #define KVP_NOTE_MAGIC 0x4b56504eu
 #define KVP_NOTE_LEN 32
@@ -250,6 +255,7 @@ struct kvp_conn {
 	struct ibv_mr *blob_mr;
 	kvp_layout *peer;	  /* decoded peer layout */
 	int meta_sent, meta_recv;
+	int refused;		  /* producer: refusal sent, awaiting close */
 
 	/* Producer: notification receive buffers and the request count. */
 	uint8_t *notes;
