@@ -438,8 +438,11 @@ KVP_API void kvp_plan_emit_bound(const kvp_plan *plan, uint32_t max_ids,
  * Returns the number of WRs written (0 on a full prefix hit), -ERANGE when a
  * block id is out of range, -EINVAL for id lists that do not fit the group
  * (more local blocks than the remote ones cover, unequal STATE lists),
- * -ENOSPC when wr_cap or sge_cap is too small (see kvp_plan_emit_bound()).
- * On error nothing is written. Allocation-free and thread-safe. If
+ * -ENOSPC when wr_cap or sge_cap is below this request's bound (one WR and
+ * one SGE per piece template per period the request walks, before any
+ * coalescing; kvp_plan_emit_bound() with the request's largest id count is
+ * always enough). Every check runs before anything is written: on error
+ * wr, sge and src_end are untouched. Allocation-free and thread-safe. If
  * src_end is not NULL, src_end[s] receives one past the last WR of source s
  * (kvp_plan_info.nsrc entries). */
 KVP_API KVP_MUST_CHECK int kvp_plan_emit(const kvp_plan *plan,

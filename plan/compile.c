@@ -258,6 +258,53 @@ void kvp__notify_cover(uint32_t c, uint32_t D, uint32_t P, uint32_t *lo,
 		*hi = P;
 }
 
+/*
+ * Matches every field of each side with the other's (same group, layer and
+ * kind) and checks that matched fields hold the same data. Keys are unique
+ * within a layout, so equal counts and every local field found make a
+ * bijection; otherwise the reason names a field one side lacks.
+ */
+static int match_fields(const kvp_layout *l, const kvp_layout *r,
+			const uint32_t *ridx, char *msg, size_t msglen)
+{
+	uint32_t i, *lidx;
+	int err;
+
+	for (i = 0; i < l->nfields; i++) {
+		int rf = find_field(r, ridx, l, i);
+		const struct kvp_view_desc *v = &l->views[l->fields[i].view];
+
+		if (rf < 0) {
+			kvp__msg(msg, msglen,
+				 "remote has no %s field for group %u layer %u",
+				 kind_name[l->fields[i].d.kind], v->group,
+				 v->layer);
+			return -EPROTO;
+		}
+		err = check_pair(l, i, r, (uint32_t)rf, msg, msglen);
+		if (err)
+			return err;
+	}
+	if (r->nfields == l->nfields)
+		return 0;
+	lidx = sorted_fields(l);
+	if (!lidx)
+		return -ENOMEM;
+	for (i = 0; i < r->nfields; i++) {
+		const struct kvp_view_desc *v = &r->views[r->fields[i].view];
+
+		if (find_field(l, lidx, r, i) < 0) {
+			kvp__msg(msg, msglen,
+				 "local has no %s field for group %u layer %u (remote has more layers or fields)",
+				 kind_name[r->fields[i].d.kind], v->group,
+				 v->layer);
+			break;
+		}
+	}
+	free(lidx);
+	return -EPROTO;
+}
+
 int kvp__sources(const kvp_layout *l, uint32_t rank, const kvp_layout *r,
 		 uint8_t *used, char *msg, size_t msglen)
 {
@@ -271,20 +318,10 @@ int kvp__sources(const kvp_layout *l, uint32_t rank, const kvp_layout *r,
 	idx = sorted_fields(r);
 	if (!idx)
 		return -ENOMEM;
+	err = match_fields(l, r, idx, msg, msglen);
 	for (i = 0; i < l->nfields && !err; i++) {
 		int rf = find_field(r, idx, l, i);
 
-		if (rf < 0) {
-			const struct kvp_view_desc *v =
-				&l->views[l->fields[i].view];
-
-			kvp__msg(msg, msglen,
-				 "remote has no %s field for group %u layer %u",
-				 kind_name[l->fields[i].d.kind], v->group,
-				 v->layer);
-			err = -EPROTO;
-			break;
-		}
 		n = segments(&l->fields[i].d, l->attr.tp_size, rank,
 			     &r->fields[rf].d, r->attr.tp_size, segs, 256);
 		if (n < 0) {
@@ -922,10 +959,6 @@ static int plan_view(struct work *w, uint32_t lv, struct match *m)
 		for (i = 0; i < r->attr.tp_size; i++)
 			w->used[i] = 0;
 		for (i = 0; i < nsub; i++) {
-			err = check_pair(l, sub[i].lf, r, sub[i].rf, w->msg,
-					 w->msglen);
-			if (err)
-				return err;
 			n = segments(&l->fields[sub[i].lf].d, l->attr.tp_size,
 				     l->attr.tp_rank, &r->fields[sub[i].rf].d,
 				     r->attr.tp_size, segs, 256);
@@ -1153,6 +1186,8 @@ static int build_plan(struct work *w, uint32_t max_sge, kvp_plan **out)
 	for (i = 0; i < w->nstreams; i++) {
 		p->streams[i] = w->streams[i];
 		p->streams[i].src = srcidx[w->streams[i].src];
+		p->groups[w->sets[w->streams[i].set].group].pieces +=
+			w->sets[w->streams[i].set].count;
 	}
 	memcpy(p->sets, w->sets, w->nsets * sizeof(*w->sets));
 	memcpy(p->pieces, w->pieces.p, w->pieces.n * sizeof(*w->pieces.p));
@@ -1206,7 +1241,8 @@ int kvp_plan_compile(const kvp_layout *l, const kvp_layout *r,
 	m = malloc(((size_t)l->nfields + 1) * 2 * sizeof(*m));
 	if (!w.lshape || !w.rshape || !w.ridx || !w.used || !w.gused || !m)
 		goto out;
-	err = view_csr(l, &w.lcsr);
+	err = match_fields(l, r, w.ridx, msg, msglen);
+	err = err ?: view_csr(l, &w.lcsr);
 	err = err ?: view_csr(r, &w.rcsr);
 	err = err ?: view_shapes(l, &w.lcsr, w.lshape);
 	err = err ?: view_shapes(r, &w.rcsr, w.rshape);

@@ -91,20 +91,21 @@ void kvp_plan_emit_bound(const kvp_plan *p, uint32_t max_ids,
 	*max_sges = (uint32_t)n;
 }
 
-/* The WR being built, kept in locals of the emit loop. */
+/* The WR being built. */
 struct cursor {
 	struct kvp_wr *wr, *w;
 	struct kvp_sge *sge, *s;
-	uint32_t nwr, nsge, wr_cap, sge_cap, max_sge;
+	uint32_t nwr, nsge, max_sge;
 	uint64_t rend, lend; /* next contiguous remote and local offsets */
 	uint32_t rreg, lreg, src, group;
 	int open;
 };
 
 /* Appends `len` bytes read at remote `ro` into local `lo`: extends the
- * current SGE, adds one to the current WR, or opens a WR. */
-static inline int put(struct cursor *c, uint64_t ro, uint64_t lo,
-		      uint32_t len, uint32_t rreg, uint32_t lreg)
+ * current SGE, adds one to the current WR, or opens a WR. Room for one more
+ * WR and SGE per piece was checked before emission started. */
+static inline void put(struct cursor *c, uint64_t ro, uint64_t lo,
+		       uint32_t len, uint32_t rreg, uint32_t lreg)
 {
 	if (c->open && ro == c->rend && rreg == c->rreg &&
 	    c->w->len + (uint64_t)len <= MAX_WR_LEN) {
@@ -113,11 +114,9 @@ static inline int put(struct cursor *c, uint64_t ro, uint64_t lo,
 			c->w->len += len;
 			c->rend += len;
 			c->lend += len;
-			return 0;
+			return;
 		}
 		if (c->w->nsge < c->max_sge) {
-			if (kvp_unlikely(c->nsge == c->sge_cap))
-				return -ENOSPC;
 			c->s = &c->sge[c->nsge++];
 			c->s->offset = lo;
 			c->s->len = len;
@@ -127,11 +126,9 @@ static inline int put(struct cursor *c, uint64_t ro, uint64_t lo,
 			c->rend += len;
 			c->lend = lo + len;
 			c->lreg = lreg;
-			return 0;
+			return;
 		}
 	}
-	if (kvp_unlikely(c->nwr == c->wr_cap || c->nsge == c->sge_cap))
-		return -ENOSPC;
 	c->w = &c->wr[c->nwr++];
 	c->s = &c->sge[c->nsge];
 	c->w->offset = ro;
@@ -149,7 +146,6 @@ static inline int put(struct cursor *c, uint64_t ro, uint64_t lo,
 	c->rreg = rreg;
 	c->lreg = lreg;
 	c->open = 1;
-	return 0;
 }
 
 /* The open WR of emit_simple(), in registers. */
@@ -160,9 +156,9 @@ struct live {
 	uint32_t nwr, nsge, wn, wlen, slen;
 };
 
-/* One piece into the live WR: extend its last SGE, add an SGE, or close it
- * and open a new one. Returns 0 or -ENOSPC. */
-static inline __attribute__((always_inline)) int
+/* put() for emit_simple(): the WR's length, SGE count and last SGE length
+ * are stored only when the WR closes. */
+static inline __attribute__((always_inline)) void
 live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 	 uint32_t len, uint32_t rreg, uint32_t lreg)
 {
@@ -172,11 +168,9 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 			v->wlen += len;
 			v->rend += len;
 			v->lend += len;
-			return 0;
+			return;
 		}
 		if (v->wn < c->max_sge) {
-			if (kvp_unlikely(v->nsge == c->sge_cap))
-				return -ENOSPC;
 			v->s->len = v->slen;
 			v->s = &c->sge[v->nsge++];
 			v->s->offset = lo;
@@ -186,11 +180,9 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 			v->wlen += len;
 			v->rend += len;
 			v->lend = lo + len;
-			return 0;
+			return;
 		}
 	}
-	if (kvp_unlikely(v->nwr == c->wr_cap || v->nsge == c->sge_cap))
-		return -ENOSPC;
 	if (v->rend != UINT64_MAX) { /* close the live WR */
 		v->w->len = v->wlen;
 		v->w->nsge = v->wn;
@@ -209,20 +201,19 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 	v->wlen = v->slen = len;
 	v->rend = ro + len;
 	v->lend = lo + len;
-	return 0;
 }
 
 /*
  * The common case, periods of one block on each side: block k pairs with
  * block k and the stream's regions are fixed, so the open WR's length, SGE
- * count and last SGE length live in registers and are stored when the WR
- * closes. A stream of one piece per block (whole pages, or one head range)
- * gets its own loop. Same output as put() piece by piece.
+ * count and last SGE length live in registers. A stream of one piece per
+ * block (whole pages, or one head range) gets its own loop. Same output as
+ * put() piece by piece.
  */
-static int emit_simple(struct cursor *c, const struct kvp_pview *lv,
-		       const struct kvp_pview *rv, const struct kvp_piece *pc,
-		       const struct kvp_piece *pe, const uint32_t *lids,
-		       const uint32_t *rids, uint32_t k0, uint32_t k1)
+static void emit_simple(struct cursor *c, const struct kvp_pview *lv,
+			const struct kvp_pview *rv, const struct kvp_piece *pc,
+			const struct kvp_piece *pe, const uint32_t *lids,
+			const uint32_t *rids, uint32_t k0, uint32_t k1)
 {
 	const uint32_t rreg = rv->region, lreg = lv->region;
 	const uint64_t rs = rv->stride, ls = lv->stride;
@@ -230,7 +221,6 @@ static int emit_simple(struct cursor *c, const struct kvp_pview *lv,
 			  c->nwr, c->nsge, 0, 0, 0 };
 	const struct kvp_piece *q;
 	uint32_t k;
-	int err = 0;
 
 	/* Continue the previous stream's WR only on the same regions. */
 	if (c->open && c->rreg == rreg) {
@@ -247,23 +237,19 @@ static int emit_simple(struct cursor *c, const struct kvp_pview *lv,
 		const uint64_t lo0 = lv->offset + pc->loff;
 		const uint32_t len = pc->len;
 
-		for (k = k0; k < k1 && !err; k++)
-			err = live_put(&v, c, ro0 + (uint64_t)rids[k] * rs,
-				       lo0 + (uint64_t)lids[k] * ls, len, rreg,
-				       lreg);
+		for (k = k0; k < k1; k++)
+			live_put(&v, c, ro0 + (uint64_t)rids[k] * rs,
+				 lo0 + (uint64_t)lids[k] * ls, len, rreg, lreg);
 	} else {
-		for (k = k0; k < k1 && !err; k++) {
+		for (k = k0; k < k1; k++) {
 			uint64_t rb = rv->offset + (uint64_t)rids[k] * rs;
 			uint64_t lb = lv->offset + (uint64_t)lids[k] * ls;
 
-			for (q = pc; q < pe && !err; q++)
-				err = live_put(&v, c, rb + q->roff,
-					       lb + q->loff, q->len, rreg,
-					       lreg);
+			for (q = pc; q < pe; q++)
+				live_put(&v, c, rb + q->roff, lb + q->loff,
+					 q->len, rreg, lreg);
 		}
 	}
-	if (kvp_unlikely(err))
-		return err;
 	if (v.rend != UINT64_MAX) {
 		v.w->len = v.wlen;
 		v.w->nsge = v.wn;
@@ -278,16 +264,27 @@ static int emit_simple(struct cursor *c, const struct kvp_pview *lv,
 	c->s = v.s;
 	c->nwr = v.nwr;
 	c->nsge = v.nsge;
-	return 0;
+}
+
+/* Periods of one stream that a request walks. */
+static uint32_t stream_periods(const struct kvp_pgroup *pg,
+			       const struct need *n)
+{
+	uint32_t k1;
+
+	if (pg->lper == 1 && pg->rper == 1) {
+		k1 = n->lend < n->rend ? n->lend : n->rend;
+		return k1 > n->skip ? k1 - n->skip : 0;
+	}
+	return n->k1 - n->k0;
 }
 
 /* One stream over the request's periods. Periods of one block on each side
  * (the common case) need no per-piece filter: block k pairs with block k. */
-static int emit_stream(struct cursor *cp, const kvp_plan *p,
-		       const struct kvp_pstream *st, const struct need *n,
-		       const struct kvp_ids *id)
+static void emit_stream(struct cursor *c, const kvp_plan *p,
+			const struct kvp_pstream *st, const struct need *n,
+			const struct kvp_ids *id)
 {
-	struct cursor *c = cp;
 	const struct kvp_pset *set = &p->sets[st->set];
 	const struct kvp_pgroup *pg = &p->groups[set->group];
 	const struct kvp_pview *lv = &p->lviews[st->lview];
@@ -297,7 +294,6 @@ static int emit_stream(struct cursor *cp, const kvp_plan *p,
 	const uint32_t *lids = id->local, *rids = id->remote;
 	const uint32_t rreg = rv->region, lreg = lv->region;
 	uint32_t k;
-	int err;
 
 	if (c->src != st->src)
 		c->open = 0;
@@ -306,9 +302,9 @@ static int emit_stream(struct cursor *cp, const kvp_plan *p,
 	if (kvp_likely(pg->lper == 1 && pg->rper == 1)) {
 		uint32_t k1 = n->lend < n->rend ? n->lend : n->rend;
 
-		if (n->skip >= k1)
-			return 0;
-		return emit_simple(c, lv, rv, pc, pe, lids, rids, n->skip, k1);
+		if (n->skip < k1)
+			emit_simple(c, lv, rv, pc, pe, lids, rids, n->skip, k1);
+		return;
 	}
 	for (k = n->k0; k < n->k1; k++) {
 		uint32_t lb0 = k * pg->lper, rb0 = k * pg->rper;
@@ -318,19 +314,12 @@ static int emit_stream(struct cursor *cp, const kvp_plan *p,
 
 			if (L < n->skip || L >= n->lend || R >= n->rend)
 				continue;
-			err = put(c,
-				  rv->offset + (uint64_t)rids[R] * rv->stride +
-					  q->roff,
-				  lv->offset +
-					  (uint64_t)lids[L - n->skip] *
-						  lv->stride +
-					  q->loff,
-				  q->len, rreg, lreg);
-			if (kvp_unlikely(err))
-				return err;
+			put(c, rv->offset + (uint64_t)rids[R] * rv->stride + q->roff,
+			    lv->offset + (uint64_t)lids[L - n->skip] * lv->stride +
+				    q->loff,
+			    q->len, rreg, lreg);
 		}
 	}
-	return 0;
 }
 
 int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
@@ -339,7 +328,8 @@ int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
 {
 	struct need need[MAX_GROUPS];
 	struct cursor c;
-	uint32_t si, cur_src = 0;
+	uint64_t bound = 0;
+	uint32_t si, g, cur_src = 0;
 	int err;
 
 	if (!p || !ids || (wr_cap && !wr) || (sge_cap && !sge))
@@ -347,24 +337,27 @@ int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
 	err = prepare(p, ids, need);
 	if (err)
 		return err;
+	/* Each piece adds at most one WR and one SGE: check room for all of
+	 * them first, so the loops below cannot fail half way. */
+	for (g = 0; g < p->ngroups; g++)
+		bound += p->groups[g].pieces *
+			 stream_periods(&p->groups[g], &need[g]);
+	if (bound > wr_cap || bound > sge_cap)
+		return -ENOSPC;
 	memset(&c, 0, sizeof(c));
 	c.wr = wr;
 	c.sge = sge;
-	c.wr_cap = wr_cap;
-	c.sge_cap = sge_cap;
 	c.max_sge = p->max_sge;
 	c.src = UINT32_MAX;
 	for (si = 0; si < p->nstreams; si++) {
 		const struct kvp_pstream *st = &p->streams[si];
-		uint32_t g = p->sets[st->set].group;
 
+		g = p->sets[st->set].group;
 		if (src_end) {
 			while (cur_src < st->src)
 				src_end[cur_src++] = c.nwr;
 		}
-		err = emit_stream(&c, p, st, &need[g], &ids[g]);
-		if (err)
-			return err;
+		emit_stream(&c, p, st, &need[g], &ids[g]);
 	}
 	if (src_end) {
 		while (cur_src < p->nsrc)

@@ -58,6 +58,7 @@ struct kvp_pgroup {
 	uint32_t ltok, rtok, period;
 	uint32_t lper, rper;
 	uint32_t lblocks, rblocks;
+	uint64_t pieces; /* per period, all streams of the group */
 	uint64_t src_mask;
 };
 
