@@ -482,8 +482,13 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 		(void)kvp__handshake_wc(a, c, wc);
 		break;
 	case WK_NOTE_RECV:
-		if (c->state != CS_READY)
+		if (c->state != CS_READY) {
+			/* Flushed buffers of a dying connection, or a note
+			 * that arrived while it was going down. */
+			if (wc->status == IBV_WC_SUCCESS)
+				a->st.notes_dropped++;
 			break;
+		}
 		if (wc->status != IBV_WC_SUCCESS) {
 			kvp__conn_fail(a, c, kvp__wc_errno(wc->status));
 			break;

@@ -257,6 +257,15 @@ static int rt_register_all(kvp_agent *a, struct kvt_mem *m)
 
 /* ---- producer rank ------------------------------------------------------ */
 
+/* The parent's SIGUSR1 before it kills a stuck rank: report and exit. */
+static volatile sig_atomic_t rt_usr1;
+
+static void rt_on_usr1(int sig)
+{
+	(void)sig;
+	rt_usr1 = 1;
+}
+
 static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 		       const struct rt_req *rq, uint32_t rank, int ready_fd,
 		       int stop_fd)
@@ -274,6 +283,7 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 
 	snprintf(who, sizeof(who), "%s P%u", tc->name, rank);
 	alarm(120);
+	signal(SIGUSR1, rt_on_usr1);
 	if (!l || kvt_mem_alloc(l, &mem))
 		RT_FAIL("layout or memory");
 	kvt_fill_background(&mem, 100 + rank);
@@ -363,7 +373,7 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 				released++;
 			}
 		}
-		if (rt_now_ns() > t_end)
+		if (rt_now_ns() > t_end || rt_usr1)
 			RT_FAIL("timeout: %u released %u expired", released,
 				expired);
 		if (!n)
@@ -378,7 +388,7 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 		if (kvp_agent_poll(a, ev, 16) < 0)
 			RT_FAIL("poll while serving");
 		usleep(200);
-		if (rt_now_ns() > t_end)
+		if (rt_now_ns() > t_end || rt_usr1)
 			RT_FAIL("never told to stop");
 	}
 	if (env->verbose) {
@@ -394,6 +404,19 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 	}
 	ret = 0;
 out:
+	if (ret && a) {
+		struct kvp_agent_stats st;
+
+		kvp_agent_get_stats(a, &st);
+		fprintf(stderr,
+			"  [%s] FAILED with: released %llu expired %llu notes %llu dropped %llu connects %llu disconnects %llu; events: %u released %u expired\n",
+			who, (unsigned long long)st.released,
+			(unsigned long long)st.expired,
+			(unsigned long long)st.notes_recv,
+			(unsigned long long)st.notes_dropped,
+			(unsigned long long)st.connects,
+			(unsigned long long)st.disconnects, released, expired);
+	}
 	kvp_agent_close(a);
 	kvt_mem_free(&mem);
 	kvp_layout_destroy(l);
@@ -603,6 +626,10 @@ static int rt_wait(pid_t *pids, uint32_t n, double deadline, const char *what)
 		if (p <= 0) {
 			if (rt_now() > deadline) {
 				fprintf(stderr, "  %s: timeout, killing\n", what);
+				for (i = 0; i < n; i++)
+					if (pids[i] > 0)
+						kill(pids[i], SIGUSR1);
+				usleep(500000);
 				rt_kill_all(pids, n);
 				deadline = 1e300;
 			}

@@ -1,0 +1,254 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Engines that sleep instead of spinning: both sides wait on the agent's
+ * file descriptors (kvp_agent_fds) after kvp_agent_arm(), with the timeout
+ * it asks for. Checks that completions, connection requests and deadlines
+ * all wake them: the consumer's pulls finish, the producer accepts while
+ * asleep, releases the pulled requests and expires the unpulled one on
+ * time, and notices the consumer leaving.
+ *
+ *   rdma_sleep
+ */
+#include "rdma/harness.h"
+
+static const struct rt_case sc = {
+	.name = "sleeping engines", .model = "llama-3.1-8b", .layers = 2,
+	.P = 1, .D = 1, .pblock = 16, .dblock = 16, .pblocks = 64,
+	.dblocks = 64, .nreq = 6, .tokens = 160, .kill_rank = -1,
+};
+
+/* Sleeps until an fd is readable or the agent's wake time (at most
+ * max_ms). Returns 1 when an fd woke it, 0 on timeout, 2 when arm said
+ * that something already waits (no sleep), -1 on error. */
+static int sleep_on(kvp_agent *a, int max_ms)
+{
+	struct pollfd p[2];
+	uint64_t wake, now;
+	int fds[2], n, ms, r;
+
+	n = kvp_agent_fds(a, fds, 2);
+	if (n != 2)
+		return -1;
+	r = kvp_agent_arm(a, &wake);
+	if (r < 0)
+		return -1;
+	if (r > 0)
+		return 2;
+	now = rt_now_ns();
+	ms = max_ms;
+	if (wake != UINT64_MAX)
+		ms = wake <= now ? 0 : (int)((wake - now) / 1000000 + 1);
+	if (ms > max_ms)
+		ms = max_ms;
+	p[0].fd = fds[0];
+	p[1].fd = fds[1];
+	p[0].events = p[1].events = POLLIN;
+	p[0].revents = p[1].revents = 0;
+	r = poll(p, 2, ms);
+	return r < 0 ? -1 : r > 0;
+}
+
+static int sleepy_producer(const struct rt_env *env, const struct rt_req *rq,
+			   int ready_fd)
+{
+	struct kvp_agent_attr at;
+	struct kvt_mem mem = { 0 };
+	struct kvp_event ev[8];
+	kvp_layout *l = rt_layout(&sc, 1, 0);
+	kvp_agent *a = NULL;
+	uint32_t i, released = 0, busy = 0, wakes = 0, disc = 0;
+	uint64_t exp_deadline = 0, expired_at = 0;
+	double end = rt_now() + 60;
+	const char *who = "sleepy producer";
+	int ret = 1, err, n;
+
+	alarm(80);
+	if (!l || kvt_mem_alloc(l, &mem))
+		RT_FAIL("layout");
+	for (i = 0; i < sc.nreq; i++)
+		kvt_fill_producer(l, &mem, rq[i].ids);
+	memset(&at, 0, sizeof(at));
+	at.role = KVP_ROLE_PRODUCER;
+	at.layout = l;
+	at.addr = env->addr0;
+	err = kvp_agent_open(&at, &a);
+	if (!err)
+		err = rt_register_all(a, &mem);
+	if (!err)
+		err = kvp_agent_listen(a, env->addr0, env->port);
+	if (err)
+		RT_FAIL("setup: %s", kvp_strerror(err));
+	for (i = 0; i < sc.nreq; i++)
+		if (kvp_agent_expect(a, rq[i].id, rt_now_ns() + 50000000000ull))
+			RT_FAIL("expect");
+	if (write(ready_fd, "r", 1) != 1)
+		RT_FAIL("pipe");
+	/* Never pulled: its deadline must wake the sleeper. */
+	exp_deadline = rt_now_ns() + 2500000000ull;
+	if (kvp_agent_expect(a, 77, exp_deadline))
+		RT_FAIL("expect 77");
+	/* Until the consumer has gone, too: its disconnect must wake us. */
+	while (released < sc.nreq || !expired_at || !disc) {
+		n = kvp_agent_poll(a, ev, 8);
+		if (n < 0)
+			RT_FAIL("poll");
+		for (i = 0; i < (uint32_t)n; i++) {
+			if (ev[i].type == KVP_EV_RELEASED)
+				released++;
+			else if (ev[i].type == KVP_EV_EXPIRED &&
+				 ev[i].req_id == 77)
+				expired_at = rt_now_ns();
+			else if (ev[i].type == KVP_EV_DISCONNECTED)
+				disc++;
+			else
+				RT_FAIL("event %u for %llu", ev[i].type,
+					(unsigned long long)ev[i].req_id);
+		}
+		if (n)
+			continue;
+		err = sleep_on(a, 5000);
+		if (err < 0)
+			RT_FAIL("sleep");
+		wakes += err == 1;
+		busy += err == 2;
+		if (rt_now() > end)
+			RT_FAIL("timeout: %u released", released);
+	}
+	/* Woken by the deadline within a few ms (slack for TCG). */
+	if (expired_at < exp_deadline ||
+	    expired_at - exp_deadline > 300000000ull)
+		RT_FAIL("expired %.1f ms after its deadline",
+			(expired_at - exp_deadline) / 1e6);
+	if (env->verbose)
+		fprintf(stderr, "  [%s] fd wake-ups %u, arm said busy %u, "
+				"expiry late by %.2f ms\n",
+			who, wakes, busy, (expired_at - exp_deadline) / 1e6);
+	ret = 0;
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvp_layout_destroy(l);
+	return ret;
+}
+
+static int sleepy_consumer(const struct rt_env *env, const struct rt_req *rq)
+{
+	struct kvp_agent_attr at;
+	struct kvt_mem mem = { 0 }, exp = { 0 };
+	struct kvp_peer peer = { env->addr0, env->port };
+	struct kvp_event ev[8];
+	kvp_layout *l = rt_layout(&sc, 0, 0), *r0 = rt_layout(&sc, 1, 0);
+	kvp_agent *a = NULL;
+	uint32_t i, done = 0, next = 0, busy = 0, wakes = 0;
+	double end = rt_now() + 60;
+	const char *who = "sleepy consumer";
+	int ret = 1, err, n;
+
+	alarm(80);
+	if (!l || !r0 || kvt_mem_alloc(l, &mem))
+		RT_FAIL("layout");
+	kvt_fill_background(&mem, 3);
+	if (rt_copy_mem(&exp, &mem))
+		RT_FAIL("memory");
+	memset(&at, 0, sizeof(at));
+	at.role = KVP_ROLE_CONSUMER;
+	at.layout = l;
+	at.addr = env->addr0;
+	at.max_ids = 16;
+	at.sq_depth = 16; /* requests also wait for send queue room */
+	at.max_inflight = 2; /* so that pulls wait for completions */
+	err = kvp_agent_open(&at, &a);
+	if (!err)
+		err = rt_register_all(a, &mem);
+	if (!err)
+		err = kvp_agent_connect(a, &peer, 1, 20000);
+	if (err)
+		RT_FAIL("setup: %s", kvp_strerror(err));
+	while (done < sc.nreq) {
+		while (next < sc.nreq) {
+			err = kvp_agent_pull(a, rq[next].id, rq[next].ids);
+			if (err == -EBUSY)
+				break;
+			if (err)
+				RT_FAIL("pull: %s", kvp_strerror(err));
+			next++;
+		}
+		n = kvp_agent_poll(a, ev, 8);
+		if (n < 0)
+			RT_FAIL("poll");
+		for (i = 0; i < (uint32_t)n; i++) {
+			if (ev[i].type != KVP_EV_DONE)
+				RT_FAIL("event %u", ev[i].type);
+			done++;
+		}
+		if (n)
+			continue;
+		/* Pulls are in flight: only a completion may end the sleep;
+		 * the 3 s bound must never be reached. */
+		err = sleep_on(a, 3000);
+		if (err < 0)
+			RT_FAIL("sleep");
+		if (!err)
+			RT_FAIL("slept 3 s with %u pulls in flight", next - done);
+		wakes += err == 1;
+		busy += err == 2;
+		if (rt_now() > end)
+			RT_FAIL("timeout: %u done", done);
+	}
+	for (i = 0; i < sc.nreq; i++)
+		kvt_expect_consumer(l, r0, &exp, NULL, rq[i].ids);
+	if (kvt_mem_compare(&mem, &exp, who))
+		RT_FAIL("memory differs");
+	if (env->verbose)
+		fprintf(stderr, "  [%s] fd wake-ups %u, arm said busy %u\n",
+			who, wakes, busy);
+	ret = 0;
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvt_mem_free(&exp);
+	kvp_layout_destroy(l);
+	kvp_layout_destroy(r0);
+	return ret;
+}
+
+int main(void)
+{
+	static struct rt_req rq[RT_MAX_REQ];
+	struct rt_env env;
+	pid_t prod[1], cons[1];
+	int ready[2], ok = 0;
+	double t0;
+	char c;
+
+	rt_require_device();
+	rt_env_init(&env, 19700);
+	if (!env.addr0) {
+		printf("KVP_ADDR0 is not set (run under scripts/rxe-vm.sh)\n");
+		printf("0 passed, 1 failed\n");
+		return 1;
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	t0 = rt_now();
+	if (rt_make_requests(&sc, rq) || pipe(ready))
+		goto out;
+	fflush(NULL);
+	prod[0] = fork();
+	if (prod[0] == 0) {
+		close(ready[0]);
+		_exit(sleepy_producer(&env, rq, ready[1]));
+	}
+	close(ready[1]);
+	if (read(ready[0], &c, 1) != 1)
+		goto out;
+	cons[0] = fork();
+	if (cons[0] == 0)
+		_exit(sleepy_consumer(&env, rq));
+	ok = !rt_wait(cons, 1, rt_now() + 70, "consumer");
+	if (rt_wait(prod, 1, rt_now() + 30, "producer"))
+		ok = 0;
+out:
+	printf("%s %s (%.2f s)\n", ok ? "ok  " : "FAIL", sc.name, rt_now() - t0);
+	printf("%d passed, %d failed\n", ok, !ok);
+	return ok ? 0 : 1;
+}
