@@ -1,0 +1,674 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Plan compilation: -EPROTO with a message naming what differs, -EINVAL for
+ * bad arguments, outputs untouched on failure; plan size independent of the
+ * number of blocks; source and notify ranks for TP pairs; and the
+ * exhaustive TP check: every (kv heads, producer TP, consumer TP, consumer
+ * rank, layout) with kv heads and TP sizes in {1, 2, 4, 8, 16}, each
+ * consumer's plan checked byte for byte with the memcpy executor, compiled
+ * against two producer ranks' layouts (same plan), and the notification
+ * counts checked against the plans' notify lists.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvtest.h"
+
+#define PLAN_SENTINEL ((kvp_plan *)(uintptr_t)0x5a5a5a5a)
+
+static struct kvp_model preset(const char *name, uint32_t layers)
+{
+	struct kvp_model m;
+
+	assert_int_equal(kvp_model_preset(name, &m), 0);
+	m.layers = layers;
+	return m;
+}
+
+/* Compiling local from remote must fail with -EPROTO, leave *out alone,
+ * and say something containing each substring of the NULL-terminated list;
+ * if `notify`, the notification count refuses the pair too, for every
+ * producer rank. */
+static void vrejected(const kvp_layout *l, const kvp_layout *r, int notify,
+		      const char *what, va_list ap)
+{
+	kvp_plan *p = PLAN_SENTINEL;
+	struct kvp_layout_info ri;
+	char msg[256];
+	const char *sub;
+	uint32_t i;
+	int err;
+
+	memset(msg, 0, sizeof(msg));
+	err = kvp_plan_compile(l, r, NULL, &p, msg, sizeof(msg));
+	if (err != -EPROTO)
+		fail_msg("%s: got %d, want -EPROTO", what, err);
+	assert_ptr_equal(p, PLAN_SENTINEL);
+	print_message("%-28s %s\n", what, msg);
+	while ((sub = va_arg(ap, const char *)) != NULL)
+		if (!strstr(msg, sub))
+			fail_msg("%s: message \"%s\" lacks \"%s\"", what, msg,
+				 sub);
+	/* without a message buffer: same error */
+	assert_int_equal(kvp_plan_compile(l, r, NULL, &p, NULL, 0), -EPROTO);
+	assert_ptr_equal(p, PLAN_SENTINEL);
+	/* a short buffer is truncated and terminated, never overrun */
+	memset(msg, 'x', sizeof(msg));
+	assert_int_equal(kvp_plan_compile(l, r, NULL, &p, msg, 8), -EPROTO);
+	assert_int_equal(strlen(msg), 7);
+	assert_int_equal(msg[8], 'x');
+	kvp_layout_get_info(r, &ri);
+	for (i = 0; notify && i < ri.tp_size; i++) {
+		err = kvp_notify_expected(r, l, i);
+		if (err != -EPROTO)
+			fail_msg(
+				"%s: kvp_notify_expected(producer %u) = %d, want -EPROTO",
+				what, i, err);
+	}
+}
+
+static void proto_rejected(const kvp_layout *l, const kvp_layout *r,
+			   const char *what, ...)
+{
+	va_list ap;
+
+	va_start(ap, what);
+	vrejected(l, r, 1, what, ap);
+	va_end(ap);
+}
+
+/* Only the compiler: kvp_notify_expected() does not look at block sizes
+ * (tests/pending_notify_expected_blocks.c). */
+static void compile_rejected(const kvp_layout *l, const kvp_layout *r,
+			     const char *what, ...)
+{
+	va_list ap;
+
+	va_start(ap, what);
+	vrejected(l, r, 0, what, ap);
+	va_end(ap);
+}
+
+/* Models that differ in what must agree: different compat hashes, no
+ * plan. */
+static void proto_pair(const struct kvp_model *a, const struct kvp_model *b,
+		       uint32_t tpa, uint32_t tpb, const char *what,
+		       const char *s1, const char *s2)
+{
+	kvp_layout *l = kvt_build(a, tpa, 0, 16, 0, 8, KVP_KV_FLASH_HND);
+	kvp_layout *r = kvt_build(b, tpb, 0, 16, 0, 8, KVP_KV_FLASH_HND);
+
+	assert_non_null(l);
+	assert_non_null(r);
+	assert_true(kvp_layout_compat_hash(l) != kvp_layout_compat_hash(r));
+	proto_rejected(l, r, what, s1, s2, NULL);
+	kvp_layout_destroy(l);
+	kvp_layout_destroy(r);
+}
+
+/*
+ * A hand-made layout: one group of `kind`, `layers` layers of 4-token
+ * blocks, 2 heads (unsharded, TP 1) of 4 elements of 2 bytes, HND, one
+ * region per layer holding the kinds in `kinds` (a bit mask) side by side.
+ */
+static kvp_layout *manual(uint32_t kind, uint32_t layers, uint32_t kinds)
+{
+	struct kvp_layout_attr a = { .tp_size = 1 };
+	struct kvp_group_desc g = { .kind = kind, .block_tokens = 4 };
+	struct kvp_view_desc v = { .num_blocks = 4, .stride = 128 };
+	kvp_layout *l;
+	uint32_t i, k, n, view;
+
+	assert_int_equal(kvp_layout_create(&a, &l), 0);
+	assert_int_equal(kvp_layout_add_group(l, &g, NULL), 0);
+	for (i = 0; i < layers; i++) {
+		assert_int_equal(kvp_layout_add_region(l, 512, &v.region), 0);
+		v.layer = i;
+		assert_int_equal(kvp_layout_add_view(l, &v, &view), 0);
+		for (k = 0, n = 0; k < 2; k++) {
+			struct kvp_field_desc f = { 0 };
+
+			if (!(kinds & (1u << k)))
+				continue;
+			f.kind = k;
+			f.elem_size = 2;
+			f.offset = 64 * n++;
+			f.ndim = 3;
+			f.shard_dim = KVP_NO_SHARD;
+			f.dim[0] = (struct kvp_dim){ 32, 2, KVP_AXIS_HEAD };
+			f.dim[1] = (struct kvp_dim){ 8, 4, KVP_AXIS_TOKEN };
+			f.dim[2] = (struct kvp_dim){ 2, 4, KVP_AXIS_DIM };
+			assert_int_equal(kvp_layout_add_field(l, view, &f), 0);
+		}
+	}
+	return l;
+}
+
+static void test_proto(void **state)
+{
+	struct kvp_model m = preset("llama-3.1-8b", 2), x;
+	struct kvp_model mla = preset("deepseek-v3", 2);
+	kvp_layout *a, *b;
+
+	(void)state;
+	/* layer counts, both ways */
+	x = m, x.layers = 3;
+	proto_pair(&x, &m, 1, 1, "more local layers", "layer 2", "no K");
+	proto_pair(&x, &m, 2, 4, "more local layers, TP 2/4", "layer", NULL);
+	proto_pair(&m, &x, 1, 1, "more remote layers", "layer 2", "no K");
+	proto_pair(&m, &x, 8, 2, "more remote layers, TP 8/2", "layer", NULL);
+	/* kv heads, head dim, dtype */
+	x = m, x.kv_heads = 4;
+	proto_pair(&m, &x, 1, 1, "kv heads 8 vs 4", "head", "extent");
+	proto_pair(&x, &m, 2, 8, "kv heads 4 vs 8, TP 2/8", "head", "extent");
+	x = m, x.head_dim = 64;
+	proto_pair(&m, &x, 1, 1, "head dim 128 vs 64", "dim", "extent");
+	proto_pair(&x, &m, 4, 2, "head dim 64 vs 128, TP 4/2", "dim", "extent");
+	x = m, x.dtype_bytes = 1;
+	proto_pair(&m, &x, 1, 1, "dtype 2 vs 1", "element size", NULL);
+	proto_pair(&x, &m, 8, 8, "dtype 1 vs 2, TP 8/8", "element size", NULL);
+	x = mla, x.mla_latent = 512;
+	proto_pair(&mla, &x, 1, 2, "MLA latent 576 vs 512", "dim", "extent");
+	/* groups: count and kinds */
+	x = m, x.sliding_layers = 1;
+	proto_pair(&m, &x, 1, 1, "1 vs 2 groups", "group count", NULL);
+	proto_pair(&x, &m, 1, 1, "2 vs 1 groups", "group count", NULL);
+	proto_pair(&m, &mla, 1, 1, "FULL vs MLA", "group 0", "kind");
+	x = m, x.sliding_layers = 2;
+	proto_pair(&m, &x, 1, 1, "FULL vs SLIDING", "group 0", "kind");
+	/* a field missing on either side */
+	a = manual(KVP_GROUP_FULL, 2, 3);
+	b = manual(KVP_GROUP_FULL, 2, 1);
+	proto_rejected(a, b, "remote without V", "no V field", "layer 0", NULL);
+	proto_rejected(b, a, "local without V", "no V field", "layer 0", NULL);
+	kvp_layout_destroy(b);
+	b = manual(KVP_GROUP_FULL, 2, 2);
+	proto_rejected(a, b, "remote without K", "no K field", NULL);
+	proto_rejected(b, a, "local without K", "no K field", NULL);
+	kvp_layout_destroy(b);
+	b = manual(KVP_GROUP_SLIDING, 2, 3);
+	proto_rejected(a, b, "manual FULL vs SLIDING", "kind", NULL);
+	kvp_layout_destroy(b);
+	kvp_layout_destroy(a);
+	/* block sizes without a usable common period (65535 blocks max) */
+	x = m, x.kv_heads = 1, x.head_dim = 1, x.dtype_bytes = 1;
+	a = kvt_build(&x, 1, 0, 1, 0, 2, KVP_KV_FLASH_NHD);
+	b = kvt_build(&x, 1, 0, 65537, 0, 2, KVP_KV_FLASH_NHD);
+	assert_non_null(a);
+	assert_non_null(b);
+	compile_rejected(a, b, "block 1 vs 65537", "block sizes", NULL);
+	kvp_layout_destroy(a);
+	kvp_layout_destroy(b);
+}
+
+static void test_einval(void **state)
+{
+	struct kvp_model m = preset("llama-3.1-8b", 2);
+	struct kvp_plan_attr attr = { .max_sge = 4 };
+	kvp_layout *l = kvt_build(&m, 2, 1, 16, 0, 8, KVP_KV_FLASH_NHD);
+	kvp_layout *r = kvt_build(&m, 4, 0, 32, 0, 8, KVP_KV_FLASHINFER);
+	struct kvp_plan_info pi;
+	kvp_plan *p = PLAN_SENTINEL;
+	char msg[64];
+
+	(void)state;
+	assert_non_null(l);
+	assert_non_null(r);
+	strcpy(msg, "unchanged");
+	assert_int_equal(kvp_plan_compile(NULL, r, &attr, &p, msg, 64),
+			 -EINVAL);
+	assert_int_equal(kvp_plan_compile(l, NULL, &attr, &p, msg, 64),
+			 -EINVAL);
+	assert_int_equal(kvp_plan_compile(l, r, &attr, NULL, msg, 64), -EINVAL);
+	attr.comp_mask = 1;
+	assert_int_equal(kvp_plan_compile(l, r, &attr, &p, msg, 64), -EINVAL);
+	attr.comp_mask = 0x80000000u;
+	assert_int_equal(kvp_plan_compile(l, r, &attr, &p, msg, 64), -EINVAL);
+	assert_ptr_equal(p, PLAN_SENTINEL);
+	assert_int_equal(kvp_notify_expected(NULL, l, 0), -EINVAL);
+	assert_int_equal(kvp_notify_expected(r, NULL, 0), -EINVAL);
+	assert_int_equal(kvp_notify_expected(r, l, 4), -EINVAL);
+	assert_int_equal(kvp_notify_expected(r, l, UINT32_MAX), -EINVAL);
+
+	/* attr may be NULL; max_sge 0 means 1 */
+	assert_int_equal(kvp_plan_compile(l, r, NULL, &p, NULL, 0), 0);
+	kvp_plan_get_info(p, &pi);
+	assert_int_equal(pi.max_sge, 1);
+	assert_int_equal(pi.local_tp, 2);
+	assert_int_equal(pi.local_rank, 1);
+	assert_int_equal(pi.remote_tp, 4);
+	assert_int_equal(pi.ngroups, 1);
+	kvp_plan_destroy(p);
+	attr.comp_mask = 0, attr.max_sge = 0;
+	assert_int_equal(kvp_plan_compile(l, r, &attr, &p, NULL, 0), 0);
+	kvp_plan_get_info(p, &pi);
+	assert_int_equal(pi.max_sge, 1);
+	kvp_plan_destroy(p);
+	attr.max_sge = 7;
+	assert_int_equal(kvp_plan_compile(l, r, &attr, &p, NULL, 0), 0);
+	kvp_plan_get_info(p, &pi);
+	assert_int_equal(pi.max_sge, 7);
+
+	/* inspection out of range */
+	{
+		struct kvp_plan_group g, gc;
+		struct kvp_plan_stream s, sc;
+		struct kvp_plan_piece q, qc;
+
+		memset(&g, 0x3c, sizeof(g)), gc = g;
+		memset(&s, 0x3c, sizeof(s)), sc = s;
+		memset(&q, 0x3c, sizeof(q)), qc = q;
+		assert_int_equal(kvp_plan_source(p, pi.nsrc), -EINVAL);
+		assert_int_equal(kvp_plan_source(NULL, 0), -EINVAL);
+		assert_int_equal(kvp_plan_notify(p, pi.nnotify), -EINVAL);
+		assert_int_equal(kvp_plan_notify(NULL, 0), -EINVAL);
+		assert_int_equal(kvp_plan_get_group(p, 1, &g), -EINVAL);
+		assert_int_equal(kvp_plan_get_group(p, 0, NULL), -EINVAL);
+		assert_int_equal(kvp_plan_get_stream(p, pi.nstreams, &s),
+				 -EINVAL);
+		assert_int_equal(kvp_plan_get_piece(p, pi.npieces, &q),
+				 -EINVAL);
+		assert_memory_equal(&g, &gc, sizeof(g));
+		assert_memory_equal(&s, &sc, sizeof(s));
+		assert_memory_equal(&q, &qc, sizeof(q));
+		assert_int_equal(kvp_plan_get_group(p, 0, &g), 0);
+		assert_int_equal(g.kind, KVP_GROUP_FULL);
+		assert_int_equal(g.local_tokens, 16);
+		assert_int_equal(g.remote_tokens, 32);
+		assert_int_equal(g.period_tokens, 32);
+		assert_int_equal(g.local_per_period, 2);
+		assert_int_equal(g.remote_per_period, 1);
+		assert_int_equal(g.local_blocks, 8);
+		assert_int_equal(g.remote_blocks, 8);
+	}
+	kvp_plan_destroy(p);
+	kvp_plan_destroy(NULL);
+	kvp_layout_destroy(l);
+	kvp_layout_destroy(r);
+}
+
+/* ---- plan properties ---------------------------------------------------- */
+
+static void test_size_independent_of_blocks(void **state)
+{
+	const char *names[] = { "llama-3.1-8b", "deepseek-v3", "qwen2.5-1.5b" };
+	static const uint32_t tp[][2] = {
+		{ 1, 1 }, { 8, 2 }, { 2, 8 }, { 4, 4 }
+	};
+	uint32_t n, t, lay;
+
+	(void)state;
+	for (n = 0; n < 3; n++)
+		for (t = 0; t < 4; t++)
+			for (lay = 0; lay < KVP_KV_LAYOUT_COUNT; lay++) {
+				struct kvp_model m = preset(names[n], 4);
+				struct kvp_plan_info a, b;
+				kvp_layout *l, *r;
+				kvp_plan *p;
+				uint32_t nb;
+
+				for (nb = 1000; nb <= 100000; nb *= 100) {
+					l = kvt_build(&m, tp[t][1], 0, 16, 0,
+						      nb, lay);
+					r = kvt_build(
+						&m, tp[t][0], 0, 32, 16, nb / 2,
+						KVP_KV_LAYOUT_COUNT - 1 - lay);
+					assert_non_null(l);
+					assert_non_null(r);
+					assert_int_equal(
+						kvp_plan_compile(l, r, NULL, &p,
+								 NULL, 0),
+						0);
+					kvp_plan_get_info(p,
+							  nb == 1000 ? &a : &b);
+					kvp_plan_destroy(p);
+					kvp_layout_destroy(l);
+					kvp_layout_destroy(r);
+				}
+				assert_true(a.bytes == b.bytes);
+				assert_int_equal(a.nstreams, b.nstreams);
+				assert_int_equal(a.npieces, b.npieces);
+				assert_int_equal(a.nsrc, b.nsrc);
+			}
+}
+
+/* The sources (or notify ranks) of consumer rank c of D pulling from P. */
+static uint32_t plan_ranks(const struct kvp_model *m, uint32_t P, uint32_t D,
+			   uint32_t c, int notify, uint32_t *out)
+{
+	kvp_layout *l = kvt_build(m, D, c, 16, 0, 4, KVP_KV_FLASH_HND);
+	kvp_layout *r = kvt_build(m, P, P - 1, 16, 0, 4, KVP_KV_FLASH_NHD);
+	struct kvp_plan_info pi;
+	kvp_plan *p;
+	uint32_t i, n;
+
+	assert_non_null(l);
+	assert_non_null(r);
+	assert_int_equal(kvp_plan_compile(l, r, NULL, &p, NULL, 0), 0);
+	kvp_plan_get_info(p, &pi);
+	n = notify ? pi.nnotify : pi.nsrc;
+	for (i = 0; i < n; i++) {
+		int k = notify ? kvp_plan_notify(p, i) : kvp_plan_source(p, i);
+
+		assert_true(k >= 0);
+		out[i] = (uint32_t)k;
+	}
+	kvp_plan_destroy(p);
+	kvp_layout_destroy(l);
+	kvp_layout_destroy(r);
+	return n;
+}
+
+static void test_sources(void **state)
+{
+	struct kvp_model m = preset("llama-3.1-8b", 2);
+	struct kvp_model mla = preset("deepseek-v3", 2);
+	uint32_t s[16], s2[16], c;
+	kvp_layout *pl, *cl;
+
+	(void)state;
+	/* P=8 -> D=2: consumer 0 holds heads 0-3, one per producer */
+	assert_int_equal(plan_ranks(&m, 8, 2, 0, 0, s), 4);
+	for (c = 0; c < 4; c++)
+		assert_int_equal(s[c], c);
+	assert_int_equal(plan_ranks(&m, 8, 2, 1, 0, s), 4);
+	for (c = 0; c < 4; c++)
+		assert_int_equal(s[c], 4 + c);
+	assert_int_equal(plan_ranks(&m, 8, 2, 0, 1, s), 4);
+	for (c = 0; c < 4; c++)
+		assert_int_equal(s[c], c);
+	/* P=2 -> D=8: consumer c holds head c, on producer c / 4 */
+	for (c = 0; c < 8; c++) {
+		assert_int_equal(plan_ranks(&m, 2, 8, c, 0, s), 1);
+		assert_int_equal(s[0], c / 4);
+		assert_int_equal(plan_ranks(&m, 2, 8, c, 1, s), 1);
+		assert_int_equal(s[0], c / 4);
+	}
+	pl = kvt_build(&m, 2, 1, 16, 0, 4, 0);
+	cl = kvt_build(&m, 8, 3, 16, 0, 4, 0);
+	assert_int_equal(kvp_notify_expected(pl, cl, 0), 4);
+	assert_int_equal(kvp_notify_expected(pl, cl, 1), 4);
+	kvp_layout_destroy(pl);
+	kvp_layout_destroy(cl);
+	/* MLA P=4 -> D=2: one replica each, not the same one */
+	assert_int_equal(plan_ranks(&mla, 4, 2, 0, 0, s), 1);
+	assert_int_equal(plan_ranks(&mla, 4, 2, 1, 0, s2), 1);
+	assert_int_not_equal(s[0], s2[0]);
+	assert_true(s[0] < 4 && s2[0] < 4);
+	/* MLA P=2 -> D=8: every producer serves four consumers */
+	{
+		uint32_t load[2] = { 0, 0 };
+
+		for (c = 0; c < 8; c++) {
+			assert_int_equal(plan_ranks(&mla, 2, 8, c, 0, s), 1);
+			load[s[0]]++;
+		}
+		assert_int_equal(load[0], 4);
+		assert_int_equal(load[1], 4);
+	}
+}
+
+/* ---- the exhaustive TP check ------------------------------------------- */
+
+struct tally {
+	uint32_t cases, mla_cases;
+	uint64_t bytes;
+};
+
+/* Checks one consumer rank's plan: sources hold what it needs, each needed
+ * head from exactly one source, sources are notified, and the notify range
+ * of the rule is there. Adds to notify[] and load[]. */
+static void check_ranks(const kvp_plan *p, uint32_t heads, int mla, uint32_t P,
+			uint32_t D, uint32_t c, uint32_t *notify,
+			uint32_t *load)
+{
+	struct kvp_plan_info pi;
+	uint32_t i, j, cs = 0, cl = 1, lo, hi;
+	uint8_t in_notify[16] = { 0 };
+	uint32_t held_by[16] = { 0 };
+
+	kvp_plan_get_info(p, &pi);
+	assert_true(pi.nsrc >= 1 && pi.nsrc <= P);
+	assert_true(pi.nnotify >= pi.nsrc && pi.nnotify <= P);
+	for (i = 0; i < pi.nnotify; i++) {
+		int r = kvp_plan_notify(p, i);
+
+		assert_true(r >= 0 && (uint32_t)r < P);
+		if (i)
+			assert_true(r > kvp_plan_notify(p, i - 1));
+		in_notify[r] = 1;
+		notify[r]++;
+	}
+	/* every producer hears of the request: [c*P/D, ceil((c+1)*P/D)) */
+	lo = (uint32_t)((uint64_t)c * P / D);
+	hi = (uint32_t)(((uint64_t)(c + 1) * P + D - 1) / D);
+	if (hi <= lo)
+		hi = lo + 1;
+	for (i = lo; i < hi && i < P; i++)
+		assert_true(in_notify[i]);
+	if (!mla)
+		assert_int_equal(kvp_shard_range(heads, D, c, &cs, &cl), 0);
+	for (i = 0; i < pi.nsrc; i++) {
+		int r = kvp_plan_source(p, i);
+		uint32_t ps = 0, pl = heads, any = 0;
+
+		assert_true(r >= 0 && (uint32_t)r < P);
+		if (i)
+			assert_true(r > kvp_plan_source(p, i - 1));
+		assert_true(in_notify[r]);
+		load[r]++;
+		if (!mla)
+			assert_int_equal(kvp_shard_range(heads, P, (uint32_t)r,
+							 &ps, &pl),
+					 0);
+		else
+			ps = 0, pl = 1;
+		for (j = ps; j < ps + pl; j++)
+			if (j >= cs && j < cs + cl)
+				held_by[j]++, any = 1;
+		assert_true(any); /* no source without a needed head */
+	}
+	for (j = cs; j < cs + cl; j++)
+		assert_int_equal(held_by[j], 1);
+}
+
+/* Two plans are the same plan: everything the inspection API shows. */
+static void plans_equal(const kvp_plan *a, const kvp_plan *b)
+{
+	struct kvp_plan_info ia, ib;
+	uint32_t i;
+
+	/* zeroed first: the structs have padding */
+	memset(&ia, 0, sizeof(ia));
+	memset(&ib, 0, sizeof(ib));
+	kvp_plan_get_info(a, &ia);
+	kvp_plan_get_info(b, &ib);
+	assert_memory_equal(&ia, &ib, sizeof(ia));
+	for (i = 0; i < ia.nsrc; i++)
+		assert_int_equal(kvp_plan_source(a, i), kvp_plan_source(b, i));
+	for (i = 0; i < ia.nnotify; i++)
+		assert_int_equal(kvp_plan_notify(a, i), kvp_plan_notify(b, i));
+	for (i = 0; i < ia.ngroups; i++) {
+		struct kvp_plan_group x, y;
+
+		memset(&x, 0, sizeof(x));
+		memset(&y, 0, sizeof(y));
+		assert_int_equal(kvp_plan_get_group(a, i, &x), 0);
+		assert_int_equal(kvp_plan_get_group(b, i, &y), 0);
+		assert_memory_equal(&x, &y, sizeof(x));
+	}
+	for (i = 0; i < ia.nstreams; i++) {
+		struct kvp_plan_stream x, y;
+
+		memset(&x, 0, sizeof(x));
+		memset(&y, 0, sizeof(y));
+		assert_int_equal(kvp_plan_get_stream(a, i, &x), 0);
+		assert_int_equal(kvp_plan_get_stream(b, i, &y), 0);
+		assert_memory_equal(&x, &y, sizeof(x));
+	}
+	for (i = 0; i < ia.npieces; i++) {
+		struct kvp_plan_piece x, y;
+
+		memset(&x, 0, sizeof(x));
+		memset(&y, 0, sizeof(y));
+		assert_int_equal(kvp_plan_get_piece(a, i, &x), 0);
+		assert_int_equal(kvp_plan_get_piece(b, i, &y), 0);
+		assert_memory_equal(&x, &y, sizeof(x));
+	}
+}
+
+static void exhaustive_one(uint32_t heads, int mla, uint32_t P, uint32_t D,
+			   uint32_t play, uint32_t clay, uint64_t *seed,
+			   struct tally *t)
+{
+	struct kvp_model m = { 0 };
+	kvp_layout *rem[16], *loc[16];
+	uint32_t notify[16] = { 0 }, load[16] = { 0 };
+	uint32_t lids[4], rids[4], c, r, links = 0, maxload = 0;
+	struct kvp_ids ids;
+
+	m.layers = 1;
+	m.kv_heads = heads;
+	m.head_dim = 4;
+	m.dtype_bytes = 2;
+	m.mla_latent = mla ? 8 : 0;
+	for (r = 0; r < P; r++)
+		assert_non_null(rem[r] = kvt_build(&m, P, r, 4, 0, 8, play));
+	for (c = 0; c < D; c++)
+		assert_non_null(loc[c] = kvt_build(&m, D, c, 4, 0, 8, clay));
+	for (c = 0; c < D; c++) {
+		struct kvp_plan_attr attr = { .max_sge = 1 + (c & 1) * 3 };
+		uint64_t bytes = 0;
+		kvp_plan *p;
+		char msg[128] = "";
+		int err;
+
+		err = kvp_plan_compile(loc[c], rem[0], &attr, &p, msg,
+				       sizeof(msg));
+		if (err)
+			fail_msg(
+				"heads %u mla %d P %u D %u c %u layouts %u/%u: compile %d %s",
+				heads, mla, P, D, c, play, clay, err, msg);
+		check_ranks(p, heads, mla, P, D, c, notify, load);
+		if (P > 1) {
+			/* any producer rank's layout describes the engine */
+			kvp_plan *q;
+
+			assert_int_equal(kvp_plan_compile(loc[c], rem[P - 1],
+							  &attr, &q, NULL, 0),
+					 0);
+			plans_equal(p, q);
+			kvp_plan_destroy(q);
+		}
+		kvp_plan_destroy(p);
+
+		/* 3 remote blocks; the consumer misses 2 or all 3 */
+		kvt_random_ids(seed, rids, 3, 8);
+		kvt_random_ids(seed, lids, 3, 8);
+		ids.local = lids;
+		ids.remote = rids;
+		ids.nremote = 3;
+		ids.nlocal = 2 + (uint32_t)(kvt_rand(seed) & 1);
+		ids.tokens = (kvt_rand(seed) & 1) ? 11 : 0;
+		if (kvt_check_pull(loc[c], rem, attr.max_sge, &ids, NULL,
+				   &bytes))
+			fail_msg(
+				"heads %u mla %d P %u D %u c %u layouts %u/%u: identity check failed",
+				heads, mla, P, D, c, play, clay);
+		t->bytes += bytes;
+		if (mla)
+			t->mla_cases++;
+		else
+			t->cases++;
+	}
+	/* each producer's count is the number of notify lists naming it */
+	for (r = 0; r < P; r++) {
+		assert_true(notify[r] >= 1);
+		assert_int_equal(kvp_notify_expected(rem[r], loc[0], r),
+				 notify[r]);
+		assert_int_equal(kvp_notify_expected(rem[0], loc[D - 1], r),
+				 notify[r]);
+		links += load[r];
+		if (load[r] > maxload)
+			maxload = load[r];
+	}
+	/* replicas spread consumers evenly over producers */
+	if (maxload > (links + P - 1) / P)
+		fail_msg(
+			"heads %u mla %d P %u D %u: a producer serves %u of %u reads",
+			heads, mla, P, D, maxload, links);
+	for (r = 0; r < P; r++)
+		kvp_layout_destroy(rem[r]);
+	for (c = 0; c < D; c++)
+		kvp_layout_destroy(loc[c]);
+}
+
+/*
+ * kv heads {1,2,4,8,16} x P {1,2,4,8,16} x D {1,2,4,8,16} x every consumer
+ * rank x 4 producer layouts x 4 consumer layouts: 5 * 5 * 31 * 16 = 12400
+ * identity-checked consumer plans, plus 5 * 31 = 155 for MLA (every pair of
+ * the five sizes is valid: powers of two always divide one way). One layer,
+ * head dim 4, 4-token blocks, 8 blocks per region keep each check in the
+ * tens of microseconds (about 1 s in all; 3-4 s with ASan+UBSan).
+ */
+static void test_exhaustive_tp(void **state)
+{
+	static const uint32_t sizes[] = { 1, 2, 4, 8, 16 };
+	struct tally t = { 0 };
+	uint64_t seed = 42;
+	uint32_t h, pi, di, pl, cl, skipped = 0;
+
+	(void)state;
+	for (h = 0; h < 5; h++)
+		for (pi = 0; pi < 5; pi++)
+			for (di = 0; di < 5; di++) {
+				uint32_t s, n;
+
+				/* valid only when the TP sizes and the heads
+				 * divide one way or the other */
+				if (kvp_shard_range(sizes[h], sizes[pi], 0, &s,
+						    &n) ||
+				    kvp_shard_range(sizes[h], sizes[di], 0, &s,
+						    &n)) {
+					skipped++;
+					continue;
+				}
+				for (pl = 0; pl < KVP_KV_LAYOUT_COUNT; pl++)
+					for (cl = 0; cl < KVP_KV_LAYOUT_COUNT;
+					     cl++)
+						exhaustive_one(sizes[h], 0,
+							       sizes[pi],
+							       sizes[di], pl,
+							       cl, &seed, &t);
+			}
+	for (pi = 0; pi < 5; pi++)
+		for (di = 0; di < 5; di++)
+			exhaustive_one(1, 1, sizes[pi], sizes[di], 0, 0, &seed,
+				       &t);
+	print_message(
+		"exhaustive TP check: %u consumer plans (GQA) + %u (MLA) identity-checked, %u invalid combinations skipped, %llu bytes read\n",
+		t.cases, t.mla_cases, skipped, (unsigned long long)t.bytes);
+	assert_int_equal(t.cases, 12400);
+	assert_int_equal(t.mla_cases, 155);
+}
+
+int main(void)
+{
+	const struct CMUnitTest t[] = {
+		cmocka_unit_test(test_proto),
+		cmocka_unit_test(test_einval),
+		cmocka_unit_test(test_size_independent_of_blocks),
+		cmocka_unit_test(test_sources),
+		cmocka_unit_test(test_exhaustive_tp),
+	};
+
+	return cmocka_run_group_tests(t, NULL, NULL);
+}
