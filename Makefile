@@ -138,3 +138,20 @@ build/fuzz/%: tests/fuzz/%.c $(PLAN_SRC) $(wildcard include/*.h plan/*.h)
 
 .PHONY: fuzz
 # --- end fuzz ---------------------------------------------------------------
+
+# --- check-rdma: tests/rdma_*.c on soft-RoCE (scripts/rxe-vm.sh) ----------
+# Builds every RDMA test and runs them, one command line each, in one VM
+# with two rxe devices (rxe0, and rxe1 across a veth pair for the
+# cross-device cases); on a host with RDMA devices, or with
+# KVP_RDMA_DIRECT=1, rxe-vm.sh runs them directly. Each test prints
+# "N passed, N failed"; the target fails if any command fails.
+RDMA_VM_TIMEOUT ?= 600
+RDMA_VM_FLAGS ?=
+
+check-rdma: $(RDMA_BIN)
+	scripts/rxe-vm.sh --devices 2 --timeout $(RDMA_VM_TIMEOUT) \
+		$(RDMA_VM_FLAGS) --files "$(addprefix $(CURDIR)/,$(RDMA_BIN))" \
+		-- $(RDMA_BIN)
+
+.PHONY: check-rdma
+# --- end check-rdma ---------------------------------------------------------

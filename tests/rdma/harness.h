@@ -24,6 +24,7 @@
 #define KVP_RDMA_HARNESS_H
 
 #include <errno.h>
+#include <execinfo.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -262,8 +263,14 @@ static volatile sig_atomic_t rt_usr1;
 
 static void rt_on_usr1(int sig)
 {
+	void *bt[32];
+	int n;
+
 	(void)sig;
 	rt_usr1 = 1;
+	/* Where a stuck rank is (addr2line -e BINARY +OFFSET). */
+	n = backtrace(bt, 32);
+	backtrace_symbols_fd(bt, n, 2);
 }
 
 static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
