@@ -340,7 +340,7 @@ static int run_handshake(const struct rt_env *env)
 		close(stop[1]);
 		/* The -EPROTO handshakes (twice) and the wrong TP size end
 		 * in DISCONNECTED here; so does the good consumer's close. */
-		_exit(plain_producer(&ref, env, rq, ready[1], stop[0], 4, 0));
+		RT_EXIT(plain_producer(&ref, env, rq, ready[1], stop[0], 4, 0));
 	}
 	close(ready[1]);
 	close(stop[0]);
@@ -348,7 +348,7 @@ static int run_handshake(const struct rt_env *env)
 		goto out;
 	cons[0] = fork();
 	if (cons[0] == 0)
-		_exit(handshake_consumer(env, rq));
+		RT_EXIT(handshake_consumer(env, rq));
 	ret = rt_wait(cons, 1, rt_now() + 100, "consumer");
 	close(stop[1]);
 	stop[1] = -1;
@@ -429,7 +429,7 @@ static int run_consumer_kill(const struct rt_env *env)
 	if (prod[0] == 0) {
 		close(ready[0]);
 		close(stop[1]);
-		_exit(plain_producer(&tc, env, rq, ready[1], stop[0], 2, 1));
+		RT_EXIT(plain_producer(&tc, env, rq, ready[1], stop[0], 2, 1));
 	}
 	close(ready[1]);
 	close(stop[0]);
@@ -437,15 +437,19 @@ static int run_consumer_kill(const struct rt_env *env)
 		goto out;
 	cons[0] = fork();
 	if (cons[0] == 0)
-		_exit(doomed_consumer(&tc, env, rq, 0, posted[1]));
+		RT_EXIT(doomed_consumer(&tc, env, rq, 0, posted[1]));
 	close(posted[1]);
 	if (read(posted[0], &c, 1) != 1)
 		goto out;
 	kill(cons[0], SIGKILL);
-	waitpid(cons[0], NULL, 0);
+	for (c = 0; c < 100; c++) /* 10 s */
+		if (waitpid(cons[0], NULL, WNOHANG))
+			break;
+		else
+			usleep(100000);
 	cons[0] = fork();
 	if (cons[0] == 0)
-		_exit(doomed_consumer(&tc, env, rq, 2, -1));
+		RT_EXIT(doomed_consumer(&tc, env, rq, 2, -1));
 	ret = rt_wait(cons, 1, rt_now() + 60, "consumer");
 	close(stop[1]);
 	stop[1] = -1;

@@ -236,14 +236,14 @@ int main(void)
 	prod[0] = fork();
 	if (prod[0] == 0) {
 		close(ready[0]);
-		_exit(sleepy_producer(&env, rq, ready[1]));
+		RT_EXIT(sleepy_producer(&env, rq, ready[1]));
 	}
 	close(ready[1]);
 	if (read(ready[0], &c, 1) != 1)
 		goto out;
 	cons[0] = fork();
 	if (cons[0] == 0)
-		_exit(sleepy_consumer(&env, rq));
+		RT_EXIT(sleepy_consumer(&env, rq));
 	ok = !rt_wait(cons, 1, rt_now() + 70, "consumer");
 	if (rt_wait(prod, 1, rt_now() + 30, "producer"))
 		ok = 0;

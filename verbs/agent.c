@@ -386,6 +386,7 @@ void kvp_agent_close(kvp_agent *a)
 	free(a->conns);
 	kvp__destroy_id(a->listen_id);
 	kvp__data_free(a);
+	kvp_plan_destroy(a->plan);
 	kvp__dereg_mr(a->blob_mr);
 	free(a->blob);
 	kvp__destroy_cq(a->cq);

@@ -619,36 +619,34 @@ static void rt_kill_all(pid_t *pids, uint32_t n)
 }
 
 /* Waits for pids[0..n) to exit until `deadline`; 0 if every one exited 0
- * (pids[i] of a killed rank are set to -1 and skipped). */
+ * (entries <= 0 are skipped). Each pid is waited for by itself, so that a
+ * child of another group exiting meanwhile is not reaped here. After the
+ * deadline the rest get SIGUSR1 (report), then SIGKILL, and 10 s more. */
 static int rt_wait(pid_t *pids, uint32_t n, double deadline, const char *what)
 {
 	uint32_t left = 0, i;
-	int bad = 0, st;
+	int bad = 0, st, killed = 0;
 
 	for (i = 0; i < n; i++)
 		left += pids[i] > 0;
 	while (left) {
-		pid_t p = waitpid(-1, &st, WNOHANG);
+		int reaped = 0;
 
-		if (p <= 0) {
-			if (rt_now() > deadline) {
-				fprintf(stderr, "  %s: timeout, killing\n", what);
-				for (i = 0; i < n; i++)
-					if (pids[i] > 0)
-						kill(pids[i], SIGUSR1);
-				usleep(500000);
-				rt_kill_all(pids, n);
-				deadline = 1e300;
-			}
-			usleep(5000);
-			continue;
-		}
 		for (i = 0; i < n; i++) {
-			if (pids[i] != p)
+			pid_t p;
+
+			if (pids[i] <= 0)
 				continue;
+			p = waitpid(pids[i], &st, WNOHANG);
+			if (p == 0)
+				continue;
+			reaped = 1;
 			pids[i] = 0;
 			left--;
-			if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+			if (p < 0) {
+				fprintf(stderr, "  %s %u: lost\n", what, i);
+				bad = 1;
+			} else if (!WIFEXITED(st) || WEXITSTATUS(st)) {
 				fprintf(stderr, "  %s %u: %s %d\n", what, i,
 					WIFEXITED(st) ? "exit" : "signal",
 					WIFEXITED(st) ? WEXITSTATUS(st) :
@@ -656,9 +654,36 @@ static int rt_wait(pid_t *pids, uint32_t n, double deadline, const char *what)
 				bad = 1;
 			}
 		}
+		if (reaped || !left)
+			continue;
+		if (rt_now() > deadline) {
+			if (killed) {
+				fprintf(stderr, "  %s: %u unkillable, giving up\n",
+					what, left);
+				return -1;
+			}
+			fprintf(stderr, "  %s: timeout, killing\n", what);
+			for (i = 0; i < n; i++)
+				if (pids[i] > 0)
+					kill(pids[i], SIGUSR1);
+			usleep(500000);
+			rt_kill_all(pids, n);
+			killed = 1;
+			bad = 1;
+			deadline = rt_now() + 10;
+		}
+		usleep(5000);
 	}
 	return bad ? -1 : 0;
 }
+
+/* How a rank process ends: exit() under a sanitizer so that LeakSanitizer
+ * checks it, _exit() otherwise (nothing of the parent's to run). */
+#if defined(__SANITIZE_ADDRESS__)
+#define RT_EXIT(x) exit(x)
+#else
+#define RT_EXIT(x) _exit(x)
+#endif
 
 static int rt_run(const struct rt_case *tc, const struct rt_env *env)
 {
@@ -687,7 +712,7 @@ static int rt_run(const struct rt_case *tc, const struct rt_env *env)
 		if (prod[i] == 0) {
 			close(ready[0]);
 			close(stop[1]);
-			_exit(rt_producer(tc, env, rq, i, ready[1], stop[0]));
+			RT_EXIT(rt_producer(tc, env, rq, i, ready[1], stop[0]));
 		}
 		if (prod[i] < 0)
 			goto out_kill;
@@ -713,8 +738,8 @@ static int rt_run(const struct rt_case *tc, const struct rt_env *env)
 		if (cons[i] == 0) {
 			close(stop[1]);
 			close(posted[0]);
-			_exit(rt_consumer(tc, env, rq, i,
-					  i == 0 ? posted[1] : -1));
+			RT_EXIT(rt_consumer(tc, env, rq, i,
+					    i == 0 ? posted[1] : -1));
 		}
 		if (cons[i] < 0)
 			goto out_kill;
@@ -729,7 +754,11 @@ static int rt_run(const struct rt_case *tc, const struct rt_env *env)
 		if (poll(&p, 1, 30000) <= 0 || read(posted[0], &c, 1) != 1)
 			goto out_kill;
 		kill(prod[tc->kill_rank], SIGKILL);
-		waitpid(prod[tc->kill_rank], NULL, 0);
+		for (i = 0; i < 2000; i++) /* 10 s */
+			if (waitpid(prod[tc->kill_rank], NULL, WNOHANG))
+				break;
+			else
+				usleep(5000);
 		prod[tc->kill_rank] = -1;
 	}
 	ret = rt_wait(cons, tc->D, rt_now() + 100, "consumer");
