@@ -552,9 +552,15 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  * Threads: an agent is not thread-safe. All calls on one agent must be
  * serialised by the caller (typically: the engine's loop thread). Distinct
  * agents are independent. Nothing is called back; everything is reported
- * through kvp_agent_poll(). After setup, no call blocks: pull, expect and
- * poll make no system calls besides posting and polling verbs (and, at most
- * once per millisecond, a non-blocking read of the rdma_cm event channel).
+ * through kvp_agent_poll().
+ *
+ * Cost: after connect, kvp_agent_pull() and kvp_agent_expect() neither
+ * allocate nor make system calls other than ibv_post_send() (a store to the
+ * NIC's doorbell on hardware; a system call on soft-RoCE). kvp_agent_poll()
+ * polls completions and, at most once per millisecond, reads the rdma_cm
+ * channel without blocking; its cold paths (a producer accepting a consumer
+ * rank, a connection failing or being torn down) register memory and create
+ * or destroy queue pairs.
  */
 
 typedef struct kvp_agent kvp_agent;
@@ -599,7 +605,8 @@ struct kvp_agent_attr {
 /* Opens an agent on an RDMA device. Returns 0 and an agent owned by the
  * caller (kvp_agent_close()); -EINVAL for a bad attribute (unknown role,
  * non-zero comp_mask, no layout, a device name and an address of different
- * devices); -ENODEV when there is no RDMA device or no device of that name or
+ * devices, max_inflight above 2^20, max_peers above 65535, max_ids above
+ * 2^24); -ENODEV when there is no RDMA device or no device of that name or
  * address; -ENOMEM; another -errno from the device. Blocks only as long as
  * opening the device does. */
 KVP_API KVP_MUST_CHECK int kvp_agent_open(const struct kvp_agent_attr *attr,
@@ -625,9 +632,12 @@ KVP_API KVP_MUST_CHECK int kvp_agent_register(kvp_agent *agent,
 /* Producer: listens for consumer ranks on numeric IP address `ip` (NULL:
  * every address of the agent's device) and `port`. Non-blocking; incoming
  * connections are accepted and handshaken inside kvp_agent_poll(), which the
- * producer must therefore keep calling. Returns 0; -EINVAL (not a producer,
- * bad address, an address of another device); -EBUSY when already listening;
- * -ENXIO when a region is not registered; -EADDRINUSE; another -errno. */
+ * producer must therefore keep calling (a handshake not finished within 30 s
+ * is dropped; a consumer whose metadata does not match is told why and
+ * fails with that error). At most max_peers consumer ranks are connected at
+ * once; more are refused. Returns 0; -EINVAL (not a producer, bad address,
+ * an address of another device); -EBUSY when already listening; -ENXIO when
+ * a region is not registered; -EADDRINUSE; another -errno. */
 KVP_API KVP_MUST_CHECK int kvp_agent_listen(kvp_agent *agent, const char *ip,
 					    uint16_t port);
 
@@ -681,7 +691,10 @@ KVP_API KVP_MUST_CHECK int kvp_agent_pull(kvp_agent *agent, uint64_t req_id,
  * Notifications that arrive before expect are kept (for up to 30 s) and
  * counted. Returns 0, and exactly one RELEASED or EXPIRED event follows;
  * -EINVAL (not a producer); -EEXIST when req_id is already expected;
- * -EBUSY when max_inflight requests are expected or unreported. */
+ * -EBUSY when max_inflight requests are expected or unreported.
+ * Notifications land in receive buffers that kvp_agent_poll() re-posts: a
+ * producer that stops polling holds its consumers' notifications (and so
+ * their DONE events) back until it polls again. */
 KVP_API KVP_MUST_CHECK int kvp_agent_expect(kvp_agent *agent, uint64_t req_id,
 					    uint64_t deadline_ns);
 
@@ -711,10 +724,13 @@ struct kvp_event {
  * work requests, connection events, deadlines. Writes up to `max` events
  * to ev[] and returns how many (>= 0), or -EINVAL. Events not returned stay
  * queued for the next call. FAILED status: -ECONNRESET (a producer rank
- * disconnected), -ETIMEDOUT (the transport gave up retrying), -EACCES (remote
- * access refused), -EIO (other completion errors). A producer rank dying
- * mid-transfer fails every request that used it (its completions are
- * flushed); nothing waits for more than a few seconds. */
+ * disconnected), -ETIMEDOUT (the transport gave up retrying: a few seconds
+ * without an answer from a peer that vanished without disconnecting),
+ * -EACCES (remote access refused), -EIO (other completion errors). A
+ * producer rank dying mid-transfer fails every request that used it: its
+ * queue pair is moved to error, every posted work request is flushed, and
+ * requests waiting to be posted fail with them (waiting for the flush is
+ * bounded by 2 s); later pulls return -ENOTCONN. */
 KVP_API KVP_MUST_CHECK int kvp_agent_poll(kvp_agent *agent,
 					  struct kvp_event *ev, int max);
 
