@@ -265,8 +265,29 @@ static int prefill_rank(const struct opts *o, struct req *rq, uint32_t rank,
 			fprintf(stderr, "prefill %u: timeout\n", rank);
 			goto out;
 		}
-		if (!n)
-			usleep(100);
+		if (!n) {
+			/* Nothing to do: sleep on the agent's fds (and the
+			 * parent's stop pipe) instead of spinning. */
+			struct pollfd w[3];
+			uint64_t wake, t;
+			int fds[2], ms = 100;
+
+			if (kvp_agent_fds(a, fds, 2) != 2)
+				goto out;
+			err = kvp_agent_arm(a, &wake);
+			if (err < 0)
+				goto out;
+			if (err > 0)
+				continue;
+			t = now_ns();
+			if (wake != UINT64_MAX && wake < t + 100000000ull)
+				ms = wake <= t ? 0 : (int)((wake - t) / 1000000 + 1);
+			w[0].fd = fds[0];
+			w[1].fd = fds[1];
+			w[2].fd = stop_fd;
+			w[0].events = w[1].events = w[2].events = POLLIN;
+			(void)poll(w, 3, ms);
+		}
 	}
 	ret = 0;
 out:
