@@ -305,36 +305,6 @@ static int match_fields(const kvp_layout *l, const kvp_layout *r,
 	return -EPROTO;
 }
 
-int kvp__sources(const kvp_layout *l, uint32_t rank, const kvp_layout *r,
-		 uint8_t *used, char *msg, size_t msglen)
-{
-	struct seg segs[256];
-	uint32_t *idx, i;
-	int err = 0, n, k;
-
-	err = check_groups(l, r, msg, msglen);
-	if (err)
-		return err;
-	idx = sorted_fields(r);
-	if (!idx)
-		return -ENOMEM;
-	err = match_fields(l, r, idx, msg, msglen);
-	for (i = 0; i < l->nfields && !err; i++) {
-		int rf = find_field(r, idx, l, i);
-
-		n = segments(&l->fields[i].d, l->attr.tp_size, rank,
-			     &r->fields[rf].d, r->attr.tp_size, segs, 256);
-		if (n < 0) {
-			err = n;
-			break;
-		}
-		for (k = 0; k < n; k++)
-			used[segs[k].rank] = 1;
-	}
-	free(idx);
-	return err;
-}
-
 /* ---- piece generation ------------------------------------------------- */
 
 /* One dim of the common index space of a field pair. */
@@ -420,7 +390,27 @@ static void side_at(const struct side *s, const uint64_t *pl, uint64_t u,
 	*blk = 0;
 }
 
-/* Refines one axis of both sides into common dims appended to d[*n]. */
+/* Offset and block step of coordinate u (in units of the least significant
+ * dim) on a side. */
+static void side_point(const struct side *s, const uint64_t *pl, uint64_t u,
+		       uint64_t *off, uint32_t *blk)
+{
+	uint32_t i;
+
+	*off = 0;
+	*blk = 0;
+	for (i = 0; i < s->n; i++) {
+		uint64_t x = u / pl[i] % s->size[i];
+
+		if (s->blk[i])
+			*blk += (uint32_t)(x * s->stride[i]);
+		else
+			*off += x * s->stride[i];
+	}
+}
+
+/* Refines one axis of both sides into common dims appended to d[*n]; on
+ * -EPROTO (the sides' dims do not nest) *n is left as it was. */
 static int refine(const struct side *a, const struct side *b, uint64_t extent,
 		  struct rdim *d, uint32_t *n)
 {
@@ -448,14 +438,14 @@ static int refine(const struct side *a, const struct side *b, uint64_t extent,
 		if (u[i] != u[j - 1])
 			u[j++] = u[i];
 	nu = j;
-	for (i = 0; i + 1 < nu; i++) {
-		struct rdim *r;
-
+	if (*n + nu - 1 > MAX_REFINED)
+		return -EPROTO;
+	for (i = 0; i + 1 < nu; i++)
 		if (u[i + 1] % u[i])
 			return -EPROTO;
-		if (*n == MAX_REFINED)
-			return -EPROTO;
-		r = &d[(*n)++];
+	for (i = 0; i + 1 < nu; i++) {
+		struct rdim *r = &d[(*n)++];
+
 		r->size = (uint32_t)(u[i + 1] / u[i]);
 		side_at(a, pa, u[i], &r->ls, &r->lb);
 		side_at(b, pb, u[i], &r->rs, &r->rb);
@@ -490,6 +480,80 @@ struct period {
 	uint32_t tokens, lper, rper;
 };
 
+/* A token axis whose two sides do not nest (blocks of 16 and 24 tokens, or
+ * kernel pages of one side crossing the other's blocks): walked in chunks
+ * of `step` tokens, the gcd of both sides' innermost token dims, so that no
+ * block or page boundary falls inside a chunk. Each chunk's start is placed
+ * on both sides by side_point(); within it the tokens are one common dim. */
+struct chunks {
+	struct side l, r;
+	uint64_t lpl[KVP_MAX_DIMS + 1], rpl[KVP_MAX_DIMS + 1];
+	uint32_t n, step;
+};
+
+static int token_chunks(const struct side *a, const struct side *b,
+			uint64_t extent, struct rdim *d, uint32_t *n,
+			struct chunks *ch)
+{
+	uint64_t step;
+	struct rdim *r;
+
+	if (!a->n || !b->n || *n == MAX_REFINED)
+		return -EPROTO;
+	step = kvp__gcd(a->size[a->n - 1], b->size[b->n - 1]);
+	if (extent % step)
+		return -EPROTO;
+	ch->l = *a;
+	ch->r = *b;
+	places(a, ch->lpl);
+	places(b, ch->rpl);
+	ch->step = (uint32_t)step;
+	ch->n = (uint32_t)(extent / step);
+	r = &d[(*n)++];
+	r->size = (uint32_t)step;
+	side_at(a, ch->lpl, 1, &r->ls, &r->lb);
+	side_at(b, ch->rpl, 1, &r->rs, &r->rb);
+	return 0;
+}
+
+/* Pushes one piece of `run` bytes per point of the dims d[nd]. */
+static int odometer(const struct rdim *d, uint32_t nd, uint64_t lbase,
+		    uint64_t rbase, uint32_t lbb, uint32_t rbb, uint64_t run,
+		    struct pvec *out)
+{
+	uint32_t i, idx[MAX_REFINED];
+	int err;
+
+	memset(idx, 0, sizeof(idx));
+	for (;;) {
+		struct kvp_piece p;
+		uint64_t lo = lbase, ro = rbase;
+		uint32_t lb = lbb, rb = rbb;
+
+		for (i = 0; i < nd; i++) {
+			lo += idx[i] * d[i].ls;
+			ro += idx[i] * d[i].rs;
+			lb += idx[i] * d[i].lb;
+			rb += idx[i] * d[i].rb;
+		}
+		if (lo + run > UINT32_MAX || ro + run > UINT32_MAX)
+			return -EPROTO;
+		p.loff = (uint32_t)lo;
+		p.roff = (uint32_t)ro;
+		p.len = (uint32_t)run;
+		p.lbi = (uint16_t)lb;
+		p.rbi = (uint16_t)rb;
+		err = pvec_push(out, &p);
+		if (err)
+			return err;
+		for (i = 0; i < nd && ++idx[i] == d[i].size; i++)
+			idx[i] = 0;
+		if (i == nd)
+			break;
+	}
+	return 0;
+}
+
 /* Pieces of one field pair's segment, for one period. */
 static int field_pieces(const struct kvp_field_desc *lf, uint32_t ltp,
 			uint32_t lrank, const struct kvp_field_desc *rf,
@@ -498,10 +562,12 @@ static int field_pieces(const struct kvp_field_desc *lf, uint32_t ltp,
 {
 	struct axes la, ra;
 	struct rdim d[MAX_REFINED];
+	struct chunks ch;
 	uint64_t lbase = lf->offset, rbase = rf->offset, run;
-	uint32_t nd = 0, ax, i, idx[MAX_REFINED];
+	uint32_t nd = 0, ax, i, c;
 	int err;
 
+	ch.n = 0;
 	if (field_axes(lf, ltp, lrank, &la) || field_axes(rf, rtp, sg->rank, &ra))
 		return -EPROTO;
 	for (ax = 0; ax < KVP_AXIS_COUNT; ax++) {
@@ -533,6 +599,8 @@ static int field_pieces(const struct kvp_field_desc *lf, uint32_t ltp,
 			return err;
 		if (ext > 1) {
 			err = refine(&ls, &rs, ext, d, &nd);
+			if (err == -EPROTO && ax == KVP_AXIS_TOKEN)
+				err = token_chunks(&ls, &rs, ext, d, &nd, &ch);
 			if (err)
 				return err;
 		}
@@ -551,32 +619,20 @@ static int field_pieces(const struct kvp_field_desc *lf, uint32_t ltp,
 	}
 	if (run > UINT32_MAX)
 		return -EPROTO;
-	memset(idx, 0, sizeof(idx));
-	for (;;) {
-		struct kvp_piece p;
-		uint64_t lo = lbase, ro = rbase;
-		uint32_t lb = 0, rb = 0;
+	for (c = 0; c < (ch.n ? ch.n : 1); c++) {
+		uint64_t lc = 0, rc = 0;
+		uint32_t lbc = 0, rbc = 0;
 
-		for (i = 0; i < nd; i++) {
-			lo += idx[i] * d[i].ls;
-			ro += idx[i] * d[i].rs;
-			lb += idx[i] * d[i].lb;
-			rb += idx[i] * d[i].rb;
+		if (ch.n) {
+			side_point(&ch.l, ch.lpl, (uint64_t)c * ch.step, &lc,
+				   &lbc);
+			side_point(&ch.r, ch.rpl, (uint64_t)c * ch.step, &rc,
+				   &rbc);
 		}
-		if (lo + run > UINT32_MAX || ro + run > UINT32_MAX)
-			return -EPROTO;
-		p.loff = (uint32_t)lo;
-		p.roff = (uint32_t)ro;
-		p.len = (uint32_t)run;
-		p.lbi = (uint16_t)lb;
-		p.rbi = (uint16_t)rb;
-		err = pvec_push(out, &p);
+		err = odometer(d, nd, lbase + lc, rbase + rc, lbc, rbc, run,
+			       out);
 		if (err)
 			return err;
-		for (i = 0; i < nd && ++idx[i] == d[i].size; i++)
-			idx[i] = 0;
-		if (i == nd)
-			break;
 	}
 	return 0;
 }
@@ -780,13 +836,13 @@ static int find_or_make_set(struct work *w, uint32_t lv, uint32_t rv,
 			err = field_pieces(lf, l->attr.tp_size, l->attr.tp_rank,
 					   rf, r->attr.tp_size, &segs[k],
 					   &w->per[group], &w->pieces);
-			if (err) {
+			if (err == -EPROTO)
 				kvp__msg(w->msg, w->msglen,
-					 "group %u layer %u %s: the two layouts have no common refinement (block sizes or dims do not nest)",
+					 "group %u layer %u %s: the two layouts have no common refinement (dims do not nest, or a piece exceeds the plan's limits)",
 					 group, l->views[lv].layer,
 					 kind_name[lf->kind]);
+			if (err)
 				return err;
-			}
 		}
 	}
 	if (w->nsets == w->cap_sets) {
@@ -1266,27 +1322,31 @@ void kvp_plan_destroy(kvp_plan *p)
 	free(p);
 }
 
+/* Compiles every consumer rank's plan against the producer and counts the
+ * ranks whose notify list names `producer`: the count agrees with what the
+ * consumers will send by construction, and a pair no plan exists for is
+ * refused here exactly as kvp_plan_compile() refuses it. D compilations of
+ * tens of microseconds each, once per peer engine at handshake. */
 int kvp_notify_expected(const kvp_layout *prod, const kvp_layout *cons,
 			uint32_t producer)
 {
-	uint32_t P, D, c, lo, hi, count = 0;
-	uint8_t *used;
-	int err = 0;
+	struct kvp_layout tmp;
+	uint32_t c, i, count = 0;
+	kvp_plan *plan;
+	int err;
 
 	if (!prod || !cons || producer >= prod->attr.tp_size)
 		return -EINVAL;
-	P = prod->attr.tp_size;
-	D = cons->attr.tp_size;
-	used = malloc(P);
-	if (!used)
-		return -ENOMEM;
-	for (c = 0; c < D && !err; c++) {
-		memset(used, 0, P);
-		err = kvp__sources(cons, c, prod, used, NULL, 0);
-		kvp__notify_cover(c, D, P, &lo, &hi);
-		if (used[producer] || (producer >= lo && producer < hi))
-			count++;
+	tmp = *cons; /* read only: a view of the same layout at rank c */
+	for (c = 0; c < cons->attr.tp_size; c++) {
+		tmp.attr.tp_rank = c;
+		err = kvp_plan_compile(&tmp, prod, NULL, &plan, NULL, 0);
+		if (err)
+			return err;
+		for (i = 0; i < plan->nnotify; i++)
+			if (plan->notify[i] == producer)
+				count++;
+		kvp_plan_destroy(plan);
 	}
-	free(used);
-	return err ? err : (int)count;
+	return (int)count;
 }

@@ -81,14 +81,6 @@ struct kvp_plan {
 KVP_HIDDEN void kvp__msg(char *msg, size_t msglen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
-/* Producer ranks each consumer rank reads from: bit p of *mask (p < 64) and,
- * for any P, the per-rank flags in used[remote_tp] when used is not NULL.
- * `rank` overrides the local layout's rank. Returns 0, -EPROTO (with msg), or
- * -ENOMEM. */
-KVP_HIDDEN int kvp__sources(const kvp_layout *local, uint32_t rank,
-			    const kvp_layout *remote, uint8_t *used, char *msg,
-			    size_t msglen);
-
 /* Producer ranks [lo, hi) that consumer rank c of D notifies to cover all
  * P producers. */
 KVP_HIDDEN void kvp__notify_cover(uint32_t c, uint32_t D, uint32_t P,

@@ -5,7 +5,9 @@
  * {1, 2, 4, 8} x KV layouts x prefix cases (no hit, a partial hit of a few
  * blocks with a partly filled last block, a full hit), plus mixed pairs:
  * HND on one side and NHD on the other, block sizes 16 vs 32 and 32 vs 16,
- * a kernel block of 16 inside a block of 32 on either side. Every consumer
+ * a kernel block of 16 inside a block of 32 on either side, and block sizes
+ * that do not nest (16 vs 24 both ways, 16-token kernel pages in 48-token
+ * blocks against 24-token blocks). Every consumer
  * rank of every case is checked with the memcpy executor (kvt_check_pull):
  * all its requested bytes hold the producer's bytes of the same identity,
  * each is written exactly once, nothing else changes. Block ids are random.
@@ -19,14 +21,14 @@
  *    smallest size where HND, NHD, FLASHINFER and PACKED differ) and at
  *    most 3 remote blocks: 5 models x 16 TP pairs x 4 layouts (1 for MLA)
  *    x 3 prefix cases x every consumer rank = 4 x 720 + 180 = 3060 checks;
- *  - the mixed rows need 16- and 32-token blocks (32-48 tokens a
+ *  - the mixed rows need 16- to 48-token blocks (32-48 tokens a
  *    request, ~10 ms a check), so they run 3 TP pairs: 1 -> 1, 2 -> 4
  *    (heads split; replicated on the consumer for qwen2.5-1.5b), 8 -> 2
  *    (four sources per consumer; replicas for the qwens and MLA), and skip
  *    llama-3.1-70b, whose geometry with 2 layers is llama-3.1-8b's byte
- *    for byte: 4 models x 4 mixed pairs x 3 prefix cases x 7 consumer
- *    ranks = 336 checks.
- * 3396 checks in all: about 6 s, 15 s with SANITIZE=1.
+ *    for byte: 4 models x 7 mixed pairs x 3 prefix cases x 7 consumer
+ *    ranks = 588 checks.
+ * 3648 checks in all: about 4 s, 15 s with SANITIZE=1.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -83,6 +85,10 @@ static const struct pair pairs[] = {
 	PAIR("hnd32->nhd16", HND, 32, 0, NHD, 16, 0, 32, 1, 32),
 	PAIR("hnd32k16->nhd16", HND, 32, 16, NHD, 16, 0, 32, 1, 32),
 	PAIR("hnd16->nhd32k16", HND, 16, 0, NHD, 32, 16, 48, 1, 32),
+	/* block sizes that do not nest: 16 vs 24, kernel 16 in 48 vs 24 */
+	PAIR("nhd16->hnd24", NHD, 16, 0, HND, 24, 0, 48, 1, 48),
+	PAIR("hnd24->nhd16", HND, 24, 0, NHD, 16, 0, 48, 1, 48),
+	PAIR("hnd48k16->nhd24", HND, 48, 16, NHD, 24, 0, 48, 1, 48),
 };
 #define NPAIRS (sizeof(pairs) / sizeof(pairs[0]))
 #define NSAME 4u
@@ -257,8 +263,8 @@ static void test_total(void **state)
 		total.skipped_pairs);
 	/* every TP size divides or is divided by 8, 4, 2 kv heads */
 	assert_int_equal(total.skipped_pairs, 0);
-	assert_int_equal(total.checked, 3060 + 336);
-	assert_int_equal(total.mixed_checked, 336);
+	assert_int_equal(total.checked, 3060 + 588);
+	assert_int_equal(total.mixed_checked, 588);
 }
 
 int main(void)
