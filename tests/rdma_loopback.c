@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
  * Loopback pulls over real verbs (soft-RoCE in the VM): every TP pairing,
- * replicated KV heads, MLA, block-size and memory-layout mismatches, prefix
- * and full hits, and two devices across a veth pair. Each case forks a
+ * replicated KV heads, MLA, hybrid models (Mamba2 and GDN state pooled with
+ * attention), block-size (nesting or not), memory-layout and conv-layout
+ * mismatches, prefix and full hits, and two devices across a veth pair. Each case forks a
  * producer engine and a consumer engine, one process per rank, and checks
  * the consumers' whole memory byte for byte (tests/rdma/harness.h).
  *
@@ -62,6 +63,29 @@ static const struct rt_case cases[] = {
 	  .kill_rank = -1 },
 	{ LLAMA("cross-device llama 2->1 (rxe1 -> veth -> rxe0)", 2, 1),
 	  .cross = 1, .nreq = 2, .tokens = 64 },
+	{ LLAMA("llama 2->1 blocks 24->16 (not nesting)", 2, 1),
+	  .pblock = 24, .pblocks = 32 },
+	/* Hybrids: state pages pooled with attention pages in each layer's
+	 * region; 1 attention layer and 2 state layers. Conv DS -> SD is a
+	 * transpose: one SGE per 2-byte element, 15,360 per state layer and
+	 * consumer rank, so the WR arrays sized at connect for max_ids per
+	 * group are kept to 16 ids. */
+	{ .name = "nemotron-h-8b 2->1 (Mamba2 + attention)",
+	  .model = "nemotron-h-8b", .layers = 1, .state_layers = 2, .P = 2,
+	  .D = 1, .pblock = 16, .dblock = 16, .playout = FHND,
+	  .dlayout = FHND, .pblocks = 144, .dblocks = 144, .nreq = 2,
+	  .tokens = 64, .kill_rank = -1 },
+	{ .name = "nemotron-h-8b 1->2, blocks 16->32, nhd->hnd, conv DS->SD",
+	  .model = "nemotron-h-8b", .layers = 1, .state_layers = 2, .P = 1,
+	  .D = 2, .pblock = 16, .dblock = 32, .playout = FNHD,
+	  .dlayout = FHND, .pconv = KVP_CONV_DS, .dconv = KVP_CONV_SD,
+	  .pblocks = 144, .dblocks = 80, .nreq = 2, .tokens = 64,
+	  .max_sge = 4, .max_ids = 16, .kill_rank = -1 },
+	{ .name = "qwen3-next-80b-a3b 2->1 (GDN + attention), blocks 32->16",
+	  .model = "qwen3-next-80b-a3b", .layers = 1, .state_layers = 2,
+	  .P = 2, .D = 1, .pblock = 32, .dblock = 16, .playout = FHND,
+	  .dlayout = FHND, .pblocks = 80, .dblocks = 144, .nreq = 2,
+	  .tokens = 64, .kill_rank = -1 },
 	{ .name = "cross-device qwen2.5-1.5b 1->2", .model = "qwen2.5-1.5b",
 	  .layers = 2, .P = 1, .D = 2, .pblock = 16, .dblock = 16,
 	  .playout = FHND, .dlayout = FHND, .pblocks = 16, .dblocks = 16,

@@ -54,6 +54,8 @@ struct rt_case {
 	uint32_t pblock, dblock;   /* logical block tokens */
 	uint32_t pkernel, dkernel; /* kernel block tokens, 0: same */
 	uint32_t playout, dlayout; /* enum kvp_kv_layout */
+	uint32_t pconv, dconv;	   /* enum kvp_conv_layout (state models) */
+	uint32_t state_layers;	   /* state layers of a hybrid, 0: preset's */
 	uint32_t pblocks, dblocks; /* blocks per region */
 	uint32_t nreq;
 	uint32_t tokens;	   /* sequence length of every request */
@@ -61,6 +63,7 @@ struct rt_case {
 	uint32_t full_hit;	   /* no local block read at all */
 	uint32_t cross;		   /* consumers on KVP_ADDR1 (second device) */
 	uint32_t max_sge, sq_depth, max_inflight;
+	uint32_t max_ids;	   /* per group and request, 0: RT_MAX_IDS */
 	uint32_t extra_expire;	   /* ids the producer expects, nobody pulls */
 	uint32_t late_expect;	   /* expect request 0 after its notifications */
 	int kill_rank;		   /* producer rank killed mid-transfer, or -1 */
@@ -129,6 +132,8 @@ static kvp_layout *rt_layout(const struct rt_case *tc, int producer,
 		return NULL;
 	if (tc->layers)
 		m.layers = tc->layers;
+	if (tc->state_layers)
+		m.state_layers = tc->state_layers;
 	memset(&e, 0, sizeof(e));
 	e.engine_id = producer ? RT_PROD_ENGINE : RT_CONS_ENGINE;
 	e.tp_size = producer ? tc->P : tc->D;
@@ -137,6 +142,7 @@ static kvp_layout *rt_layout(const struct rt_case *tc, int producer,
 	e.kernel_block_tokens = producer ? tc->pkernel : tc->dkernel;
 	e.num_blocks = producer ? tc->pblocks : tc->dblocks;
 	e.kv_layout = producer ? tc->playout : tc->dlayout;
+	e.conv_layout = producer ? tc->pconv : tc->dconv;
 	if (kvp_layout_build(&m, &e, &l))
 		return NULL;
 	return l;
@@ -159,15 +165,56 @@ static uint32_t rt_group_blocks(const kvp_layout *l, uint32_t g)
 	return n;
 }
 
+/* Attention pages one state page spans where a state group shares regions
+ * with attention groups (hybrid models), else 0. */
+static uint32_t rt_state_span(const kvp_layout *l)
+{
+	struct kvp_layout_info li;
+	struct kvp_view_desc v;
+	struct kvp_group_desc g;
+	uint64_t state = 0, attn = 0;
+	uint32_t i;
+
+	kvp_layout_get_info(l, &li);
+	for (i = 0; i < li.nviews; i++) {
+		if (kvp_layout_get_view(l, i, &v) ||
+		    kvp_layout_get_group(l, v.group, &g))
+			return 0;
+		if (g.kind == KVP_GROUP_STATE && !state)
+			state = v.stride;
+		else if (g.kind != KVP_GROUP_STATE && !attn)
+			attn = v.stride;
+	}
+	if (!state || !attn)
+		return 0;
+	return (uint32_t)((state + attn - 1) / attn);
+}
+
+/* Draws n distinct random ids in [lo, hi) into ids; -1 if they do not fit. */
+static int rt_draw(uint64_t *seed, uint32_t *ids, uint32_t n, uint32_t lo,
+		   uint32_t hi)
+{
+	uint32_t k;
+
+	if (hi < lo || hi - lo < n)
+		return -1;
+	kvt_random_ids(seed, ids, n, hi - lo);
+	for (k = 0; k < n; k++)
+		ids[k] += lo;
+	return 0;
+}
+
 /* Draws the case's requests: distinct remote blocks and distinct local
  * blocks across all requests (so that one producer fill and one consumer
- * expectation hold them all). */
+ * expectation hold them all). In pooled regions state ids take the first
+ * 2 * nreq state pages and token-group ids the pages above them, so no two
+ * groups share bytes. */
 static int rt_make_requests(const struct rt_case *tc, struct rt_req *rq)
 {
 	kvp_layout *pl = rt_layout(tc, 1, 0), *dl = rt_layout(tc, 0, 0);
 	struct kvp_layout_info li;
 	uint64_t seed = tc->seed ? tc->seed : 1;
-	uint32_t g, i, k;
+	uint32_t g, i, k, pspan, dspan, slots = 2 * tc->nreq;
 	int ret = -1;
 
 	if (!pl || !dl)
@@ -175,12 +222,14 @@ static int rt_make_requests(const struct rt_case *tc, struct rt_req *rq)
 	kvp_layout_get_info(dl, &li);
 	if (li.ngroups > RT_MAX_GROUPS || tc->nreq > RT_MAX_REQ)
 		goto out;
+	pspan = rt_state_span(pl);
+	dspan = rt_state_span(dl);
 	for (g = 0; g < li.ngroups; g++) {
 		struct kvp_group_desc pg, dg;
 		uint32_t pb = rt_group_blocks(pl, g), db = rt_group_blocks(dl, g);
 		uint32_t *pperm = malloc(pb * sizeof(*pperm));
 		uint32_t *dperm = malloc(db * sizeof(*dperm));
-		uint32_t pu = 0, du = 0;
+		uint32_t pu = 0, du = 0, plo = 0, dlo = 0;
 
 		if (!pperm || !dperm || kvp_layout_get_group(pl, g, &pg) ||
 		    kvp_layout_get_group(dl, g, &dg)) {
@@ -188,8 +237,23 @@ static int rt_make_requests(const struct rt_case *tc, struct rt_req *rq)
 			free(dperm);
 			goto out;
 		}
-		kvt_random_ids(&seed, pperm, pb, pb);
-		kvt_random_ids(&seed, dperm, db, db);
+		if (dg.kind == KVP_GROUP_STATE) {
+			pb = pspan && slots < pb ? slots : pb;
+			db = dspan && slots < db ? slots : db;
+		} else {
+			plo = pspan * slots;
+			dlo = dspan * slots;
+		}
+		if (rt_draw(&seed, pperm, pb - plo, plo, pb) ||
+		    rt_draw(&seed, dperm, db - dlo, dlo, db)) {
+			fprintf(stderr, "case %s: no room for token blocks\n",
+				tc->name);
+			free(pperm);
+			free(dperm);
+			goto out;
+		}
+		pb -= plo;
+		db -= dlo;
 		for (i = 0; i < tc->nreq; i++) {
 			struct kvp_ids *id = &rq[i].ids[g];
 			uint32_t nr, nl;
@@ -483,7 +547,7 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 	at.role = KVP_ROLE_CONSUMER;
 	at.layout = l;
 	at.addr = tc->cross ? env->addr1 : env->addr0;
-	at.max_ids = RT_MAX_IDS;
+	at.max_ids = tc->max_ids ? tc->max_ids : RT_MAX_IDS;
 	at.max_inflight = tc->max_inflight ? tc->max_inflight : 8;
 	at.sq_depth = tc->sq_depth;
 	at.max_sge = tc->max_sge;
