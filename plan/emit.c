@@ -101,63 +101,61 @@ struct cursor {
 	int open;
 };
 
-/* Appends `len` bytes read at remote `ro` into local `lo`: extends the
- * current SGE, adds one to the current WR, or opens a WR. Room for one more
- * WR and SGE per piece was checked before emission started. */
-static inline void put(struct cursor *c, uint64_t ro, uint64_t lo,
-		       uint32_t len, uint32_t rreg, uint32_t lreg)
-{
-	if (c->open && ro == c->rend && rreg == c->rreg &&
-	    c->w->len + (uint64_t)len <= MAX_WR_LEN) {
-		if (lo == c->lend && lreg == c->lreg) {
-			c->s->len += len;
-			c->w->len += len;
-			c->rend += len;
-			c->lend += len;
-			return;
-		}
-		if (c->w->nsge < c->max_sge) {
-			c->s = &c->sge[c->nsge++];
-			c->s->offset = lo;
-			c->s->len = len;
-			c->s->region = lreg;
-			c->w->nsge++;
-			c->w->len += len;
-			c->rend += len;
-			c->lend = lo + len;
-			c->lreg = lreg;
-			return;
-		}
-	}
-	c->w = &c->wr[c->nwr++];
-	c->s = &c->sge[c->nsge];
-	c->w->offset = ro;
-	c->w->len = len;
-	c->w->region = rreg;
-	c->w->src = c->src;
-	c->w->group = c->group;
-	c->w->sge_first = c->nsge++;
-	c->w->nsge = 1;
-	c->s->offset = lo;
-	c->s->len = len;
-	c->s->region = lreg;
-	c->rend = ro + len;
-	c->lend = lo + len;
-	c->rreg = rreg;
-	c->lreg = lreg;
-	c->open = 1;
-}
-
-/* The open WR of emit_simple(), in registers. */
+/*
+ * The open WR while one stream is emitted. A stream's regions are fixed, so
+ * only offsets decide whether a piece continues the open WR; its length,
+ * SGE count and last SGE length live here (in registers) and are stored
+ * only when the WR closes or the stream ends.
+ */
 struct live {
 	struct kvp_wr *w;
 	struct kvp_sge *s;
-	uint64_t rend, lend; /* UINT64_MAX: nothing to continue */
+	uint64_t rend, lend; /* next contiguous offsets; UINT64_MAX: none */
 	uint32_t nwr, nsge, wn, wlen, slen;
 };
 
-/* put() for emit_simple(): the WR's length, SGE count and last SGE length
- * are stored only when the WR closes. */
+/* Takes over the cursor's open WR if it reads the same remote region (and
+ * continues its last SGE only on the same local region). */
+static inline struct live live_begin(const struct cursor *c, uint32_t rreg,
+				     uint32_t lreg)
+{
+	struct live v = { c->w, c->s, UINT64_MAX, UINT64_MAX,
+			  c->nwr, c->nsge, 0, 0, 0 };
+
+	if (c->open && c->rreg == rreg) {
+		v.rend = c->rend;
+		v.wn = v.w->nsge;
+		v.wlen = v.w->len;
+		v.slen = v.s->len;
+		if (c->lreg == lreg)
+			v.lend = c->lend;
+	}
+	return v;
+}
+
+/* Stores the open WR and hands it back to the cursor. */
+static inline void live_end(struct cursor *c, const struct live *v,
+			    uint32_t rreg, uint32_t lreg)
+{
+	if (v->rend != UINT64_MAX) {
+		v->w->len = v->wlen;
+		v->w->nsge = v->wn;
+		v->s->len = v->slen;
+		c->open = 1;
+		c->rreg = rreg;
+		c->lreg = lreg;
+		c->rend = v->rend;
+		c->lend = v->lend;
+	}
+	c->w = v->w;
+	c->s = v->s;
+	c->nwr = v->nwr;
+	c->nsge = v->nsge;
+}
+
+/* Appends `len` bytes read at remote `ro` into local `lo`: extends the last
+ * SGE, adds one to the open WR, or opens a WR. Room for one more WR and SGE
+ * per piece was checked before emission started. */
 static inline __attribute__((always_inline)) void
 live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 	 uint32_t len, uint32_t rreg, uint32_t lreg)
@@ -183,7 +181,7 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 			return;
 		}
 	}
-	if (v->rend != UINT64_MAX) { /* close the live WR */
+	if (v->rend != UINT64_MAX) { /* close the open WR */
 		v->w->len = v->wlen;
 		v->w->nsge = v->wn;
 		v->s->len = v->slen;
@@ -205,32 +203,20 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 
 /*
  * The common case, periods of one block on each side: block k pairs with
- * block k and the stream's regions are fixed, so the open WR's length, SGE
- * count and last SGE length live in registers. A stream of one piece per
- * block (whole pages, or one head range) gets its own loop. Same output as
- * put() piece by piece.
+ * block k, no per-piece filter. A stream of one piece per block (whole
+ * pages, or one head range) gets its own loop.
  */
-static void emit_simple(struct cursor *c, const struct kvp_pview *lv,
-			const struct kvp_pview *rv, const struct kvp_piece *pc,
-			const struct kvp_piece *pe, const uint32_t *lids,
-			const uint32_t *rids, uint32_t k0, uint32_t k1)
+static void emit_simple(struct live *v, const struct cursor *c,
+			const struct kvp_pview *lv, const struct kvp_pview *rv,
+			const struct kvp_piece *pc, const struct kvp_piece *pe,
+			const uint32_t *lids, const uint32_t *rids, uint32_t k0,
+			uint32_t k1)
 {
 	const uint32_t rreg = rv->region, lreg = lv->region;
 	const uint64_t rs = rv->stride, ls = lv->stride;
-	struct live v = { c->w, c->s, UINT64_MAX, UINT64_MAX,
-			  c->nwr, c->nsge, 0, 0, 0 };
 	const struct kvp_piece *q;
 	uint32_t k;
 
-	/* Continue the previous stream's WR only on the same regions. */
-	if (c->open && c->rreg == rreg) {
-		v.rend = c->rend;
-		v.wn = v.w->nsge;
-		v.wlen = v.w->len;
-		v.slen = v.s->len;
-		if (c->lreg == lreg)
-			v.lend = c->lend;
-	}
 	lids -= k0;
 	if (pe - pc == 1) {
 		const uint64_t ro0 = rv->offset + pc->roff;
@@ -238,32 +224,50 @@ static void emit_simple(struct cursor *c, const struct kvp_pview *lv,
 		const uint32_t len = pc->len;
 
 		for (k = k0; k < k1; k++)
-			live_put(&v, c, ro0 + (uint64_t)rids[k] * rs,
+			live_put(v, c, ro0 + (uint64_t)rids[k] * rs,
 				 lo0 + (uint64_t)lids[k] * ls, len, rreg, lreg);
-	} else {
-		for (k = k0; k < k1; k++) {
-			uint64_t rb = rv->offset + (uint64_t)rids[k] * rs;
-			uint64_t lb = lv->offset + (uint64_t)lids[k] * ls;
+		return;
+	}
+	for (k = k0; k < k1; k++) {
+		uint64_t rb = rv->offset + (uint64_t)rids[k] * rs;
+		uint64_t lb = lv->offset + (uint64_t)lids[k] * ls;
 
-			for (q = pc; q < pe; q++)
-				live_put(&v, c, rb + q->roff, lb + q->loff,
-					 q->len, rreg, lreg);
+		for (q = pc; q < pe; q++)
+			live_put(v, c, rb + q->roff, lb + q->loff, q->len,
+				 rreg, lreg);
+	}
+}
+
+/* Periods of several blocks on a side (block sizes that differ): each piece
+ * names its blocks within the period, and pieces of blocks outside the
+ * request (a prefix hit, the tail) are skipped. */
+static void emit_periods(struct live *v, const struct cursor *c,
+			 const struct kvp_pgroup *pg, const struct kvp_pview *lv,
+			 const struct kvp_pview *rv, const struct kvp_piece *pc,
+			 const struct kvp_piece *pe, const struct need *n,
+			 const uint32_t *lids, const uint32_t *rids)
+{
+	const uint32_t rreg = rv->region, lreg = lv->region;
+	const struct kvp_piece *q;
+	uint32_t k;
+
+	for (k = n->k0; k < n->k1; k++) {
+		uint32_t lb0 = k * pg->lper, rb0 = k * pg->rper;
+
+		for (q = pc; q < pe; q++) {
+			uint32_t L = lb0 + q->lbi, R = rb0 + q->rbi;
+
+			if (L < n->skip || L >= n->lend || R >= n->rend)
+				continue;
+			live_put(v, c,
+				 rv->offset + (uint64_t)rids[R] * rv->stride +
+					 q->roff,
+				 lv->offset +
+					 (uint64_t)lids[L - n->skip] * lv->stride +
+					 q->loff,
+				 q->len, rreg, lreg);
 		}
 	}
-	if (v.rend != UINT64_MAX) {
-		v.w->len = v.wlen;
-		v.w->nsge = v.wn;
-		v.s->len = v.slen;
-		c->open = 1;
-		c->rreg = rreg;
-		c->lreg = lreg;
-		c->rend = v.rend;
-		c->lend = v.lend;
-	}
-	c->w = v.w;
-	c->s = v.s;
-	c->nwr = v.nwr;
-	c->nsge = v.nsge;
 }
 
 /* Periods of one stream that a request walks. */
@@ -279,8 +283,7 @@ static uint32_t stream_periods(const struct kvp_pgroup *pg,
 	return n->k1 - n->k0;
 }
 
-/* One stream over the request's periods. Periods of one block on each side
- * (the common case) need no per-piece filter: block k pairs with block k. */
+/* One stream over the request's periods. */
 static void emit_stream(struct cursor *c, const kvp_plan *p,
 			const struct kvp_pstream *st, const struct need *n,
 			const struct kvp_ids *id)
@@ -290,36 +293,25 @@ static void emit_stream(struct cursor *c, const kvp_plan *p,
 	const struct kvp_pview *lv = &p->lviews[st->lview];
 	const struct kvp_pview *rv = &p->rviews[st->rview];
 	const struct kvp_piece *pc = p->pieces + set->first;
-	const struct kvp_piece *pe = pc + set->count, *q;
-	const uint32_t *lids = id->local, *rids = id->remote;
-	const uint32_t rreg = rv->region, lreg = lv->region;
-	uint32_t k;
+	const struct kvp_piece *pe = pc + set->count;
+	struct live v;
 
 	if (c->src != st->src)
 		c->open = 0;
 	c->src = st->src;
 	c->group = set->group;
+	v = live_begin(c, rv->region, lv->region);
 	if (kvp_likely(pg->lper == 1 && pg->rper == 1)) {
 		uint32_t k1 = n->lend < n->rend ? n->lend : n->rend;
 
 		if (n->skip < k1)
-			emit_simple(c, lv, rv, pc, pe, lids, rids, n->skip, k1);
-		return;
+			emit_simple(&v, c, lv, rv, pc, pe, id->local,
+				    id->remote, n->skip, k1);
+	} else {
+		emit_periods(&v, c, pg, lv, rv, pc, pe, n, id->local,
+			     id->remote);
 	}
-	for (k = n->k0; k < n->k1; k++) {
-		uint32_t lb0 = k * pg->lper, rb0 = k * pg->rper;
-
-		for (q = pc; q < pe; q++) {
-			uint32_t L = lb0 + q->lbi, R = rb0 + q->rbi;
-
-			if (L < n->skip || L >= n->lend || R >= n->rend)
-				continue;
-			put(c, rv->offset + (uint64_t)rids[R] * rv->stride + q->roff,
-			    lv->offset + (uint64_t)lids[L - n->skip] * lv->stride +
-				    q->loff,
-			    q->len, rreg, lreg);
-		}
-	}
+	live_end(c, &v, rv->region, lv->region);
 }
 
 int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
