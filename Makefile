@@ -1,4 +1,4 @@
-# kvpull: one plain Makefile. Targets: all test check-rdma install uninstall
+# kvpull: one plain Makefile. Targets: all tests test check-rdma install uninstall
 # clean bench. Variables: PREFIX DESTDIR CC SANITIZE=1 WERROR=1.
 PREFIX ?= /usr/local
 LIBDIR ?= $(PREFIX)/lib
@@ -84,6 +84,9 @@ build/header-check: include/kvpull.h
 	echo '#include "kvpull.h"' | $(CXX) -std=c++11 -Wall -Wextra -Werror -Iinclude -x c++ -fsyntax-only -
 	touch $@
 
+# Every test program, built and not run (the clang stage of scripts/test.sh).
+tests: $(UNIT_BIN) $(RDMA_BIN) build/header-check
+
 unit: $(UNIT_BIN) build/header-check
 	@pass=0; fail=0; \
 	for t in $(UNIT_BIN); do \
@@ -118,7 +121,7 @@ clean:
 	rm -rf build
 
 .SECONDARY:
-.PHONY: all unit check-tool test bench install uninstall clean
+.PHONY: all tests unit check-tool test bench install uninstall clean
 
 # --- fuzz: libFuzzer targets, tests/fuzz/fuzz_*.c (clang only) -------------
 # The plan/ sources are compiled into each target so that they carry the

@@ -48,7 +48,7 @@ stage "unit tests" make WERROR=1 unit
 if [[ -f tests/test_tool.sh ]]; then
 	stage "tool tests" make WERROR=1 check-tool
 fi
-stage "build with clang (-Werror)" bash -c 'make clean && make CC=clang CXX=clang++ WERROR=1 all build/tests/test_smoke'
+stage "build with clang (-Werror)" bash -c 'make clean && make CC=clang CXX=clang++ WERROR=1 all tests'
 if [[ ${KVP_SKIP_SANITIZE:-0} != 1 ]]; then
 	stage "unit tests under ASan+UBSan" bash -c 'make clean && make SANITIZE=1 unit'
 fi
