@@ -21,6 +21,7 @@
 
 #include <cmocka.h>
 
+#include "kvassert.h"
 #include "kvtest.h"
 
 #define PLAN_SENTINEL ((kvp_plan *)(uintptr_t)0x5a5a5a5a)
@@ -461,51 +462,6 @@ static void check_ranks(const kvp_plan *p, uint32_t heads, int mla, uint32_t P,
 		assert_int_equal(held_by[j], 1);
 }
 
-/* Two plans are the same plan: everything the inspection API shows. */
-static void plans_equal(const kvp_plan *a, const kvp_plan *b)
-{
-	struct kvp_plan_info ia, ib;
-	uint32_t i;
-
-	/* zeroed first: the structs have padding */
-	memset(&ia, 0, sizeof(ia));
-	memset(&ib, 0, sizeof(ib));
-	kvp_plan_get_info(a, &ia);
-	kvp_plan_get_info(b, &ib);
-	assert_memory_equal(&ia, &ib, sizeof(ia));
-	for (i = 0; i < ia.nsrc; i++)
-		assert_int_equal(kvp_plan_source(a, i), kvp_plan_source(b, i));
-	for (i = 0; i < ia.nnotify; i++)
-		assert_int_equal(kvp_plan_notify(a, i), kvp_plan_notify(b, i));
-	for (i = 0; i < ia.ngroups; i++) {
-		struct kvp_plan_group x, y;
-
-		memset(&x, 0, sizeof(x));
-		memset(&y, 0, sizeof(y));
-		assert_int_equal(kvp_plan_get_group(a, i, &x), 0);
-		assert_int_equal(kvp_plan_get_group(b, i, &y), 0);
-		assert_memory_equal(&x, &y, sizeof(x));
-	}
-	for (i = 0; i < ia.nstreams; i++) {
-		struct kvp_plan_stream x, y;
-
-		memset(&x, 0, sizeof(x));
-		memset(&y, 0, sizeof(y));
-		assert_int_equal(kvp_plan_get_stream(a, i, &x), 0);
-		assert_int_equal(kvp_plan_get_stream(b, i, &y), 0);
-		assert_memory_equal(&x, &y, sizeof(x));
-	}
-	for (i = 0; i < ia.npieces; i++) {
-		struct kvp_plan_piece x, y;
-
-		memset(&x, 0, sizeof(x));
-		memset(&y, 0, sizeof(y));
-		assert_int_equal(kvp_plan_get_piece(a, i, &x), 0);
-		assert_int_equal(kvp_plan_get_piece(b, i, &y), 0);
-		assert_memory_equal(&x, &y, sizeof(x));
-	}
-}
-
 static void exhaustive_one(uint32_t heads, int mla, uint32_t P, uint32_t D,
 			   uint32_t play, uint32_t clay, uint64_t *seed,
 			   struct tally *t)
@@ -546,7 +502,7 @@ static void exhaustive_one(uint32_t heads, int mla, uint32_t P, uint32_t D,
 			assert_int_equal(kvp_plan_compile(loc[c], rem[P - 1],
 							  &attr, &q, NULL, 0),
 					 0);
-			plans_equal(p, q);
+			kva_plans_equal(p, q);
 			kvp_plan_destroy(q);
 		}
 		kvp_plan_destroy(p);

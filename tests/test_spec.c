@@ -10,6 +10,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "kvassert.h"
 #include "kvpull.h"
 
 #define SENTINEL ((kvp_layout *)(uintptr_t)0x5a5a5a5a)
@@ -41,73 +42,6 @@ static kvp_layout *build(const char *preset, uint32_t layers,
 	return l;
 }
 
-/* Compares two layouts through the public getters only. */
-static void assert_same(const kvp_layout *a, const kvp_layout *b)
-{
-	struct kvp_layout_info ia, ib;
-	uint32_t i, d;
-
-	kvp_layout_get_info(a, &ia);
-	kvp_layout_get_info(b, &ib);
-	assert_true(ia.engine_id == ib.engine_id);
-	assert_int_equal(ia.tp_size, ib.tp_size);
-	assert_int_equal(ia.tp_rank, ib.tp_rank);
-	assert_int_equal(ia.ngroups, ib.ngroups);
-	assert_int_equal(ia.nregions, ib.nregions);
-	assert_int_equal(ia.nviews, ib.nviews);
-	assert_int_equal(ia.nfields, ib.nfields);
-	for (i = 0; i < ia.ngroups; i++) {
-		struct kvp_group_desc ga, gb;
-
-		assert_int_equal(kvp_layout_get_group(a, i, &ga), 0);
-		assert_int_equal(kvp_layout_get_group(b, i, &gb), 0);
-		assert_int_equal(ga.kind, gb.kind);
-		assert_int_equal(ga.block_tokens, gb.block_tokens);
-		assert_int_equal(ga.comp_mask, gb.comp_mask);
-	}
-	for (i = 0; i < ia.nregions; i++) {
-		uint64_t sa, sb;
-
-		assert_int_equal(kvp_layout_get_region(a, i, &sa), 0);
-		assert_int_equal(kvp_layout_get_region(b, i, &sb), 0);
-		assert_true(sa == sb);
-	}
-	for (i = 0; i < ia.nviews; i++) {
-		struct kvp_view_desc va, vb;
-
-		assert_int_equal(kvp_layout_get_view(a, i, &va), 0);
-		assert_int_equal(kvp_layout_get_view(b, i, &vb), 0);
-		assert_int_equal(va.group, vb.group);
-		assert_int_equal(va.region, vb.region);
-		assert_int_equal(va.layer, vb.layer);
-		assert_int_equal(va.num_blocks, vb.num_blocks);
-		assert_true(va.offset == vb.offset);
-		assert_true(va.stride == vb.stride);
-		assert_int_equal(va.comp_mask, vb.comp_mask);
-	}
-	for (i = 0; i < ia.nfields; i++) {
-		struct kvp_field_desc fa, fb;
-		uint32_t wa, wb;
-
-		assert_int_equal(kvp_layout_get_field(a, i, &wa, &fa), 0);
-		assert_int_equal(kvp_layout_get_field(b, i, &wb, &fb), 0);
-		assert_int_equal(wa, wb);
-		assert_int_equal(fa.kind, fb.kind);
-		assert_int_equal(fa.elem_size, fb.elem_size);
-		assert_true(fa.offset == fb.offset);
-		assert_int_equal(fa.ndim, fb.ndim);
-		assert_int_equal(fa.shard_dim, fb.shard_dim);
-		assert_int_equal(fa.shard_total, fb.shard_total);
-		assert_int_equal(fa.comp_mask, fb.comp_mask);
-		for (d = 0; d < fa.ndim; d++) {
-			assert_int_equal(fa.dim[d].axis, fb.dim[d].axis);
-			assert_int_equal(fa.dim[d].size, fb.dim[d].size);
-			assert_true(fa.dim[d].stride == fb.dim[d].stride);
-		}
-	}
-	assert_true(kvp_layout_compat_hash(a) == kvp_layout_compat_hash(b));
-}
-
 /* ---- model form ------------------------------------------------------- */
 
 static void test_model_preset(void **state)
@@ -133,7 +67,7 @@ static void test_model_preset(void **state)
 		     "kv_layout = FLASH_HND\n"
 		     "engine_id = 0xDEADBEEF");
 	b = build("llama-3.1-8b", 0, &e);
-	assert_same(a, b);
+	kva_layouts_equal(a, b, 0);
 	kvp_layout_destroy(a);
 	kvp_layout_destroy(b);
 }
@@ -155,7 +89,7 @@ static void test_model_overrides(void **state)
 	a = parse_ok("layers = 2\nmodel = deepseek-v3\nblock_tokens = 32\n"
 		     "num_blocks = 10\n");
 	b = build("deepseek-v3", 2, &e);
-	assert_same(a, b);
+	kva_layouts_equal(a, b, 0);
 	kvp_layout_destroy(a);
 	kvp_layout_destroy(b);
 
@@ -163,7 +97,7 @@ static void test_model_overrides(void **state)
 	a = parse_ok("layers = 3\nkv_heads = 4\nhead_dim = 64\n"
 		     "dtype_bytes = 1\nblock_tokens = 32\nnum_blocks = 10\n");
 	assert_int_equal(kvp_layout_build(&m, &e, &b), 0);
-	assert_same(a, b);
+	kva_layouts_equal(a, b, 0);
 	kvp_layout_destroy(a);
 	kvp_layout_destroy(b);
 
@@ -171,7 +105,7 @@ static void test_model_overrides(void **state)
 	a = parse_ok("layers=2\nmla_latent=576\ndtype_bytes=2\n"
 		     "block_tokens=32\nnum_blocks=10\nkv_layout=packed\n");
 	b = build("deepseek-v3", 2, &e);
-	assert_same(a, b);
+	kva_layouts_equal(a, b, 0);
 	kvp_layout_destroy(a);
 	kvp_layout_destroy(b);
 
@@ -188,7 +122,7 @@ static void test_model_overrides(void **state)
 	e.tp_rank = 3;
 	e.kv_layout = KVP_KV_FLASHINFER;
 	assert_int_equal(kvp_layout_build(&m, &e, &b), 0);
-	assert_same(a, b);
+	kva_layouts_equal(a, b, 0);
 	kvp_layout_destroy(a);
 	kvp_layout_destroy(b);
 }
@@ -214,7 +148,7 @@ static void test_model_hybrid(void **state)
 	m.layers = 2;
 	m.state_layers = 3;
 	assert_int_equal(kvp_layout_build(&m, &e, &b), 0);
-	assert_same(a, b);
+	kva_layouts_equal(a, b, 0);
 	kvp_layout_destroy(a);
 	kvp_layout_destroy(b);
 
@@ -243,7 +177,7 @@ static void test_model_hybrid(void **state)
 	e.kv_layout = KVP_KV_FLASH_NHD;
 	e.conv_layout = KVP_CONV_DS;
 	assert_int_equal(kvp_layout_build(&m, &e, &b), 0);
-	assert_same(a, b);
+	kva_layouts_equal(a, b, 0);
 	kvp_layout_destroy(a);
 	kvp_layout_destroy(b);
 
@@ -257,7 +191,7 @@ static void test_model_hybrid(void **state)
 				      .block_tokens = 16,
 				      .num_blocks = 8 };
 	assert_int_equal(kvp_layout_build(&m, &e, &b), 0);
-	assert_same(a, b);
+	kva_layouts_equal(a, b, 0);
 	kvp_layout_destroy(a);
 	kvp_layout_destroy(b);
 }
@@ -290,7 +224,7 @@ static void test_explicit_reproduces_build(void **state)
 		"field view = 0 kind = V elem = 2 offset = 0x800 shard=0 "
 		"total=2 dims=HEAD:1:0x800,token:2:4096,token:8:256,dim:128:2\n");
 	b = build("qwen2.5-1.5b", 1, &e);
-	assert_same(a, b);
+	kva_layouts_equal(a, b, 0);
 	kvp_layout_destroy(a);
 	kvp_layout_destroy(b);
 }
@@ -410,7 +344,7 @@ static void test_explicit_roundtrip_presets(void **state)
 					n++;
 					text = write_spec(b);
 					a = parse_ok(text);
-					assert_same(a, b);
+					kva_layouts_equal(a, b, 0);
 					free(text);
 					kvp_layout_destroy(a);
 					kvp_layout_destroy(b);

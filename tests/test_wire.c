@@ -16,6 +16,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "kvassert.h"
 #include "kvpull.h"
 
 #define HDR_LEN 56u
@@ -105,141 +106,6 @@ static void encode(const kvp_layout *l, struct blob *b)
 	b->nfields = info.nfields;
 }
 
-static void assert_layouts_equal(const kvp_layout *a, const kvp_layout *b)
-{
-	struct kvp_layout_info ia, ib;
-	uint32_t i, d;
-
-	kvp_layout_get_info(a, &ia);
-	kvp_layout_get_info(b, &ib);
-	assert_int_equal(ia.engine_id, ib.engine_id);
-	assert_int_equal(ia.tp_size, ib.tp_size);
-	assert_int_equal(ia.tp_rank, ib.tp_rank);
-	assert_int_equal(ia.ngroups, ib.ngroups);
-	assert_int_equal(ia.nregions, ib.nregions);
-	assert_int_equal(ia.nviews, ib.nviews);
-	assert_int_equal(ia.nfields, ib.nfields);
-	for (i = 0; i < ia.ngroups; i++) {
-		struct kvp_group_desc ga, gb;
-
-		assert_int_equal(kvp_layout_get_group(a, i, &ga), 0);
-		assert_int_equal(kvp_layout_get_group(b, i, &gb), 0);
-		assert_int_equal(ga.kind, gb.kind);
-		assert_int_equal(ga.block_tokens, gb.block_tokens);
-		assert_int_equal(ga.comp_mask, gb.comp_mask);
-	}
-	for (i = 0; i < ia.nregions; i++) {
-		uint64_t sa, sb, aa, ab;
-		uint32_t ka, kb;
-
-		assert_int_equal(kvp_layout_get_region(a, i, &sa), 0);
-		assert_int_equal(kvp_layout_get_region(b, i, &sb), 0);
-		assert_int_equal(sa, sb);
-		assert_int_equal(kvp_layout_get_region_key(a, i, &aa, &ka), 0);
-		assert_int_equal(kvp_layout_get_region_key(b, i, &ab, &kb), 0);
-		assert_int_equal(aa, ab);
-		assert_int_equal(ka, kb);
-	}
-	for (i = 0; i < ia.nviews; i++) {
-		struct kvp_view_desc va, vb;
-
-		assert_int_equal(kvp_layout_get_view(a, i, &va), 0);
-		assert_int_equal(kvp_layout_get_view(b, i, &vb), 0);
-		assert_int_equal(va.group, vb.group);
-		assert_int_equal(va.region, vb.region);
-		assert_int_equal(va.layer, vb.layer);
-		assert_int_equal(va.num_blocks, vb.num_blocks);
-		assert_int_equal(va.offset, vb.offset);
-		assert_int_equal(va.stride, vb.stride);
-		assert_int_equal(va.comp_mask, vb.comp_mask);
-	}
-	for (i = 0; i < ia.nfields; i++) {
-		struct kvp_field_desc fa, fb;
-		uint32_t wa, wb;
-
-		assert_int_equal(kvp_layout_get_field(a, i, &wa, &fa), 0);
-		assert_int_equal(kvp_layout_get_field(b, i, &wb, &fb), 0);
-		assert_int_equal(wa, wb);
-		assert_int_equal(fa.kind, fb.kind);
-		assert_int_equal(fa.elem_size, fb.elem_size);
-		assert_int_equal(fa.offset, fb.offset);
-		assert_int_equal(fa.ndim, fb.ndim);
-		assert_int_equal(fa.shard_dim, fb.shard_dim);
-		assert_int_equal(fa.shard_total, fb.shard_total);
-		assert_int_equal(fa.comp_mask, fb.comp_mask);
-		for (d = 0; d < fa.ndim; d++) {
-			assert_int_equal(fa.dim[d].stride, fb.dim[d].stride);
-			assert_int_equal(fa.dim[d].size, fb.dim[d].size);
-			assert_int_equal(fa.dim[d].axis, fb.dim[d].axis);
-		}
-	}
-	assert_int_equal(kvp_layout_compat_hash(a), kvp_layout_compat_hash(b));
-}
-
-static void assert_plans_equal(const kvp_plan *a, const kvp_plan *b)
-{
-	struct kvp_plan_info ia, ib;
-	uint32_t i;
-
-	kvp_plan_get_info(a, &ia);
-	kvp_plan_get_info(b, &ib);
-	assert_int_equal(ia.ngroups, ib.ngroups);
-	assert_int_equal(ia.nsrc, ib.nsrc);
-	assert_int_equal(ia.nnotify, ib.nnotify);
-	assert_int_equal(ia.nstreams, ib.nstreams);
-	assert_int_equal(ia.npieces, ib.npieces);
-	assert_int_equal(ia.local_tp, ib.local_tp);
-	assert_int_equal(ia.local_rank, ib.local_rank);
-	assert_int_equal(ia.remote_tp, ib.remote_tp);
-	assert_int_equal(ia.max_sge, ib.max_sge);
-	assert_int_equal(ia.bytes, ib.bytes);
-	for (i = 0; i < ia.nsrc; i++)
-		assert_int_equal(kvp_plan_source(a, i), kvp_plan_source(b, i));
-	for (i = 0; i < ia.nnotify; i++)
-		assert_int_equal(kvp_plan_notify(a, i), kvp_plan_notify(b, i));
-	for (i = 0; i < ia.ngroups; i++) {
-		struct kvp_plan_group ga, gb;
-
-		assert_int_equal(kvp_plan_get_group(a, i, &ga), 0);
-		assert_int_equal(kvp_plan_get_group(b, i, &gb), 0);
-		assert_int_equal(ga.kind, gb.kind);
-		assert_int_equal(ga.local_tokens, gb.local_tokens);
-		assert_int_equal(ga.remote_tokens, gb.remote_tokens);
-		assert_int_equal(ga.period_tokens, gb.period_tokens);
-		assert_int_equal(ga.local_per_period, gb.local_per_period);
-		assert_int_equal(ga.remote_per_period, gb.remote_per_period);
-		assert_int_equal(ga.local_blocks, gb.local_blocks);
-		assert_int_equal(ga.remote_blocks, gb.remote_blocks);
-		assert_int_equal(ga.src_mask, gb.src_mask);
-	}
-	for (i = 0; i < ia.nstreams; i++) {
-		struct kvp_plan_stream sa, sb;
-
-		assert_int_equal(kvp_plan_get_stream(a, i, &sa), 0);
-		assert_int_equal(kvp_plan_get_stream(b, i, &sb), 0);
-		assert_int_equal(sa.src, sb.src);
-		assert_int_equal(sa.group, sb.group);
-		assert_int_equal(sa.local_view, sb.local_view);
-		assert_int_equal(sa.remote_view, sb.remote_view);
-		assert_int_equal(sa.local_region, sb.local_region);
-		assert_int_equal(sa.remote_region, sb.remote_region);
-		assert_int_equal(sa.piece_first, sb.piece_first);
-		assert_int_equal(sa.npieces, sb.npieces);
-		assert_int_equal(sa.bytes_per_period, sb.bytes_per_period);
-	}
-	for (i = 0; i < ia.npieces; i++) {
-		struct kvp_plan_piece pa, pb;
-
-		assert_int_equal(kvp_plan_get_piece(a, i, &pa), 0);
-		assert_int_equal(kvp_plan_get_piece(b, i, &pb), 0);
-		assert_int_equal(pa.remote_offset, pb.remote_offset);
-		assert_int_equal(pa.local_offset, pb.local_offset);
-		assert_int_equal(pa.len, pb.len);
-		assert_int_equal(pa.remote_block, pb.remote_block);
-		assert_int_equal(pa.local_block, pb.local_block);
-	}
-}
-
 /* Plans compiled against `orig` and against its decoded copy `dec` must
  * match, with `peer` on the other side of each. */
 static void assert_same_plans(const kvp_layout *orig, const kvp_layout *dec,
@@ -250,12 +116,12 @@ static void assert_same_plans(const kvp_layout *orig, const kvp_layout *dec,
 
 	assert_int_equal(kvp_plan_compile(peer, orig, &attr, &pa, NULL, 0), 0);
 	assert_int_equal(kvp_plan_compile(peer, dec, &attr, &pb, NULL, 0), 0);
-	assert_plans_equal(pa, pb);
+	kva_plans_equal(pa, pb);
 	kvp_plan_destroy(pa);
 	kvp_plan_destroy(pb);
 	assert_int_equal(kvp_plan_compile(orig, peer, &attr, &pa, NULL, 0), 0);
 	assert_int_equal(kvp_plan_compile(dec, peer, &attr, &pb, NULL, 0), 0);
-	assert_plans_equal(pa, pb);
+	kva_plans_equal(pa, pb);
 	kvp_plan_destroy(pa);
 	kvp_plan_destroy(pb);
 }
@@ -417,7 +283,7 @@ static kvp_layout *round_trip(const kvp_layout *l, const struct blob *b)
 
 	assert_int_equal(kvp_meta_decode(b->p, b->len, &dec), 0);
 	assert_non_null(dec);
-	assert_layouts_equal(l, dec);
+	kva_layouts_equal(l, dec, 1);
 	encode(dec, &again);
 	assert_int_equal(again.len, b->len);
 	assert_memory_equal(again.p, b->p, b->len);
