@@ -379,11 +379,13 @@ struct kvp_plan_attr {
  * the producer engine described by `remote` (any rank's layout of it: the
  * other ranks' shards follow from its TP size). Returns 0 and a plan owned by
  * the caller (kvp_plan_destroy()); -EPROTO when the layouts cannot be matched
- * (different groups, layers, fields, extents, element sizes, incompatible
- * block sizes), with a one-line reason naming what differs in msg[msglen]
- * when msg is not NULL; -EINVAL for bad arguments; -ENOMEM. Inputs are not
- * referenced after the call. The plan is immutable and may be shared between
- * threads. */
+ * (different groups, layers, fields, extents, element sizes; block sizes
+ * whose least common multiple exceeds 65,535 blocks of either side), with a
+ * one-line reason naming what differs in msg[msglen] when msg is not NULL;
+ * -EINVAL for bad arguments; -ENOMEM. Any two block sizes and kernel block
+ * sizes are otherwise matched, nesting or not (16 and 24 tokens: a period
+ * of 48). Inputs are not referenced after the call. The plan is immutable
+ * and may be shared between threads. */
 KVP_API KVP_MUST_CHECK int kvp_plan_compile(const kvp_layout *local,
 					    const kvp_layout *remote,
 					    const struct kvp_plan_attr *attr,
