@@ -354,13 +354,26 @@ static void test_exact_block_ratio(void **state)
 
 /* ---- prefix hits and short sequences ----------------------------------- */
 
+struct tail_case {
+	uint32_t nl, tokens; /* local blocks read, sequence length (0: all) */
+	uint32_t off, len;   /* remote range of each WR */
+};
+
 static void test_hits_and_tokens(void **state)
 {
 	static const uint32_t l[] = { 3, 4, 5, 6 }, r[] = { 7, 8, 9, 10 };
+	static const struct tail_case tail[] = {
+		{ 2, 0, 576, 128 },  /* remote 9 and 10 */
+		{ 1, 0, 640, 64 },   /* remote 10 */
+		{ 3, 9, 448, 192 },  /* 9 tokens in 4 remote blocks: 3 hold them */
+		{ 2, 9, 512, 128 },
+		{ 1, 12, 576, 64 },
+		{ 4, 16, 448, 256 },
+	};
 	struct kvp_ids ids;
+	uint32_t i;
 	struct fix f;
 	struct out o;
-	int n;
 
 	(void)state;
 	fix_open(&f, 2, 1, 1, 0, HND, HND, 4, 0, 4, 1);
@@ -375,33 +388,17 @@ static void test_hits_and_tokens(void **state)
 	ids = mkids(NULL, 0, NULL, 0, 0);
 	assert_int_equal(emit(&f, &ids, &o), 0);
 	assert_int_equal(o.src_end[0], 0);
-	/* partial hit: the local blocks are the tail, remote 9 and 10 */
-	ids = mkids(l, 2, r, 4, 0);
-	n = emit(&f, &ids, &o);
-	assert_int_equal(n, 2);
-	expect_wr(&o, 0, 576, 128, 0, 0, 1, S(192, 128));
-	expect_wr(&o, 1, 576, 128, 1, 0, 1, S(192, 128));
-	ids = mkids(l, 1, r, 4, 0);
-	n = emit(&f, &ids, &o);
-	assert_int_equal(n, 2);
-	expect_wr(&o, 0, 640, 64, 0, 0, 1, S(192, 64));
-	/* 9 tokens in 4 remote blocks: 3 blocks hold them */
-	ids = mkids(l, 3, r, 4, 9);
-	n = emit(&f, &ids, &o);
-	assert_int_equal(n, 2);
-	expect_wr(&o, 0, 448, 192, 0, 0, 1, S(192, 192));
-	ids = mkids(l, 2, r, 4, 9);
-	n = emit(&f, &ids, &o);
-	assert_int_equal(n, 2);
-	expect_wr(&o, 0, 512, 128, 0, 0, 1, S(192, 128));
-	ids = mkids(l, 1, r, 4, 12);
-	n = emit(&f, &ids, &o);
-	assert_int_equal(n, 2);
-	expect_wr(&o, 0, 576, 64, 0, 0, 1, S(192, 64));
-	ids = mkids(l, 4, r, 4, 16);
-	n = emit(&f, &ids, &o);
-	assert_int_equal(n, 2);
-	expect_wr(&o, 0, 448, 256, 0, 0, 1, S(192, 256));
+	/* (local blocks, tokens) -> two WRs, K then V: the local blocks are
+	 * the tail of the sequence */
+	for (i = 0; i < sizeof(tail) / sizeof(tail[0]); i++) {
+		const struct tail_case *t = &tail[i];
+
+		ids = mkids(l, t->nl, r, 4, t->tokens);
+		assert_int_equal(emit(&f, &ids, &o), 2);
+		expect_wr(&o, 0, t->off, t->len, 0, 0, 1, S(192, t->len));
+		/* V: the same ranges in region 1 */
+		expect_wr(&o, 1, t->off, t->len, 1, 0, 1, S(192, t->len));
+	}
 	ids = mkids(l, 0, r, 4, 9);
 	assert_int_equal(emit(&f, &ids, &o), 0);
 	/* more local blocks than the tokens fill, or tokens past the
