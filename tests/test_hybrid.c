@@ -2,9 +2,9 @@
 /*
  * Hybrid models and mismatched layouts, proven byte for byte: Mamba2 and
  * GDN state groups pooled with attention, per-group source ranks, conv DS
- * and SD on either side, block sizes that differ both ways (ratios 1, 2, 4),
- * kernel blocks, HND on one side and NHD on the other, sliding windows,
- * prefix and full hits. Every consumer rank of every case is checked with
+ * and SD on either side, block sizes that differ both ways (ratios 1, 2, 4,
+ * and 8 vs 12, which do not nest), kernel blocks, HND on one side and NHD
+ * on the other, sliding windows, prefix and full hits. Every consumer rank of every case is checked with
  * the memcpy executor (tests/lib/kvtest.h).
  */
 #include <setjmp.h>
@@ -181,6 +181,8 @@ static void test_hybrid_matrix(void **state)
 	static const uint32_t blocks[][3] = {
 		{ 8, 0, 8 }, { 8, 0, 16 }, { 16, 0, 8 }, { 4, 0, 16 },
 		{ 16, 0, 4 }, { 16, 4, 8 },
+		/* not nesting: 8 vs 12; 4-token kernel pages in 12 vs 8 */
+		{ 8, 0, 12 }, { 12, 4, 8 },
 	};
 	static const uint32_t kv[][2] = {
 		{ KVP_KV_FLASH_HND, KVP_KV_FLASH_HND },
@@ -195,7 +197,7 @@ static void test_hybrid_matrix(void **state)
 	for (mi = 0; mi < 3; mi++)
 		for (P = 1; P <= 8; P *= 2)
 			for (D = 1; D <= 8; D *= 2)
-				for (b = 0; b < 6; b++)
+				for (b = 0; b < 8; b++)
 					for (conv = 0; conv < 4; conv++)
 						for (hit = 0; hit < 2; hit++) {
 							k = (b + conv + hit) % 3;
@@ -210,6 +212,10 @@ static void test_hybrid_matrix(void **state)
 						}
 	printf("hybrid matrix: %llu cases, %llu consumer ranks checked\n",
 	       (unsigned long long)ncases, (unsigned long long)nchecks);
+	/* 3 models x 16 TP pairs x 8 block pairs x 4 conv pairs x 2 hits;
+	 * every consumer rank of each: 3 x 8 x 4 x 2 x (1+2+4+8) x 4 */
+	assert_int_equal(ncases, 3072);
+	assert_int_equal(nchecks, 11520);
 }
 
 /* Full hit: no attention reads, the state still moves. */
