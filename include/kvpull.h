@@ -546,6 +546,13 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  * Each side also sends the other its own blob, so a producer rank learns how
  * many consumer notifications free a request (kvp_notify_expected()).
  *
+ * Carried metadata: a rank's blob can also be taken with
+ * kvp_agent_get_meta() and carried over the user's own channel (the
+ * engines' control plane, a file, a key-value store). A consumer given
+ * producer ranks' blobs in struct kvp_peer checks them and compiles its
+ * plan before touching the network, skips the first connection above, and
+ * still checks that each of those ranks sends the same bytes in-band.
+ *
  * Requests: kvp_agent_pull() posts a request's RDMA READs, chained per
  * producer rank, one ibv_post_send() per rank; after the reads from a rank
  * it sends that rank a fenced notification {req_id, consumer engine id,
@@ -645,10 +652,34 @@ KVP_API KVP_MUST_CHECK int kvp_agent_register(kvp_agent *agent,
 KVP_API KVP_MUST_CHECK int kvp_agent_listen(kvp_agent *agent, const char *ip,
 					    uint16_t port);
 
-/* Where producer rank i listens: numeric IP address and port. */
+/* This rank's metadata blob, byte for byte what the built-in handshake
+ * sends: kvp_meta_encode() of the agent's layout, with the region
+ * addresses and rkeys of kvp_agent_register() on a producer (a consumer's
+ * memory is not remotely accessible, so its blob carries no keys). For a
+ * user to carry to consumers over their own channel (struct kvp_peer).
+ * Producers and consumers, before or after listen and connect. Writes the
+ * blob to buf[cap] and its length to *len. Returns 0; -ENXIO until every
+ * region is registered; -ENOSPC when cap is too small: *len receives the
+ * size needed and buf is untouched (buf may be NULL with cap 0 to query
+ * the size); -EMSGSIZE when the blob exceeds the 16 MiB the handshake
+ * carries (listen and connect then fail too); -EINVAL (agent or len NULL,
+ * buf NULL with cap > 0); -ENOMEM. Allocates (handshake time, not the hot
+ * path). The blob is valid until the rank's agent is closed: a rank
+ * re-opened or re-registered has another one. */
+KVP_API KVP_MUST_CHECK int kvp_agent_get_meta(const kvp_agent *agent,
+					      void *buf, size_t cap,
+					      size_t *len);
+
+/* Where producer rank i listens: numeric IP address and port; and,
+ * optionally, its blob (kvp_agent_get_meta() on that rank), carried by the
+ * user. meta NULL and meta_len 0: none; the blob is learnt in-band. Borrowed
+ * for the duration of kvp_agent_connect() only. Zero-initialise the struct
+ * (or use designated initialisers) so that later fields stay 0. */
 struct kvp_peer {
 	const char *addr;
 	uint16_t port;
+	const void *meta;
+	uint32_t meta_len;
 };
 
 /* Consumer: connects to the producer engine whose rank i listens at
@@ -656,15 +687,33 @@ struct kvp_peer {
  * described above and leaves the agent ready to pull. Blocks for at most
  * `timeout_ms` milliseconds in total (> 0), the producer ranks' polling
  * included. One producer engine per consumer agent; connect succeeds once.
- * Returns 0; -EINVAL (not a consumer, bad arguments); -EISCONN when already
- * connected; -ENXIO when a region is not registered; -EPROTO when a
- * producer's metadata is malformed or does not match (engine id, TP size
+ *
+ * Carried blobs (ranks[i].meta, for any subset of the ranks) are decoded
+ * and checked first, without a device call or a network exchange: each
+ * must be well formed, of TP size n and rank i, with every region's
+ * address set, and of the same engine and geometry as the lowest rank's
+ * carried blob; the plan is compiled from that one. Connect then reaches
+ * only the ranks the plan reads from or notifies, and each of them whose
+ * blob was carried must send exactly those bytes in-band (a producer rank
+ * re-opened since, with other addresses or rkeys, fails with -EPROTO).
+ * Carried blobs of ranks the plan does not need are checked as above but
+ * never compared in-band. Ranks without a carried blob are checked as in
+ * the handshake above.
+ *
+ * Returns 0; -EINVAL (not a consumer, bad arguments, a NULL address, meta
+ * NULL with meta_len > 0 or meta_len 0 with meta set); -EISCONN when
+ * already connected; -ENXIO when a region is not registered; -EPROTO when
+ * a producer's metadata, carried or in-band, is malformed (a truncated or
+ * corrupt blob, larger than 16 MiB) or does not match (engine id, TP size
  * other than n, rank, compatibility hash, geometry, layouts that cannot be
- * matched by kvp_plan_compile()); -ETIMEDOUT; -ECONNREFUSED (nobody listens
- * or a producer refused); -EHOSTUNREACH, -ENETUNREACH, -EADDRNOTAVAIL when
- * an address cannot be resolved or routed; -ECONNRESET when a producer
- * disconnected during the handshake; -ENOMEM. On failure nothing is left
- * behind: no connection, no plan, and connect may be called again. */
+ * matched by kvp_plan_compile(), a carried blob its rank does not send
+ * byte for byte); -ETIMEDOUT; -ECONNREFUSED (nobody listens or a producer
+ * refused); -EHOSTUNREACH, -ENETUNREACH, -EADDRNOTAVAIL when an address
+ * cannot be resolved or routed; -ECONNRESET when a producer disconnected
+ * during the handshake; -ENOMEM. A carried blob that fails its checks
+ * fails the call before any connection is attempted. On failure nothing
+ * is left behind: no connection, no plan, and connect may be called
+ * again. */
 KVP_API KVP_MUST_CHECK int kvp_agent_connect(kvp_agent *agent,
 					     const struct kvp_peer *ranks,
 					     uint32_t n, int timeout_ms);

@@ -99,7 +99,7 @@ static int wait_req(kvp_agent *a, uint64_t id, double secs)
  * connection and the pull argument errors. */
 static int handshake_consumer(const struct rt_env *env, const struct rt_req *rq)
 {
-	struct kvp_peer peers[2];
+	struct kvp_peer peers[2] = { { 0 } };
 	struct kvt_mem mem = { 0 };
 	struct rt_case other = ref;
 	kvp_layout *good = rt_layout(&ref, 0, 0), *bad = NULL;
@@ -368,7 +368,7 @@ static int doomed_consumer(const struct rt_case *tc, const struct rt_env *env,
 			   int posted_fd)
 {
 	struct kvt_mem mem = { 0 };
-	struct kvp_peer peer = { env->addr0, env->port };
+	struct kvp_peer peer = { .addr = env->addr0, .port = env->port };
 	kvp_layout *l = rt_layout(tc, 0, 0);
 	kvp_agent *a = NULL;
 	const char *who = "consumer";

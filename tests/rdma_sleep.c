@@ -135,7 +135,7 @@ static int sleepy_consumer(const struct rt_env *env, const struct rt_req *rq)
 {
 	struct kvp_agent_attr at;
 	struct kvt_mem mem = { 0 }, exp = { 0 };
-	struct kvp_peer peer = { env->addr0, env->port };
+	struct kvp_peer peer = { .addr = env->addr0, .port = env->port };
 	struct kvp_event ev[8];
 	kvp_layout *l = rt_layout(&sc, 0, 0), *r0 = rt_layout(&sc, 1, 0);
 	kvp_agent *a = NULL;

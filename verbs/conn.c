@@ -36,12 +36,26 @@ static void hello_fill(const kvp_agent *a, struct kvp_hello *h)
 	h->engine_id = a->li.engine_id;
 }
 
-/* Encodes our layout (with region keys on a producer) into a registered
- * buffer. */
-static int blob_make(kvp_agent *a)
+static int regions_ready(const kvp_agent *a)
+{
+	uint32_t i;
+
+	for (i = 0; i < a->li.nregions; i++)
+		if (!a->mrs[i])
+			return 0;
+	return 1;
+}
+
+/* Encodes our blob as the handshake sends it: our layout, with the region
+ * addresses and rkeys of registration on a producer (a consumer's memory is
+ * not remotely accessible: its blob carries no keys). Returns 0 and the
+ * length in *len; -ENOSPC with the length needed in *len when cap is too
+ * small (buf untouched); -EMSGSIZE above KVP_META_MAX; -ENOMEM. Every
+ * region must be registered. */
+static int meta_encode(const kvp_agent *a, void *buf, size_t cap, size_t *len)
 {
 	kvp_layout *l = NULL;
-	size_t len = 0;
+	size_t need = 0;
 	uint32_t i;
 	int err;
 
@@ -52,34 +66,59 @@ static int blob_make(kvp_agent *a)
 		err = kvp_layout_set_region_key(l, i, a->lbase[i],
 						a->mrs[i]->rkey);
 		if (err)
-			goto err_layout;
+			goto out;
 	}
-	err = kvp_meta_encode(l, NULL, 0, &len);
+	err = kvp_meta_encode(l, NULL, 0, &need);
 	if (err != -EMSGSIZE && err)
-		goto err_layout;
+		goto out;
 	err = -EMSGSIZE;
-	if (!len || len > KVP_META_MAX)
-		goto err_layout;
-	err = -ENOMEM;
+	if (!need || need > KVP_META_MAX)
+		goto out;
+	if (need > cap) {
+		*len = need;
+		err = -ENOSPC;
+		goto out;
+	}
+	err = kvp_meta_encode(l, buf, cap, len);
+out:
+	kvp_layout_destroy(l);
+	return err;
+}
+
+int kvp_agent_get_meta(const kvp_agent *a, void *buf, size_t cap, size_t *len)
+{
+	if (!a || !len || (cap && !buf))
+		return -EINVAL;
+	if (!regions_ready(a))
+		return -ENXIO;
+	return meta_encode(a, buf, cap, len);
+}
+
+/* Encodes our blob into a registered buffer for the handshake's SEND. */
+static int blob_make(kvp_agent *a)
+{
+	size_t len = 0;
+	int err;
+
+	err = meta_encode(a, NULL, 0, &len);
+	if (err != -ENOSPC)
+		return err ? err : -EPROTO;
 	a->blob = malloc(len);
 	if (!a->blob)
-		goto err_layout;
-	err = kvp_meta_encode(l, a->blob, len, &a->blob_len);
+		return -ENOMEM;
+	err = meta_encode(a, a->blob, len, &a->blob_len);
 	if (err)
 		goto err_blob;
 	/* Only ever the source of a SEND: local read access suffices. */
 	err = kvp__reg_mr(a->pd, a->blob, a->blob_len, 0, &a->blob_mr);
 	if (err)
 		goto err_blob;
-	kvp_layout_destroy(l);
 	return 0;
 
 err_blob:
 	free(a->blob);
 	a->blob = NULL;
 	a->blob_len = 0;
-err_layout:
-	kvp_layout_destroy(l);
 	return err;
 }
 
@@ -90,16 +129,6 @@ static void blob_free(kvp_agent *a)
 	a->blob_mr = NULL;
 	a->blob = NULL;
 	a->blob_len = 0;
-}
-
-static int regions_ready(const kvp_agent *a)
-{
-	uint32_t i;
-
-	for (i = 0; i < a->li.nregions; i++)
-		if (!a->mrs[i])
-			return 0;
-	return 1;
 }
 
 static int cq_make(kvp_agent *a, uint64_t want)
@@ -213,6 +242,7 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->reported = 0;
 	c->blob = NULL;
 	c->blob_len = 0;
+	c->blob_got = 0;
 	c->blob_mr = NULL;
 	c->peer = NULL;
 	c->meta_sent = c->meta_recv = 0;
@@ -703,6 +733,7 @@ static int consumer_meta(struct kvp_conn *c, uint32_t len)
 	err = kvp_meta_decode(c->blob, len, &c->peer);
 	if (err)
 		return err == -ENOMEM ? err : -EPROTO;
+	c->blob_got = len;
 	return 0;
 }
 
@@ -809,23 +840,23 @@ static int wait_conns(kvp_agent *a, uint64_t deadline)
 	}
 }
 
-/* Checks producer rank c's blob against what it claimed and, when ref is
- * not NULL, against the first rank's. */
-static int check_peer(kvp_agent *a, const struct kvp_conn *c,
+/* Checks producer rank `rank`'s layout against its slot (TP size, rank,
+ * registered regions) and, when ref is not NULL, against the layout the
+ * plan is compiled from: the same engine and geometry. */
+static int check_meta(const kvp_layout *peer, uint32_t rank, uint32_t tp_size,
 		      const kvp_layout *ref)
 {
 	struct kvp_layout_info pi, ri;
 	uint32_t i;
 
-	kvp_layout_get_info(c->peer, &pi);
-	if (pi.engine_id != c->engine_id || pi.tp_rank != c->rank ||
-	    pi.tp_size != a->nconns)
+	kvp_layout_get_info(peer, &pi);
+	if (pi.tp_rank != rank || pi.tp_size != tp_size)
 		return -EPROTO;
 	for (i = 0; i < pi.nregions; i++) {
 		uint64_t addr;
 		uint32_t key;
 
-		if (kvp_layout_get_region_key(c->peer, i, &addr, &key) || !addr)
+		if (kvp_layout_get_region_key(peer, i, &addr, &key) || !addr)
 			return -EPROTO;
 	}
 	if (!ref)
@@ -834,21 +865,23 @@ static int check_peer(kvp_agent *a, const struct kvp_conn *c,
 	if (pi.engine_id != ri.engine_id || pi.ngroups != ri.ngroups ||
 	    pi.nregions != ri.nregions || pi.nviews != ri.nviews ||
 	    pi.nfields != ri.nfields ||
-	    kvp_layout_compat_hash(c->peer) != kvp_layout_compat_hash(ref))
+	    kvp_layout_compat_hash(peer) != kvp_layout_compat_hash(ref))
 		return -EPROTO;
 	/* The plan was compiled against `ref`: every rank must share its
-	 * geometry (shards aside) for the plan's offsets to hold. */
+	 * geometry (shards aside: a shard's length is the same on every rank,
+	 * so the field descriptions are too) for the plan's offsets to
+	 * hold. */
 	for (i = 0; i < pi.nregions; i++) {
 		uint64_t x, y;
 
-		if (kvp_layout_get_region(c->peer, i, &x) ||
+		if (kvp_layout_get_region(peer, i, &x) ||
 		    kvp_layout_get_region(ref, i, &y) || x != y)
 			return -EPROTO;
 	}
 	for (i = 0; i < pi.ngroups; i++) {
 		struct kvp_group_desc x, y;
 
-		if (kvp_layout_get_group(c->peer, i, &x) ||
+		if (kvp_layout_get_group(peer, i, &x) ||
 		    kvp_layout_get_group(ref, i, &y) || x.kind != y.kind ||
 		    x.block_tokens != y.block_tokens)
 			return -EPROTO;
@@ -856,13 +889,87 @@ static int check_peer(kvp_agent *a, const struct kvp_conn *c,
 	for (i = 0; i < pi.nviews; i++) {
 		struct kvp_view_desc x, y;
 
-		if (kvp_layout_get_view(c->peer, i, &x) ||
+		if (kvp_layout_get_view(peer, i, &x) ||
 		    kvp_layout_get_view(ref, i, &y) || x.group != y.group ||
 		    x.region != y.region || x.layer != y.layer ||
 		    x.num_blocks != y.num_blocks || x.offset != y.offset ||
 		    x.stride != y.stride)
 			return -EPROTO;
 	}
+	for (i = 0; i < pi.nfields; i++) {
+		struct kvp_field_desc x, y;
+		uint32_t xv, yv;
+
+		/* No padding in the struct: memcmp compares the fields. */
+		memset(&x, 0, sizeof(x));
+		memset(&y, 0, sizeof(y));
+		if (kvp_layout_get_field(peer, i, &xv, &x) ||
+		    kvp_layout_get_field(ref, i, &yv, &y) || xv != yv ||
+		    memcmp(&x, &y, sizeof(x)))
+			return -EPROTO;
+	}
+	return 0;
+}
+
+/* Checks producer rank c's blob against what it claimed in its hello, and
+ * against `ref` (see check_meta()). */
+static int check_peer(const kvp_agent *a, const struct kvp_conn *c,
+		      const kvp_layout *ref)
+{
+	struct kvp_layout_info pi;
+
+	kvp_layout_get_info(c->peer, &pi);
+	if (pi.engine_id != c->engine_id)
+		return -EPROTO;
+	return check_meta(c->peer, c->rank, a->nconns, ref);
+}
+
+static void carried_free(kvp_layout **carried, uint32_t n)
+{
+	uint32_t i;
+
+	for (i = 0; carried && i < n; i++)
+		kvp_layout_destroy(carried[i]);
+	free(carried);
+}
+
+/* Decodes the blobs carried in ranks[] (the user's own channel) into
+ * (*out)[i], NULL where ranks[i] has none, and checks each against its
+ * slot and against the lowest rank's, whose index goes to *ref (n when no
+ * blob is carried). Touches neither the device nor the network. Returns 0,
+ * -EPROTO for a malformed or mismatched blob, -ENOMEM. */
+static int carried_decode(const struct kvp_peer *ranks, uint32_t n,
+			  kvp_layout ***out, uint32_t *ref)
+{
+	kvp_layout **l;
+	uint32_t i, first = n;
+	int err = 0;
+
+	l = calloc(n, sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	for (i = 0; i < n && !err; i++) {
+		if (!ranks[i].meta)
+			continue;
+		if (ranks[i].meta_len > KVP_META_MAX) {
+			err = -EPROTO;
+			break;
+		}
+		err = kvp_meta_decode(ranks[i].meta, ranks[i].meta_len, &l[i]);
+		if (err) {
+			err = err == -ENOMEM ? err : -EPROTO;
+			break;
+		}
+		if (first == n)
+			first = i;
+		err = check_meta(l[i], i, n, l[first]);
+	}
+	if (err) {
+		carried_free(l, n);
+		return err;
+	}
+	*out = l;
+	*ref = first;
 	return 0;
 }
 
@@ -890,10 +997,22 @@ static void connect_undo(kvp_agent *a)
 	blob_free(a);
 }
 
+/* Producer rank c's in-band blob must be byte-identical to the one the
+ * user carried for it: a producer restarted since (new addresses, new
+ * rkeys) fails here rather than serving READs against stale keys. */
+static int check_carried(const struct kvp_conn *c, const struct kvp_peer *p)
+{
+	if (c->blob_got != p->meta_len || memcmp(c->blob, p->meta, p->meta_len))
+		return -EPROTO;
+	return 0;
+}
+
 int kvp_agent_connect(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
 		      int timeout_ms)
 {
 	struct kvp_plan_attr pattr;
+	kvp_layout **carried = NULL;
+	const kvp_layout *ref;
 	uint64_t deadline;
 	uint32_t first, k, i;
 	int err, r;
@@ -906,12 +1025,16 @@ int kvp_agent_connect(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
 	if (!regions_ready(a))
 		return -ENXIO;
 	for (i = 0; i < n; i++)
-		if (!ranks[i].addr)
+		if (!ranks[i].addr || !ranks[i].meta != !ranks[i].meta_len)
 			return -EINVAL;
 	deadline = kvp__now_ns() + (uint64_t)timeout_ms * 1000000ull;
-	err = blob_make(a);
+	/* Carried blobs are checked before anything is set up. */
+	err = carried_decode(ranks, n, &carried, &first);
 	if (err)
 		return err;
+	err = blob_make(a);
+	if (err)
+		goto err_carried;
 	err = cq_make(a, (uint64_t)n * (a->sq_depth + 4) + 16);
 	if (err)
 		goto err_undo;
@@ -920,23 +1043,29 @@ int kvp_agent_connect(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
 	if (!a->conns)
 		goto err_undo;
 	a->nconns = n;
-	/* The producer rank at the start of this rank's notify cover is
-	 * always in the plan's notify list: meet it first, so that no
-	 * connection is made only to be dropped. */
-	first = (uint32_t)((uint64_t)a->li.tp_rank * n / a->li.tp_size);
-	err = start_conn(a, first, &ranks[first], timeout_ms);
-	if (err)
-		goto err_undo;
-	err = wait_conns(a, deadline);
-	if (err)
-		goto err_undo;
-	err = check_peer(a, &a->conns[first], NULL);
-	if (err)
-		goto err_undo;
+	if (first < n) {
+		/* Any rank's layout compiles the plan (check_meta() holds the
+		 * others to its geometry): no connection just to learn it. */
+		ref = carried[first];
+	} else {
+		/* The producer rank at the start of this rank's notify cover
+		 * is always in the plan's notify list: meet it first, so that
+		 * no connection is made only to be dropped. */
+		first = (uint32_t)((uint64_t)a->li.tp_rank * n / a->li.tp_size);
+		err = start_conn(a, first, &ranks[first], timeout_ms);
+		if (err)
+			goto err_undo;
+		err = wait_conns(a, deadline);
+		if (err)
+			goto err_undo;
+		err = check_peer(a, &a->conns[first], NULL);
+		if (err)
+			goto err_undo;
+		ref = a->conns[first].peer;
+	}
 	memset(&pattr, 0, sizeof(pattr));
 	pattr.max_sge = a->max_sge;
-	err = kvp_plan_compile(a->layout, a->conns[first].peer, &pattr,
-			       &a->plan, NULL, 0);
+	err = kvp_plan_compile(a->layout, ref, &pattr, &a->plan, NULL, 0);
 	if (err) {
 		err = err == -ENOMEM ? err : -EPROTO;
 		goto err_undo;
@@ -948,7 +1077,7 @@ int kvp_agent_connect(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
 			err = -EPROTO;
 			goto err_undo;
 		}
-		if ((uint32_t)r == first || a->conns[r].state != CS_FREE)
+		if (a->conns[r].state != CS_FREE)
 			continue;
 		err = start_conn(a, (uint32_t)r, &ranks[r], timeout_ms);
 		if (err)
@@ -957,8 +1086,7 @@ int kvp_agent_connect(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
 	/* A source outside the notify list would be a planner bug. */
 	for (k = 0; k < a->pi.nsrc; k++) {
 		r = kvp_plan_source(a->plan, k);
-		if (r < 0 || (uint32_t)r >= n ||
-		    (a->conns[r].state == CS_FREE && (uint32_t)r != first)) {
+		if (r < 0 || (uint32_t)r >= n || a->conns[r].state == CS_FREE) {
 			err = -EPROTO;
 			goto err_undo;
 		}
@@ -969,18 +1097,23 @@ int kvp_agent_connect(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
 	for (i = 0; i < n; i++) {
 		if (a->conns[i].state == CS_FREE)
 			continue;
-		err = check_peer(a, &a->conns[i], a->conns[first].peer);
+		err = carried[i] ? check_carried(&a->conns[i], &ranks[i]) : 0;
+		if (!err)
+			err = check_peer(a, &a->conns[i], ref);
 		if (err)
 			goto err_undo;
 	}
 	err = kvp__data_alloc(a);
 	if (err)
 		goto err_undo;
+	carried_free(carried, n);
 	a->connected = 1;
 	a->st.connects += a->pi.nnotify;
 	return 0;
 
 err_undo:
 	connect_undo(a);
+err_carried:
+	carried_free(carried, n);
 	return err;
 }

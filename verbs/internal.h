@@ -251,7 +251,8 @@ struct kvp_conn {
 
 	/* Handshake. */
 	uint8_t *blob;		  /* the peer's blob */
-	uint32_t blob_len;
+	uint32_t blob_len;	  /* its buffer's size */
+	uint32_t blob_got;	  /* consumer: bytes received */
 	struct ibv_mr *blob_mr;
 	kvp_layout *peer;	  /* decoded peer layout */
 	int meta_sent, meta_recv;

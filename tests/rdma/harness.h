@@ -81,6 +81,20 @@ struct rt_env {
 	const char *addr0, *addr1;
 	uint16_t port;
 	int verbose;
+	/* Optional hooks into rt_run() (rt_env_init() leaves them NULL; each
+	 * returns 0 to go on, anything else fails the rank or the case):
+	 * listened: a producer rank, after listen, before its ready byte;
+	 * producers_ready: the parent, once every producer rank is ready and
+	 * before the consumers are forked (what it stores, they inherit);
+	 * connecting: a consumer rank, registered, before its connect: may
+	 * try other connects on `a` and set the peers' other fields. */
+	int (*listened)(const struct rt_env *env, const struct rt_case *tc,
+			kvp_agent *a, const struct kvt_mem *mem, uint32_t rank);
+	int (*producers_ready)(const struct rt_env *env,
+			       const struct rt_case *tc);
+	int (*connecting)(const struct rt_env *env, const struct rt_case *tc,
+			  kvp_agent *a, struct kvp_peer *peers, uint32_t rank);
+	void *arg; /* the hooks' */
 };
 
 static double rt_now(void)
@@ -121,8 +135,10 @@ static void rt_require_device(void)
 	}
 }
 
-static kvp_layout *rt_layout(const struct rt_case *tc, int producer,
-			     uint32_t rank)
+/* Rank `rank`'s layout of the case's producer or consumer engine, with
+ * engine id `engine_id`. */
+static kvp_layout *rt_layout_engine(const struct rt_case *tc, int producer,
+				    uint32_t rank, uint64_t engine_id)
 {
 	struct kvp_engine_desc e;
 	struct kvp_model m;
@@ -135,7 +151,7 @@ static kvp_layout *rt_layout(const struct rt_case *tc, int producer,
 	if (tc->state_layers)
 		m.state_layers = tc->state_layers;
 	memset(&e, 0, sizeof(e));
-	e.engine_id = producer ? RT_PROD_ENGINE : RT_CONS_ENGINE;
+	e.engine_id = engine_id;
 	e.tp_size = producer ? tc->P : tc->D;
 	e.tp_rank = rank;
 	e.block_tokens = producer ? tc->pblock : tc->dblock;
@@ -146,6 +162,13 @@ static kvp_layout *rt_layout(const struct rt_case *tc, int producer,
 	if (kvp_layout_build(&m, &e, &l))
 		return NULL;
 	return l;
+}
+
+static kvp_layout *rt_layout(const struct rt_case *tc, int producer,
+			     uint32_t rank)
+{
+	return rt_layout_engine(tc, producer, rank,
+				producer ? RT_PROD_ENGINE : RT_CONS_ENGINE);
 }
 
 /* Block ids valid in group g: the fewest pages of its views. */
@@ -374,6 +397,8 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 	err = kvp_agent_listen(a, env->addr0, (uint16_t)(env->port + rank));
 	if (err)
 		RT_FAIL("listen: %s", kvp_strerror(err));
+	if (env->listened && env->listened(env, tc, a, &mem, rank))
+		RT_FAIL("listened hook");
 	if (write(ready_fd, "r", 1) != 1)
 		RT_FAIL("ready pipe");
 	for (i = tc->late_expect ? 1 : 0; i < tc->nreq; i++) {
@@ -518,7 +543,7 @@ static int rt_copy_mem(struct kvt_mem *dst, const struct kvt_mem *src)
 static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 		       const struct rt_req *rq, uint32_t rank, int posted_fd)
 {
-	struct kvp_peer peers[RT_MAX_RANKS];
+	struct kvp_peer peers[RT_MAX_RANKS] = { { 0 } };
 	struct kvp_agent_attr at;
 	struct kvt_mem mem = { 0 }, exp = { 0 }, need = { 0 };
 	struct kvp_agent_stats st;
@@ -564,6 +589,8 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 		peers[r].addr = env->addr0;
 		peers[r].port = (uint16_t)(env->port + r);
 	}
+	if (env->connecting && env->connecting(env, tc, a, peers, rank))
+		RT_FAIL("connecting hook");
 	t0 = rt_now();
 	err = kvp_agent_connect(a, peers, tc->P, 30000);
 	if (err)
@@ -797,6 +824,8 @@ static int rt_run(const struct rt_case *tc, const struct rt_env *env)
 		if (rt_now() > deadline)
 			goto out_kill;
 	}
+	if (env->producers_ready && env->producers_ready(env, tc))
+		goto out_kill;
 	for (i = 0; i < tc->D; i++) {
 		cons[i] = fork();
 		if (cons[i] == 0) {
@@ -860,6 +889,34 @@ static void rt_env_init(struct rt_env *env, uint16_t port)
 	env->verbose = getenv("KVP_TEST_VERBOSE") != NULL;
 }
 
+/* The start of an RDMA test program: exits 77 without an RDMA device;
+ * fills *env (first port `port`); returns 0, or 1 after printing the
+ * closing count when KVP_ADDR0 is not set. */
+static __attribute__((unused)) int rt_start(struct rt_env *env, uint16_t port)
+{
+	rt_require_device();
+	rt_env_init(env, port);
+	if (!env->addr0) {
+		printf("KVP_ADDR0 is not set (run under scripts/rxe-vm.sh)\n");
+		printf("0 passed, 1 failed\n");
+		return 1;
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	return 0;
+}
+
+/* Prints a case's line (started at t0, rt_now()) and counts it. */
+static __attribute__((unused)) void rt_report(const char *name, int ok,
+					      double t0, uint32_t *pass,
+					      uint32_t *fail)
+{
+	printf("%s %s (%.2f s)\n", ok ? "ok  " : "FAIL", name, rt_now() - t0);
+	if (ok)
+		(*pass)++;
+	else
+		(*fail)++;
+}
+
 /* Runs the cases whose name contains `filter` (NULL: all); prints one line
  * per case and the closing count; returns the exit status. */
 static __attribute__((unused)) int rt_main(const struct rt_case *cases, uint32_t n, const char *filter,
@@ -868,14 +925,8 @@ static __attribute__((unused)) int rt_main(const struct rt_case *cases, uint32_t
 	struct rt_env env;
 	uint32_t i, pass = 0, fail = 0;
 
-	rt_require_device();
-	rt_env_init(&env, port);
-	if (!env.addr0) {
-		printf("KVP_ADDR0 is not set (run under scripts/rxe-vm.sh)\n");
-		printf("0 passed, 1 failed\n");
+	if (rt_start(&env, port))
 		return 1;
-	}
-	setvbuf(stdout, NULL, _IOLBF, 0);
 	for (i = 0; i < n; i++) {
 		double t0 = rt_now();
 		int ok;
@@ -889,12 +940,7 @@ static __attribute__((unused)) int rt_main(const struct rt_case *cases, uint32_t
 		}
 		ok = !rt_run(&cases[i], &env);
 		env.port = (uint16_t)(env.port + RT_MAX_RANKS);
-		printf("%s %s (%.2f s)\n", ok ? "ok  " : "FAIL", cases[i].name,
-		       rt_now() - t0);
-		if (ok)
-			pass++;
-		else
-			fail++;
+		rt_report(cases[i].name, ok, t0, &pass, &fail);
 	}
 	printf("%u passed, %u failed\n", pass, fail);
 	return fail ? 1 : 0;
