@@ -36,6 +36,11 @@ RDMA_SRC := $(sort $(wildcard tests/rdma_*.c))
 RDMA_BIN := $(RDMA_SRC:tests/%.c=build/tests/%)
 TOOL_SRC := $(sort $(wildcard tools/*.c))
 TOOL_BIN := $(TOOL_SRC:tools/%.c=build/tools/%)
+# tools/lib/: shared by the tools (an archive: each takes what it uses);
+# tools/plan/: the pieces of kvpull-plan.
+TOOLLIB_OBJ := $(patsubst %.c,build/%.o,$(sort $(wildcard tools/lib/*.c)))
+PLANTOOL_OBJ := $(patsubst %.c,build/%.o,$(sort $(wildcard tools/plan/*.c)))
+TOOL_HDR := $(wildcard include/*.h tests/lib/*.h tools/*/*.h)
 TESTLIB_SRC := $(sort $(wildcard tests/lib/*.c))
 TESTLIB_OBJ := $(TESTLIB_SRC:%.c=build/%.o)
 
@@ -73,9 +78,18 @@ build/tests/rdma_%: tests/rdma_%.c $(TESTLIB_OBJ) build/libkvpull.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) build/libkvpull.a $(VERBS_LIBS)
 
-build/tools/%: tools/%.c $(TESTLIB_OBJ) build/libkvpull.a
+build/tools/%.o: tools/%.c $(TOOL_HDR)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) build/libkvpull.a $(VERBS_LIBS)
+	$(CC) $(ALL_CFLAGS) -Itests/lib -Itools/lib -c -o $@ $<
+
+build/libkvpull_tools.a: $(TOOLLIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+build/tools/kvpull-plan: $(PLANTOOL_OBJ)
+
+build/tools/%: tools/%.c $(TOOL_HDR) $(TESTLIB_OBJ) build/libkvpull_tools.a build/libkvpull.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests/lib -Itools/lib $(LDFLAGS) -o $@ $< $(filter build/tools/%.o,$^) build/libkvpull_tools.a $(TESTLIB_OBJ) build/libkvpull.a $(VERBS_LIBS)
 
 # The header must compile alone, as C and as C++.
 build/header-check: include/kvpull.h

@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: MIT
+/* kvpull-plan: the plan, what is derived from it once, and the errors. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dump.h"
+
+/* ---- errors ----------------------------------------------------------- */
+
+static void vreport(const char *fmt, va_list ap)
+{
+	fprintf(stderr, PROG ": ");
+	vfprintf(stderr, fmt, ap);
+}
+
+void usage_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vreport(fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\nTry '" PROG " --help'.\n");
+	exit(2);
+}
+
+void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vreport(fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\n");
+	exit(1);
+}
+
+void *xcalloc(size_t n, size_t size)
+{
+	void *p = calloc(n ? n : 1, size ? size : 1);
+
+	if (!p)
+		die("%s", kvp_strerror(-ENOMEM));
+	return p;
+}
+
+void checked(int err, const char *what, uint32_t i)
+{
+	if (err)
+		die("%s %u: unreadable", what, i);
+}
+
+uint32_t view_layer(const kvp_layout *l, uint32_t view)
+{
+	struct kvp_view_desc v;
+
+	checked(kvp_layout_get_view(l, view, &v), "view", view);
+	return v.layer;
+}
+
+/* ---- everything computed once ----------------------------------------- */
+
+static void view_fields(const kvp_layout *l, char (**out)[64])
+{
+	struct kvp_layout_info li;
+	char(*vf)[64];
+	uint32_t i, view;
+
+	kvp_layout_get_info(l, &li);
+	vf = xcalloc(li.nviews, sizeof(*vf));
+	for (i = 0; i < li.nfields; i++) {
+		struct kvp_field_desc f;
+		size_t n;
+
+		if (kvp_layout_get_field(l, i, &view, &f) || view >= li.nviews)
+			die("field %u: unreadable", i);
+		n = strlen(vf[view]);
+		snprintf(vf[view] + n, sizeof(vf[view]) - n, "%s%s",
+			 n ? "+" : "", TOOL_NAME(tool_field_names, f.kind));
+	}
+	*out = vf;
+}
+
+static double now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+/* ranks[i] = rank(plan, i) for i < n, in a new array. */
+static int *ranks(const kvp_plan *plan, uint32_t n,
+		  int (*rank)(const kvp_plan *, uint32_t))
+{
+	int *r = xcalloc(n, sizeof(int));
+	uint32_t i;
+
+	for (i = 0; i < n; i++)
+		r[i] = rank(plan, i);
+	return r;
+}
+
+void compute(struct opts *o, struct dump *d)
+{
+	struct kvp_plan_attr attr = { 0 };
+	struct kvp_layout_info ri;
+	char msg[256] = "";
+	uint32_t i;
+	double t0;
+	int err;
+
+	d->o = o;
+	attr.max_sge = o->max_sge;
+	t0 = now_us();
+	err = kvp_plan_compile(o->loc.l, o->rem.l, &attr, &d->plan, msg,
+			       sizeof(msg));
+	d->compile_us = now_us() - t0;
+	if (err)
+		die("cannot plan: %s%s%s", kvp_strerror(err), msg[0] ? ": " : "",
+		    msg);
+	kvp_plan_get_info(d->plan, &d->info);
+	if (d->info.ngroups > MAX_GROUPS)
+		die("more than %u groups", MAX_GROUPS);
+	for (i = 0; i < d->info.ngroups; i++)
+		checked(kvp_plan_get_group(d->plan, i, &d->pg[i]), "group", i);
+	d->src_rank = ranks(d->plan, d->info.nsrc, kvp_plan_source);
+	d->notify_rank = ranks(d->plan, d->info.nnotify, kvp_plan_notify);
+	kvp_layout_get_info(o->rem.l, &ri);
+	d->remote_tp = ri.tp_size;
+	d->expected = xcalloc(ri.tp_size, sizeof(int));
+	for (i = 0; i < ri.tp_size; i++) {
+		d->expected[i] = kvp_notify_expected(o->rem.l, o->loc.l, i);
+		if (d->expected[i] < 0)
+			die("kvp_notify_expected(producer %u): %s", i,
+			    kvp_strerror(d->expected[i]));
+	}
+	view_fields(o->loc.l, &d->lfields);
+	d->have_request = o->have_request || o->have_hit || o->have_tokens ||
+			  o->nlids || o->nrids;
+	if (d->have_request)
+		make_request(o, d->plan, d->pg, d->info.ngroups, &d->rq);
+}
+
+void free_dump(struct dump *d)
+{
+	if (d->have_request)
+		free_request(&d->rq, d->o, d->info.ngroups);
+	free(d->src_rank);
+	free(d->notify_rank);
+	free(d->expected);
+	free(d->lfields);
+	kvp_plan_destroy(d->plan);
+}
+
+/* kvp_plan_get_group() sets every bit past 64 sources; the streams then say
+ * it exactly. */
+int serves(const struct dump *d, uint32_t g, uint32_t s)
+{
+	struct kvp_plan_stream st;
+	uint32_t i;
+
+	if (d->info.nsrc <= 64)
+		return (d->pg[g].src_mask >> s) & 1;
+	for (i = 0; i < d->info.nstreams; i++)
+		if (!kvp_plan_get_stream(d->plan, i, &st) && st.src == s &&
+		    st.group == g)
+			return 1;
+	return 0;
+}

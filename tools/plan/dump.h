@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvpull-plan's pieces (tools/kvpull-plan.c is main): options and the two
+ * engines (args.c), the plan and what is derived from it (dump.c), the
+ * request (request.c), and the two outputs (text.c, json.c). Public API
+ * only. Every failure ends the program: usage_error() exits 2, die() 1.
+ */
+#ifndef KVP_TOOL_DUMP_H
+#define KVP_TOOL_DUMP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvpull.h"
+#include "names.h"
+
+#define PROG "kvpull-plan"
+#define MAX_GROUPS 64
+#define DEFAULT_NUM_BLOCKS 1024
+#define DEFAULT_BLOCK 16
+
+#define PLURAL(n) ((n) == 1 ? "" : "s")
+
+/* ---- options (args.c) ---- */
+
+struct idlist {
+	uint32_t *id;
+	uint32_t n;
+};
+
+/* One engine: built from the preset, or parsed from a spec file. */
+struct side {
+	const char *what; /* "local" or "remote" */
+	const char *spec; /* file, or NULL for the preset */
+	struct kvp_model m;
+	struct kvp_engine_desc e;
+	int have_tp, have_rank, have_block, have_kblock, have_layout,
+		have_conv;
+	kvp_layout *l;
+};
+
+struct opts {
+	struct side loc, rem;
+	const char *model;
+	int have_layers, have_kv_heads, have_head_dim, have_dtype, have_nblocks;
+	uint32_t layers, kv_heads, head_dim, dtype, nblocks;
+	uint32_t max_sge;
+	int json, brief, timing;
+	int have_request, have_hit, have_tokens;
+	uint32_t request, hit;
+	uint64_t tokens;
+	struct idlist lids[MAX_GROUPS], rids[MAX_GROUPS];
+	uint32_t nlids, nrids;
+};
+
+/* Fills *o from the command line; --help prints the usage and exits 0. */
+void parse_opts(int argc, char **argv, struct opts *o);
+/* Builds o->loc.l and o->rem.l from the preset or the spec files. */
+void build_sides(struct opts *o);
+/* Frees the id lists and both layouts. */
+void free_opts(struct opts *o);
+
+/* ---- the request (request.c) ---- */
+
+/* What a request needs of one group: the rule of kvp_ids (kvpull.h). */
+struct need {
+	uint32_t skip, lend, rend;
+	uint64_t tokens;
+};
+
+struct request {
+	struct kvp_ids ids[MAX_GROUPS];
+	struct need need[MAX_GROUPS];
+	struct kvp_wr *wr;
+	struct kvp_sge *sge;
+	uint32_t nwr;
+	uint64_t bytes, naive, naive_group[MAX_GROUPS], wrs_group[MAX_GROUPS];
+	uint64_t bytes_group[MAX_GROUPS];
+	int overlap;
+	uint32_t overlap_g[2], overlap_region;
+};
+
+/* Builds the ids of every group from the options, emits the request into
+ * *rq (zeroed by the caller) and counts it; warns on stderr when two local
+ * SGEs overlap. */
+void make_request(const struct opts *o, const kvp_plan *plan,
+		  const struct kvp_plan_group *pg, uint32_t ngroups,
+		  struct request *rq);
+void free_request(struct request *rq, const struct opts *o,
+		  uint32_t ngroups);
+
+/* ---- the plan and what is derived from it (dump.c) ---- */
+
+struct dump {
+	struct opts *o;
+	kvp_plan *plan;
+	struct kvp_plan_info info;
+	struct kvp_plan_group pg[MAX_GROUPS];
+	int *src_rank, *notify_rank;
+	int *expected; /* per producer rank */
+	uint32_t remote_tp;
+	double compile_us;
+	char (*lfields)[64]; /* per local view: its field kinds */
+	struct request rq;
+	int have_request;
+};
+
+/* Compiles the plan of o's two layouts and fills *d (zeroed by the caller). */
+void compute(struct opts *o, struct dump *d);
+void free_dump(struct dump *d);
+/* Whether source index s serves group g. */
+int serves(const struct dump *d, uint32_t g, uint32_t s);
+uint32_t view_layer(const kvp_layout *l, uint32_t view);
+
+/* ---- output ---- */
+
+void print_text(const struct dump *d); /* text.c */
+void print_json(const struct dump *d); /* json.c */
+
+/* ---- errors and checked accessors (dump.c) ---- */
+
+__attribute__((noreturn, format(printf, 1, 2))) void usage_error(
+	const char *fmt, ...);
+__attribute__((noreturn, format(printf, 1, 2))) void die(const char *fmt,
+							  ...);
+/* calloc that dies on failure and never returns NULL for n == 0. */
+void *xcalloc(size_t n, size_t size);
+
+/* For the library's getters, called with indices below its counts:
+ * checked(kvp_layout_get_view(l, i, &v), "view", i) dies if it refuses. */
+void checked(int err, const char *what, uint32_t i);
+
+#endif
