@@ -7,13 +7,15 @@
  * struct kvp_peer, pulls and checks its whole memory byte for byte
  * (tests/rdma/harness.h). Besides the good blob, each producer rank
  * publishes a stale one (another agent of the same engine and rank, other
- * memory: what a restarted rank would send) and one of another engine.
+ * memory: what a restarted rank would send), one of another engine and
+ * one of another model.
  *
  *  - get_meta: -ENXIO before registration, -ENOSPC with the size, the
  *    NULL/0 query, -EINVAL, stable bytes, the rank's addresses inside;
- *  - connect with a corrupt, truncated, other-engine or misplaced blob:
- *    -EPROTO at once, before any network exchange (the same call aimed at
- *    ports nobody listens on still says -EPROTO), nothing left behind;
+ *  - connect with a corrupt, truncated, other-engine or misplaced blob, or
+ *    blobs of a model the plan cannot match: -EPROTO at once, before any
+ *    network exchange (the same call aimed at ports nobody listens on
+ *    still says -EPROTO), nothing left behind;
  *  - a stale blob: -EPROTO once the rank's in-band blob differs;
  *  - then the good blobs on the same agent: connect, pull, bytes checked;
  *  - blobs for some ranks only, including ranks the consumer never meets.
@@ -35,7 +37,10 @@
 #define PRENET_SECS 1.0 /* a refusal before the network is instant */
 #define CONNECT_MS 20000
 
-enum { B_GOOD, B_STALE, B_OTHER, B_KINDS };
+/* Each producer rank's blobs: its own; another agent's of the same engine
+ * and rank on other memory (stale); one of another engine; one of another
+ * model (same engine, a layout the consumer's plan cannot match). */
+enum { B_GOOD, B_STALE, B_OTHER, B_MODEL, B_KINDS };
 
 struct blob {
 	uint8_t *p;
@@ -218,9 +223,11 @@ static int publish(const struct rt_env *env, const struct rt_case *tc,
 {
 	struct meta_ctx *cx = env->arg;
 	struct blob b[B_KINDS], again = { 0 };
-	struct kvt_mem m2 = { 0 };
+	struct kvt_mem m2 = { 0 }, m3 = { 0 };
+	struct rt_case mtc = *tc;
 	kvp_layout *same = rt_layout(tc, 1, rank);
 	kvp_layout *other = rt_layout_engine(tc, 1, rank, RT_PROD_ENGINE + 1);
+	kvp_layout *model = NULL;
 	uint8_t small[8];
 	size_t len = 0, i;
 	uint32_t k;
@@ -229,7 +236,10 @@ static int publish(const struct rt_env *env, const struct rt_case *tc,
 
 	snprintf(who, sizeof(who), "%s P%u", tc->name, rank);
 	memset(b, 0, sizeof(b));
-	if (!same || !other || kvt_mem_alloc(same, &m2))
+	mtc.model = "qwen2.5-1.5b";
+	model = rt_layout(&mtc, 1, rank);
+	if (!same || !other || !model || kvt_mem_alloc(same, &m2) ||
+	    kvt_mem_alloc(model, &m3))
 		RT_FAIL("layouts");
 	if (kvp_agent_get_meta(NULL, small, sizeof(small), &len) != -EINVAL ||
 	    kvp_agent_get_meta(a, NULL, 16, &len) != -EINVAL ||
@@ -268,6 +278,9 @@ static int publish(const struct rt_env *env, const struct rt_case *tc,
 	    check_blob(&b[B_OTHER], RT_PROD_ENGINE + 1, tc->P, rank, m2.buf,
 		       who))
 		RT_FAIL("other engine's blob");
+	if (other_agent_meta(env, model, &m3, &b[B_MODEL], who) ||
+	    check_blob(&b[B_MODEL], RT_PROD_ENGINE, tc->P, rank, m3.buf, who))
+		RT_FAIL("other model's blob");
 	for (k = 0; k < B_KINDS; k++)
 		if (write_full(cx->fd[rank][1], &b[k].len, sizeof(b[k].len)) ||
 		    write_full(cx->fd[rank][1], b[k].p, b[k].len))
@@ -278,8 +291,10 @@ out:
 		free(b[k].p);
 	free(again.p);
 	kvt_mem_free(&m2);
+	kvt_mem_free(&m3);
 	kvp_layout_destroy(same);
 	kvp_layout_destroy(other);
+	kvp_layout_destroy(model);
 	return ret;
 }
 
@@ -306,15 +321,17 @@ static int collect(const struct rt_env *env, const struct rt_case *tc)
 	return 0;
 }
 
-/* One rejected connect: slot `slot` of the good blobs replaced by
- * meta[len]. With `prenet`, the refusal must come at once, and the same
+/* One rejected connect: the good blobs with slot `slot` replaced by
+ * meta[len], or with every slot's replaced by kind `kind` when slot is
+ * RT_MAX_RANKS. With `prenet`, the refusal must come at once, and the same
  * call aimed at ports nobody listens on must still be -EPROTO (not
  * -ECONNREFUSED): nothing reached the network. */
 static int reject(const struct rt_env *env, const struct rt_case *tc,
 		  kvp_agent *a, const struct kvp_peer *good, uint32_t slot,
-		  const void *meta, uint32_t len, int prenet,
+		  const void *meta, uint32_t len, uint32_t kind, int prenet,
 		  const char *what, const char *who)
 {
+	struct meta_ctx *cx = env->arg;
 	struct kvp_peer p[RT_MAX_RANKS], dead[RT_MAX_RANKS];
 	struct kvp_agent_stats st;
 	uint32_t r;
@@ -322,8 +339,14 @@ static int reject(const struct rt_env *env, const struct rt_case *tc,
 	int ret = 1, err;
 
 	memcpy(p, good, tc->P * sizeof(*p));
-	p[slot].meta = meta;
-	p[slot].meta_len = len;
+	for (r = 0; r < tc->P; r++)
+		if (slot == RT_MAX_RANKS) {
+			p[r].meta = cx->b[r][kind].p;
+			p[r].meta_len = cx->b[r][kind].len;
+		} else if (r == slot) {
+			p[r].meta = meta;
+			p[r].meta_len = len;
+		}
 	if (prenet) {
 		memcpy(dead, p, tc->P * sizeof(*p));
 		for (r = 0; r < tc->P; r++)
@@ -388,19 +411,24 @@ static int rejections(const struct rt_env *env, const struct rt_case *tc,
 		RT_FAIL("memory");
 	memcpy(flip, last[B_GOOD].p, last[B_GOOD].len);
 	flip[last[B_GOOD].len / 2] ^= 0xff;
-	if (reject(env, tc, a, good, tc->P - 1, flip, last[B_GOOD].len, 1,
+	if (reject(env, tc, a, good, tc->P - 1, flip, last[B_GOOD].len, 0, 1,
 		   "corrupt blob", who) ||
 	    reject(env, tc, a, good, 0, cx->b[0][B_GOOD].p,
-		   cx->b[0][B_GOOD].len / 2, 1, "truncated blob", who) ||
+		   cx->b[0][B_GOOD].len / 2, 0, 1, "truncated blob", who) ||
 	    /* With one rank, nothing to compare another engine with before
 	     * the in-band blob. */
 	    reject(env, tc, a, good, tc->P - 1, last[B_OTHER].p,
-		   last[B_OTHER].len, tc->P > 1, "other engine's blob", who) ||
+		   last[B_OTHER].len, 0, tc->P > 1, "other engine's blob",
+		   who) ||
 	    (tc->P > 1 &&
 	     reject(env, tc, a, good, 0, cx->b[1][B_GOOD].p,
-		    cx->b[1][B_GOOD].len, 1, "rank 1's blob in slot 0", who)) ||
+		    cx->b[1][B_GOOD].len, 0, 1, "rank 1's blob in slot 0",
+		    who)) ||
+	    /* Well-formed and consistent: kvp_plan_compile() refuses. */
+	    reject(env, tc, a, good, RT_MAX_RANKS, NULL, 0, B_MODEL, 1,
+		   "another model's blobs", who) ||
 	    reject(env, tc, a, good, tc->P - 1, last[B_STALE].p,
-		   last[B_STALE].len, 0, "stale blob", who))
+		   last[B_STALE].len, 0, 0, "stale blob", who))
 		goto out;
 	ret = 0;
 out:
