@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "kvpull.h"
+#include "names.h"
 
 static double now_ns(void)
 {
@@ -26,9 +27,6 @@ static double now_ns(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec * 1e9 + ts.tv_nsec;
 }
-
-static const char *const layouts[] = { "flash_nhd", "flash_hnd", "flashinfer",
-				       "packed" };
 
 static void usage(FILE *f)
 {
@@ -102,13 +100,13 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--iters"))
 			iters = (uint32_t)strtoul(v, NULL, 0);
 		else if (!strcmp(a, "--layout")) {
-			for (layout = 0; layout < 4; layout++)
-				if (!strcmp(v, layouts[layout]))
-					break;
-			if (layout == 4) {
+			int l = TOOL_NAME_INDEX(tool_layout_names, v);
+
+			if (l < 0) {
 				usage(stderr);
 				return 2;
 			}
+			layout = (uint32_t)l;
 		} else {
 			usage(stderr);
 			return 2;
@@ -155,7 +153,7 @@ int main(int argc, char **argv)
 	qsort(t, iters, sizeof(*t), cmp_double);
 	kvp_plan_get_info(plan, &info);
 	printf("model %s, %u layers, TP %u -> %u (consumer rank 0), %u blocks, layout %s, max_sge %u\n",
-	       model, m.layers, P, D, nblocks, layouts[layout], max_sge);
+	       model, m.layers, P, D, nblocks, tool_layout_names[layout], max_sge);
 	printf("compile: median %.1f us, min %.1f us (%u runs)\n",
 	       t[iters / 2] / 1e3, t[0] / 1e3, iters);
 	printf("plan: %llu bytes, %u sources, %u streams, %u piece templates\n",

@@ -17,18 +17,17 @@
  */
 #include <errno.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kvpull.h"
 #include "kvtest.h"
+#include "names.h"
+#include "rdma_tool.h"
 
-#define MAX_TP 8
+#define MAX_TP TOOL_MAX_RANKS
 #define MAX_REQ 64
 #define PREFILL_ENGINE 0x7072656669ull /* "prefi" */
 #define DECODE_ENGINE 0x6465636f64ull  /* "decod" */
@@ -38,7 +37,7 @@ struct opts {
 	uint32_t layers, P, D, nreq, tokens, block, nblocks, max_sge;
 	uint32_t playout, dlayout;
 	uint16_t port;
-	uint64_t seed;
+	uint32_t seed;
 };
 
 struct req {
@@ -46,25 +45,6 @@ struct req {
 	struct kvp_ids ids; /* one group: the models here have one */
 	uint32_t *lid, *rid;
 };
-
-static const char *const layouts[] = { "flash_nhd", "flash_hnd", "flashinfer",
-				       "packed" };
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void usage(FILE *f)
 {
@@ -91,18 +71,6 @@ static void usage(FILE *f)
 		"  --port N               first prefill rank's port [18700]\n"
 		"  --seed N               [1]\n",
 		MAX_REQ);
-}
-
-static int parse_layout(const char *s, uint32_t *out)
-{
-	uint32_t i;
-
-	for (i = 0; i < 4; i++)
-		if (!strcmp(s, layouts[i])) {
-			*out = i;
-			return 0;
-		}
-	return -1;
 }
 
 static kvp_layout *build(const struct opts *o, int prefill, uint32_t rank)
@@ -187,31 +155,17 @@ static int make_requests(const struct opts *o, struct req *rq)
 	return 0;
 }
 
-static int register_all(kvp_agent *a, struct kvt_mem *m)
-{
-	uint32_t r;
-	int err;
-
-	for (r = 0; r < m->nregions; r++) {
-		err = kvp_agent_register(a, r, m->buf[r], m->size[r]);
-		if (err)
-			return err;
-	}
-	return 0;
-}
-
 /* ---- prefill rank ------------------------------------------------------- */
 
 static int prefill_rank(const struct opts *o, struct req *rq, uint32_t rank,
 			int ready_fd, int stop_fd)
 {
-	struct kvp_agent_attr at;
 	struct kvt_mem mem = { 0 };
 	struct kvp_event ev[16];
 	kvp_layout *l = build(o, 1, rank);
 	kvp_agent *a = NULL;
 	uint32_t i, released = 0;
-	double end = now_s() + 300;
+	double end = tool_now_s() + 300;
 	int err, n, ret = 1;
 
 	alarm(400);
@@ -221,23 +175,16 @@ static int prefill_rank(const struct opts *o, struct req *rq, uint32_t rank,
 	}
 	for (i = 0; i < o->nreq; i++)
 		kvt_fill_producer(l, &mem, &rq[i].ids);
-	memset(&at, 0, sizeof(at));
-	at.role = KVP_ROLE_PRODUCER;
-	at.layout = l;
-	at.addr = o->addr;
-	at.max_inflight = MAX_REQ;
-	err = kvp_agent_open(&at, &a);
-	if (!err)
-		err = register_all(a, &mem);
-	if (!err)
-		err = kvp_agent_listen(a, o->addr, (uint16_t)(o->port + rank));
+	err = tool_producer_open(l, o->addr, (uint16_t)(o->port + rank),
+				 MAX_REQ, &mem, &a);
 	if (err) {
 		fprintf(stderr, "prefill %u: %s\n", rank, kvp_strerror(err));
 		goto out;
 	}
 	/* The scheduler hands these requests to the decode engine. */
 	for (i = 0; i < o->nreq; i++) {
-		err = kvp_agent_expect(a, rq[i].id, now_ns() + 200000000000ull);
+		err = kvp_agent_expect(a, rq[i].id,
+				       tool_now_ns() + 200000000000ull);
 		if (err) {
 			fprintf(stderr, "prefill %u: expect: %s\n", rank,
 				kvp_strerror(err));
@@ -261,33 +208,14 @@ static int prefill_rank(const struct opts *o, struct req *rq, uint32_t rank,
 		}
 		if (released == o->nreq && poll(&p, 1, 0) > 0)
 			break;
-		if (now_s() > end) {
+		if (tool_now_s() > end) {
 			fprintf(stderr, "prefill %u: timeout\n", rank);
 			goto out;
 		}
-		if (!n) {
-			/* Nothing to do: sleep on the agent's fds (and the
-			 * parent's stop pipe) instead of spinning. */
-			struct pollfd w[3];
-			uint64_t wake, t;
-			int fds[2], ms = 100;
-
-			if (kvp_agent_fds(a, fds, 2) != 2)
-				goto out;
-			err = kvp_agent_arm(a, &wake);
-			if (err < 0)
-				goto out;
-			if (err > 0)
-				continue;
-			t = now_ns();
-			if (wake != UINT64_MAX && wake < t + 100000000ull)
-				ms = wake <= t ? 0 : (int)((wake - t) / 1000000 + 1);
-			w[0].fd = fds[0];
-			w[1].fd = fds[1];
-			w[2].fd = stop_fd;
-			w[0].events = w[1].events = w[2].events = POLLIN;
-			(void)poll(w, 3, ms);
-		}
+		/* Nothing to do: sleep on the agent's fds (and the parent's
+		 * stop pipe) instead of spinning. */
+		if (!n && tool_agent_sleep(a, stop_fd, 100) < 0)
+			goto out;
 	}
 	ret = 0;
 out:
@@ -329,28 +257,21 @@ static void print_plan(const kvp_plan *plan, uint32_t rank)
 			       pg.period_tokens);
 }
 
-static int copy_mem(struct kvt_mem *dst, const struct kvt_mem *src)
+/* A copy of `src`, the memory of layout `l`. */
+static int copy_mem(const kvp_layout *l, struct kvt_mem *dst,
+		    const struct kvt_mem *src)
 {
 	uint32_t i;
 
-	dst->nregions = src->nregions;
-	dst->buf = calloc(src->nregions + 1, sizeof(*dst->buf));
-	dst->size = calloc(src->nregions + 1, sizeof(*dst->size));
-	if (!dst->buf || !dst->size)
+	if (kvt_mem_alloc(l, dst))
 		return -1;
-	for (i = 0; i < src->nregions; i++) {
-		dst->size[i] = src->size[i];
-		dst->buf[i] = malloc(src->size[i]);
-		if (!dst->buf[i])
-			return -1;
+	for (i = 0; i < src->nregions; i++)
 		memcpy(dst->buf[i], src->buf[i], src->size[i]);
-	}
 	return 0;
 }
 
 static int decode_rank(const struct opts *o, struct req *rq, uint32_t rank)
 {
-	struct kvp_peer peers[MAX_TP];
 	struct kvp_agent_attr at;
 	struct kvp_agent_stats st;
 	struct kvp_plan_info pi;
@@ -370,7 +291,7 @@ static int decode_rank(const struct opts *o, struct req *rq, uint32_t rank)
 		goto out;
 	}
 	kvt_fill_background(&mem, 11 + rank);
-	if (copy_mem(&exp, &mem)) {
+	if (copy_mem(l, &exp, &mem)) {
 		fprintf(stderr, "decode %u: out of memory\n", rank);
 		goto out;
 	}
@@ -381,21 +302,15 @@ static int decode_rank(const struct opts *o, struct req *rq, uint32_t rank)
 	at.max_ids = (o->tokens + o->block - 1) / o->block;
 	at.max_inflight = o->nreq;
 	at.max_sge = o->max_sge;
-	err = kvp_agent_open(&at, &a);
+	err = tool_agent_open(&at, &mem, &a);
+	t0 = tool_now_s();
 	if (!err)
-		err = register_all(a, &mem);
-	for (i = 0; i < o->P; i++) {
-		peers[i].addr = o->addr;
-		peers[i].port = (uint16_t)(o->port + i);
-	}
-	t0 = now_s();
-	if (!err)
-		err = kvp_agent_connect(a, peers, o->P, 60000);
+		err = tool_connect(a, o->addr, o->port, o->P);
 	if (err) {
 		fprintf(stderr, "decode %u: %s\n", rank, kvp_strerror(err));
 		goto out;
 	}
-	t1 = now_s();
+	t1 = tool_now_s();
 	plan = kvp_agent_plan(a);
 	kvp_plan_get_info(plan, &pi);
 	print_plan(plan, rank);
@@ -408,7 +323,7 @@ static int decode_rank(const struct opts *o, struct req *rq, uint32_t rank)
 			for (i = 0; i < o->nreq; i++)
 				naive += rq[i].ids.nlocal;
 	}
-	t2 = now_s();
+	t2 = tool_now_s();
 	while (done < o->nreq) {
 		while (next < o->nreq) {
 			err = kvp_agent_pull(a, rq[next].id, &rq[next].ids);
@@ -434,12 +349,12 @@ static int decode_rank(const struct opts *o, struct req *rq, uint32_t rank)
 				goto out;
 			}
 		}
-		if (now_s() - t2 > 300) {
+		if (tool_now_s() - t2 > 300) {
 			fprintf(stderr, "decode %u: timeout\n", rank);
 			goto out;
 		}
 	}
-	t3 = now_s();
+	t3 = tool_now_s();
 	kvp_agent_get_stats(a, &st);
 	for (i = 0; i < o->nreq; i++)
 		kvt_expect_consumer(l, r0, &exp, NULL, &rq[i].ids);
@@ -474,17 +389,24 @@ out:
 
 /* ---- orchestration ------------------------------------------------------ */
 
-static int parse_u32(const char *s, uint32_t *v)
-{
-	char *e;
-	unsigned long x;
+/* What the rank processes share. */
+struct demo {
+	const struct opts *o;
+	struct req *rq;
+};
 
-	errno = 0;
-	x = strtoul(s, &e, 10);
-	if (errno || *e || e == s || x > UINT32_MAX)
-		return -1;
-	*v = (uint32_t)x;
-	return 0;
+static int prefill_main(void *arg, uint32_t rank, int ready_fd, int stop_fd)
+{
+	const struct demo *d = arg;
+
+	return prefill_rank(d->o, d->rq, rank, ready_fd, stop_fd);
+}
+
+static int decode_main(void *arg, uint32_t rank)
+{
+	const struct demo *d = arg;
+
+	return decode_rank(d->o, d->rq, rank);
 }
 
 int main(int argc, char **argv)
@@ -496,70 +418,38 @@ int main(int argc, char **argv)
 			  .playout = KVP_KV_FLASH_HND,
 			  .dlayout = KVP_KV_FLASH_HND, .port = 18700,
 			  .seed = 1 };
-	pid_t prod[MAX_TP] = { 0 }, dec[MAX_TP] = { 0 };
-	int ready[2], stop[2], i, st, bad = 0;
+	const struct tool_opt opts[] = {
+		{ "--model", TOOL_STR, &o.model, 0 },
+		{ "--addr", TOOL_STR, &o.addr, 0 },
+		{ "--ids", TOOL_STR, &o.ids, 0 },
+		{ "--prefill-layout", TOOL_LAYOUT, &o.playout, 0 },
+		{ "--decode-layout", TOOL_LAYOUT, &o.dlayout, 0 },
+		{ "--layers", TOOL_U32, &o.layers, 0 },
+		{ "--prefill-tp", TOOL_U32, &o.P, 0 },
+		{ "--decode-tp", TOOL_U32, &o.D, 0 },
+		{ "--requests", TOOL_U32, &o.nreq, 0 },
+		{ "--tokens", TOOL_U32, &o.tokens, 0 },
+		{ "--block", TOOL_U32, &o.block, 0 },
+		{ "--num-blocks", TOOL_U32, &o.nblocks, 0 },
+		{ "--max-sge", TOOL_U32, &o.max_sge, 0 },
+		{ "--port", TOOL_PORT, &o.port, 65535 - MAX_TP },
+		{ "--seed", TOOL_U32, &o.seed, 0 },
+		{ NULL, TOOL_STR, NULL, 0 },
+	};
+	struct demo d = { &o, rq };
+	struct tool_ranks prod;
 	struct kvp_model m;
 	kvp_layout *pl, *dl;
 	struct kvp_layout_info pli, dli;
-	uint32_t v, left;
+	uint32_t v;
 	uint64_t psz = 0, dsz = 0, sz;
 	double t0;
-	char c;
+	int bad;
 
-	for (i = 1; i < argc; i++) {
-		const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-		int ok = 1;
-
-		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-			usage(stdout);
-			return 0;
-		}
-		if (!val) {
-			usage(stderr);
-			return 2;
-		}
-		i++;
-		if (!strcmp(a, "--model"))
-			o.model = val;
-		else if (!strcmp(a, "--addr"))
-			o.addr = val;
-		else if (!strcmp(a, "--ids"))
-			o.ids = val;
-		else if (!strcmp(a, "--prefill-layout"))
-			ok = !parse_layout(val, &o.playout);
-		else if (!strcmp(a, "--decode-layout"))
-			ok = !parse_layout(val, &o.dlayout);
-		else if (!parse_u32(val, &v)) {
-			if (!strcmp(a, "--layers"))
-				o.layers = v;
-			else if (!strcmp(a, "--prefill-tp"))
-				o.P = v;
-			else if (!strcmp(a, "--decode-tp"))
-				o.D = v;
-			else if (!strcmp(a, "--requests"))
-				o.nreq = v;
-			else if (!strcmp(a, "--tokens"))
-				o.tokens = v;
-			else if (!strcmp(a, "--block"))
-				o.block = v;
-			else if (!strcmp(a, "--num-blocks"))
-				o.nblocks = v;
-			else if (!strcmp(a, "--max-sge"))
-				o.max_sge = v;
-			else if (!strcmp(a, "--port") && v < 65536 - MAX_TP)
-				o.port = (uint16_t)v;
-			else if (!strcmp(a, "--seed"))
-				o.seed = v;
-			else
-				ok = 0;
-		} else {
-			ok = 0;
-		}
-		if (!ok) {
-			fprintf(stderr, "kvpull-demo: bad option %s %s\n", a, val);
-			usage(stderr);
-			return 2;
-		}
+	bad = tool_parse_args(argc, argv, "kvpull-demo", opts);
+	if (bad) {
+		usage(bad == TOOL_ARGS_HELP ? stdout : stderr);
+		return bad == TOOL_ARGS_HELP ? 0 : 2;
 	}
 	if (!o.addr)
 		o.addr = getenv("KVP_ADDR0");
@@ -606,61 +496,25 @@ int main(int argc, char **argv)
 	       "of %u tokens per region\n",
 	       o.model, o.layers, m.layers, o.nblocks, o.block);
 	printf("prefill engine: TP %u, %s, %u regions, %.1f MiB per rank\n", o.P,
-	       layouts[o.playout], pli.nregions, psz / 1048576.0);
+	       tool_layout_names[o.playout], pli.nregions, psz / 1048576.0);
 	printf("decode engine:  TP %u, %s, %u regions, %.1f MiB per rank\n", o.D,
-	       layouts[o.dlayout], dli.nregions, dsz / 1048576.0);
+	       tool_layout_names[o.dlayout], dli.nregions, dsz / 1048576.0);
 	printf("batch: %u requests of %u tokens (%u blocks each), decode ids "
 	       "%s, address %s\n",
 	       o.nreq, o.tokens, rq[0].ids.nlocal, o.ids, o.addr);
 	kvp_layout_destroy(pl);
 	kvp_layout_destroy(dl);
 
-	if (pipe(ready) || pipe(stop))
-		return 1;
-	t0 = now_s();
-	fflush(NULL);
-	for (v = 0; v < o.P; v++) {
-		prod[v] = fork();
-		if (prod[v] == 0) {
-			close(ready[0]);
-			close(stop[1]);
-			_exit(prefill_rank(&o, rq, v, ready[1], stop[0]));
-		}
+	t0 = tool_now_s();
+	bad = tool_start_producers(&prod, o.P, prefill_main, &d) != 0;
+	if (bad) {
+		fprintf(stderr, "kvpull-demo: a prefill rank failed\n");
+	} else {
+		printf("prefill ranks ready (memory filled) after %.2f s\n",
+		       tool_now_s() - t0);
+		bad = tool_run_consumers(&prod, o.D, decode_main, &d) != 0;
 	}
-	close(ready[1]);
-	for (v = 0; v < o.P; v++)
-		if (read(ready[0], &c, 1) != 1) {
-			fprintf(stderr, "kvpull-demo: a prefill rank failed\n");
-			bad = 1;
-			goto out;
-		}
-	printf("prefill ranks ready (memory filled) after %.2f s\n",
-	       now_s() - t0);
-	for (v = 0; v < o.D; v++) {
-		dec[v] = fork();
-		if (dec[v] == 0) {
-			close(stop[1]);
-			_exit(decode_rank(&o, rq, v));
-		}
-	}
-	for (v = 0; v < o.D; v++) {
-		if (waitpid(dec[v], &st, 0) != dec[v] || !WIFEXITED(st) ||
-		    WEXITSTATUS(st))
-			bad = 1;
-		dec[v] = 0;
-	}
-out:
-	close(stop[1]);
-	left = 0;
-	for (v = 0; v < o.P; v++) {
-		if (bad && prod[v] > 0)
-			kill(prod[v], SIGTERM);
-		if (prod[v] > 0 &&
-		    (waitpid(prod[v], &st, 0) != prod[v] || !WIFEXITED(st) ||
-		     WEXITSTATUS(st)))
-			left++;
-	}
-	if (left && !bad)
+	if (tool_stop_producers(&prod, bad))
 		bad = 1;
 	printf("%s\n", bad ? "demo: FAILED" : "demo: OK");
 	return bad;

@@ -22,17 +22,16 @@
 #define _GNU_SOURCE /* RUSAGE_THREAD */
 #include <errno.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "kvpull.h"
 #include "kvtest.h"
+#include "rdma_tool.h"
 
 #define PRODUCER_ENGINE 0x62656e6370ull
 #define CONSUMER_ENGINE 0x62656e6363ull
@@ -42,14 +41,6 @@ struct opts {
 	uint32_t page_kib, blocks, nreq, inflight, layers, sq, spin;
 	uint16_t port;
 };
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static uint64_t cpu_ns(void)
 {
@@ -117,22 +108,8 @@ static kvp_layout *build(const struct opts *o, int producer)
 	return l;
 }
 
-static int register_all(kvp_agent *a, struct kvt_mem *m)
-{
-	uint32_t r;
-	int err;
-
-	for (r = 0; r < m->nregions; r++) {
-		err = kvp_agent_register(a, r, m->buf[r], m->size[r]);
-		if (err)
-			return err;
-	}
-	return 0;
-}
-
 static int producer(const struct opts *o, int ready_fd, int stop_fd)
 {
-	struct kvp_agent_attr at;
 	struct kvt_mem mem = { 0 };
 	struct kvp_event ev[32];
 	kvp_layout *l = build(o, 1);
@@ -144,16 +121,7 @@ static int producer(const struct opts *o, int ready_fd, int stop_fd)
 	if (!l || kvt_mem_alloc(l, &mem))
 		goto out;
 	kvt_fill_background(&mem, 5);
-	memset(&at, 0, sizeof(at));
-	at.role = KVP_ROLE_PRODUCER;
-	at.layout = l;
-	at.addr = o->addr;
-	at.max_inflight = 256;
-	err = kvp_agent_open(&at, &a);
-	if (!err)
-		err = register_all(a, &mem);
-	if (!err)
-		err = kvp_agent_listen(a, o->addr, o->port);
+	err = tool_producer_open(l, o->addr, o->port, 256, &mem, &a);
 	if (err) {
 		fprintf(stderr, "producer: %s\n", kvp_strerror(err));
 		goto out;
@@ -166,7 +134,8 @@ static int producer(const struct opts *o, int ready_fd, int stop_fd)
 		/* A window of expected requests; notifications that come
 		 * early are kept by the agent. */
 		while (next < total &&
-		       !kvp_agent_expect(a, next, now_ns() + 600000000000ull))
+		       !kvp_agent_expect(a, next,
+					 tool_now_ns() + 600000000000ull))
 			next++;
 		n = kvp_agent_poll(a, ev, 32);
 		if (n < 0)
@@ -178,22 +147,8 @@ static int producer(const struct opts *o, int ready_fd, int stop_fd)
 		} else if (!n) {
 			/* Sleep on the agent's fds, as perftest's server
 			 * sleeps: no CPU taken from the transfer. */
-			struct pollfd w[3];
-			uint64_t wake;
-			int fds[2];
-
-			if (kvp_agent_fds(a, fds, 2) != 2)
+			if (tool_agent_sleep(a, stop_fd, 100) < 0)
 				goto out;
-			err = kvp_agent_arm(a, &wake);
-			if (err < 0)
-				goto out;
-			if (err > 0)
-				continue;
-			w[0].fd = fds[0];
-			w[1].fd = fds[1];
-			w[2].fd = stop_fd;
-			w[0].events = w[1].events = w[2].events = POLLIN;
-			(void)poll(w, 3, 100);
 		}
 	}
 	ret = 0;
@@ -210,7 +165,6 @@ static int consumer(const struct opts *o)
 	struct kvp_agent_stats s0, s1;
 	struct kvt_mem mem = { 0 };
 	struct kvp_event ev[32];
-	struct kvp_peer peer = { o->addr, o->port };
 	kvp_layout *l = build(o, 0);
 	kvp_agent *a = NULL;
 	struct kvp_ids ids;
@@ -247,11 +201,9 @@ static int consumer(const struct opts *o)
 	at.max_inflight = o->inflight;
 	at.sq_depth = o->sq;
 	at.max_sge = 1;
-	err = kvp_agent_open(&at, &a);
+	err = tool_agent_open(&at, &mem, &a);
 	if (!err)
-		err = register_all(a, &mem);
-	if (!err)
-		err = kvp_agent_connect(a, &peer, 1, 60000);
+		err = tool_connect(a, o->addr, o->port, 1);
 	if (err) {
 		fprintf(stderr, "consumer: %s\n", kvp_strerror(err));
 		goto out;
@@ -272,10 +224,10 @@ static int consumer(const struct opts *o)
 	kvp_agent_get_stats(a, &s0);
 	done = 0;
 	next = 1;
-	t0 = now_ns();
+	t0 = tool_now_ns();
 	while (done < o->nreq) {
 		while (next <= o->nreq) {
-			uint64_t a0 = now_ns(), u0, s0_, u1, s1_;
+			uint64_t a0 = tool_now_ns(), u0, s0_, u1, s1_;
 
 			uint64_t c0 = cpu_ns();
 
@@ -289,17 +241,17 @@ static int consumer(const struct opts *o)
 				fprintf(stderr, "pull: %s\n", kvp_strerror(err));
 				goto out;
 			}
-			pull_ns += now_ns() - a0;
+			pull_ns += tool_now_ns() - a0;
 			pull_cpu += c0;
 			pull_user += u1 - u0;
 			pull_sys += s1_ - s0_;
 			next++;
 		}
 		{
-			uint64_t p0 = now_ns();
+			uint64_t p0 = tool_now_ns();
 
 			n = kvp_agent_poll(a, ev, 32);
-			poll_ns += now_ns() - p0;
+			poll_ns += tool_now_ns() - p0;
 		}
 		if (n < 0)
 			goto out;
@@ -313,7 +265,7 @@ static int consumer(const struct opts *o)
 				done++;
 		}
 	}
-	t1 = now_ns();
+	t1 = tool_now_ns();
 	kvp_agent_get_stats(a, &s1);
 	wrs = s1.reads - s0.reads;
 	secs = (t1 - t0) * 1e-9;
@@ -325,7 +277,7 @@ static int consumer(const struct opts *o)
 	if (!wr || !sge)
 		goto out;
 	{
-		uint64_t e0 = now_ns();
+		uint64_t e0 = tool_now_ns();
 
 		/* Wall time over many runs: pure CPU work, and the guest's
 		 * thread CPU clock can be tick-granular under emulation. */
@@ -336,7 +288,7 @@ static int consumer(const struct opts *o)
 				goto out;
 			emit_wrs += (uint64_t)n;
 		}
-		emit_ns = now_ns() - e0;
+		emit_ns = tool_now_ns() - e0;
 	}
 
 	printf("kvpull-rdma-bench: %u requests x %u blocks x %u regions, "
@@ -381,17 +333,14 @@ out:
 	return ret;
 }
 
-static int parse_u32(const char *s, uint32_t *v)
+static int producer_main(void *o, uint32_t rank, int ready_fd, int stop_fd)
 {
-	char *e;
-	unsigned long x;
+	return producer(o, ready_fd, stop_fd);
+}
 
-	errno = 0;
-	x = strtoul(s, &e, 10);
-	if (errno || *e || e == s || x > UINT32_MAX)
-		return -1;
-	*v = (uint32_t)x;
-	return 0;
+static int consumer_main(void *o, uint32_t rank)
+{
+	return consumer(o);
 }
 
 int main(int argc, char **argv)
@@ -399,56 +348,28 @@ int main(int argc, char **argv)
 	struct opts o = { .ids = "random", .page_kib = 64, .blocks = 128,
 			  .nreq = 32, .inflight = 8, .layers = 1, .sq = 4096,
 			  .port = 18800 };
-	int ready[2], stop[2], i, st, bad = 0;
-	pid_t p, c;
-	uint32_t v;
-	char ch;
+	const struct tool_opt opts[] = {
+		{ "--addr", TOOL_STR, &o.addr, 0 },
+		{ "--src", TOOL_STR, &o.src, 0 },
+		{ "--ids", TOOL_STR, &o.ids, 0 },
+		{ "--port", TOOL_PORT, &o.port, 0 },
+		{ "--page-kib", TOOL_U32, &o.page_kib, 0 },
+		{ "--blocks", TOOL_U32, &o.blocks, 0 },
+		{ "--requests", TOOL_U32, &o.nreq, 0 },
+		{ "--inflight", TOOL_U32, &o.inflight, 0 },
+		{ "--layers", TOOL_U32, &o.layers, 0 },
+		{ "--sq", TOOL_U32, &o.sq, 0 },
+		{ "--producer-spin", TOOL_U32, &o.spin, 0 },
+		{ NULL, TOOL_STR, NULL, 0 },
+	};
+	struct tool_ranks prod;
+	int bad;
 
-	for (i = 1; i < argc; i++) {
-		const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-		int ok = 1;
-
-		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-			usage(stdout);
-			return 0;
-		}
-		if (!val) {
-			usage(stderr);
-			return 2;
-		}
-		i++;
-		if (!strcmp(a, "--addr"))
-			o.addr = val;
-		else if (!strcmp(a, "--src"))
-			o.src = val;
-		else if (!strcmp(a, "--ids"))
-			o.ids = val;
-		else if (parse_u32(val, &v))
-			ok = 0;
-		else if (!strcmp(a, "--port") && v < 65536)
-			o.port = (uint16_t)v;
-		else if (!strcmp(a, "--page-kib"))
-			o.page_kib = v;
-		else if (!strcmp(a, "--blocks"))
-			o.blocks = v;
-		else if (!strcmp(a, "--requests"))
-			o.nreq = v;
-		else if (!strcmp(a, "--inflight"))
-			o.inflight = v;
-		else if (!strcmp(a, "--layers"))
-			o.layers = v;
-		else if (!strcmp(a, "--sq"))
-			o.sq = v;
-		else if (!strcmp(a, "--producer-spin"))
-			o.spin = v;
-		else
-			ok = 0;
-		if (!ok) {
-			fprintf(stderr, "kvpull-rdma-bench: bad option %s %s\n", a,
-				val);
-			return 2;
-		}
-	}
+	bad = tool_parse_args(argc, argv, "kvpull-rdma-bench", opts);
+	if (bad == TOOL_ARGS_HELP || bad == TOOL_ARGS_NO_VALUE)
+		usage(bad == TOOL_ARGS_HELP ? stdout : stderr);
+	if (bad)
+		return bad == TOOL_ARGS_HELP ? 0 : 2;
 	if (!o.addr)
 		o.addr = getenv("KVP_ADDR0");
 	if (!o.addr || o.page_kib < 4 || (o.page_kib & (o.page_kib - 1)) ||
@@ -458,31 +379,13 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	if (pipe(ready) || pipe(stop))
-		return 1;
-	fflush(NULL);
-	p = fork();
-	if (p == 0) {
-		close(ready[0]);
-		close(stop[1]);
-		_exit(producer(&o, ready[1], stop[0]));
-	}
-	close(ready[1]);
-	if (p < 0 || read(ready[0], &ch, 1) != 1) {
+	if (tool_start_producers(&prod, 1, producer_main, &o)) {
 		fprintf(stderr, "kvpull-rdma-bench: the producer failed\n");
-		close(stop[1]);
-		if (p > 0)
-			waitpid(p, NULL, 0);
+		tool_stop_producers(&prod, 0);
 		return 1;
 	}
-	c = fork();
-	if (c == 0)
-		_exit(consumer(&o));
-	if (c < 0 || waitpid(c, &st, 0) != c || !WIFEXITED(st) ||
-	    WEXITSTATUS(st))
-		bad = 1;
-	close(stop[1]);
-	if (waitpid(p, &st, 0) != p || !WIFEXITED(st) || WEXITSTATUS(st))
+	bad = tool_run_consumers(&prod, 1, consumer_main, &o) != 0;
+	if (tool_stop_producers(&prod, 0))
 		bad = 1;
 	return bad;
 }

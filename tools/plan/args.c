@@ -339,11 +339,12 @@ void parse_opts(int argc, char **argv, struct opts *o)
 static void read_file(const char *path, char **buf, size_t *len)
 {
 	size_t cap = 4096, n = 0;
-	char *p = xcalloc(cap, 1);
 	FILE *f = fopen(path, "rb");
+	char *p;
 
 	if (!f)
 		die("%s: %s", path, strerror(errno));
+	p = xcalloc(cap, 1);
 	for (;;) {
 		size_t got = fread(p + n, 1, cap - n, f);
 

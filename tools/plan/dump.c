@@ -11,7 +11,8 @@
 
 /* ---- errors ----------------------------------------------------------- */
 
-static void vreport(const char *fmt, va_list ap)
+__attribute__((format(printf, 1, 0))) static void vreport(const char *fmt,
+							 va_list ap)
 {
 	fprintf(stderr, PROG ": ");
 	vfprintf(stderr, fmt, ap);

@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * What the RDMA tools (kvpull-demo, kvpull-rdma-bench) share: "--name
+ * value" arguments, an agent opened with its memory registered, a
+ * producer's sleep on the agent's fds, and producer and consumer ranks run
+ * as child processes. Public API only (plus tests/lib/kvtest.h's memory).
+ */
+#ifndef KVP_TOOL_RDMA_TOOL_H
+#define KVP_TOOL_RDMA_TOOL_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kvpull.h"
+#include "kvtest.h"
+
+#define TOOL_MAX_RANKS 8
+
+/* CLOCK_MONOTONIC. */
+uint64_t tool_now_ns(void);
+double tool_now_s(void);
+
+/* ---- arguments ---- */
+
+enum tool_arg {
+	TOOL_STR,    /* const char *: the argument itself */
+	TOOL_U32,    /* uint32_t, decimal */
+	TOOL_PORT,   /* uint16_t, decimal, at most `max` (0: 65535) */
+	TOOL_LAYOUT, /* uint32_t: enum kvp_kv_layout, by name (names.h) */
+};
+
+struct tool_opt {
+	const char *name; /* "--name" */
+	enum tool_arg arg;
+	void *val;
+	uint32_t max;
+};
+
+#define TOOL_ARGS_HELP 1	/* --help or -h: print the usage, exit 0 */
+#define TOOL_ARGS_NO_VALUE (-1) /* the last option has no value */
+#define TOOL_ARGS_BAD (-2)	/* unknown option or bad value (reported) */
+
+/* Parses argv[1..] as "--name value" pairs, every option taking a value,
+ * into the table `opts` (ended by a NULL name). Returns 0, TOOL_ARGS_HELP,
+ * TOOL_ARGS_NO_VALUE, or TOOL_ARGS_BAD after printing
+ * "<prog>: bad option NAME VALUE" on stderr. Values parsed before a bad
+ * one are stored. */
+int tool_parse_args(int argc, char **argv, const char *prog,
+		    const struct tool_opt *opts);
+
+/* ---- agents ---- */
+
+/* Opens an agent with *at and registers every region of *mem (region i
+ * under index i). Returns 0 and the agent in *a (the caller closes it), or
+ * a negative errno with nothing left open. */
+int tool_agent_open(const struct kvp_agent_attr *at, struct kvt_mem *mem,
+		    kvp_agent **a);
+
+/* A producer rank of layout `l`: tool_agent_open(), then listens at
+ * addr:port. Same returns. */
+int tool_producer_open(const kvp_layout *l, const char *addr, uint16_t port,
+		       uint32_t max_inflight, struct kvt_mem *mem,
+		       kvp_agent **a);
+
+/* A consumer: connects to the n producer ranks listening at addr:port+i
+ * (60 s at most). Returns 0 or a negative errno. */
+int tool_connect(kvp_agent *a, const char *addr, uint16_t port, uint32_t n);
+
+/* Sleeps until the agent's fds or stop_fd are readable, the agent's next
+ * deadline, or max_ms have passed, as kvp_agent_fds() describes; returns at
+ * once when events are already waiting. Returns 0 or a negative errno. */
+int tool_agent_sleep(kvp_agent *a, int stop_fd, int max_ms);
+
+/* ---- ranks as processes ---- */
+
+/* A producer rank: writes one byte to ready_fd once it listens, then
+ * serves until stop_fd reads EOF. Returns the process's exit status. */
+typedef int tool_producer_fn(void *arg, uint32_t rank, int ready_fd,
+			     int stop_fd);
+/* A consumer rank; returns the process's exit status. */
+typedef int tool_consumer_fn(void *arg, uint32_t rank);
+
+struct tool_ranks {
+	pid_t pid[TOOL_MAX_RANKS];
+	uint32_t n;
+	int stop_fd; /* closed to stop the producers */
+};
+
+/* Forks n <= TOOL_MAX_RANKS producer ranks, fn(arg, rank, ...) in each,
+ * and waits until each is ready. Returns 0, or -1 when one could not be
+ * started or failed first; either way tool_stop_producers() ends them. */
+int tool_start_producers(struct tool_ranks *p, uint32_t n,
+			 tool_producer_fn *fn, void *arg);
+
+/* Forks n consumer ranks, fn(arg, rank) in each, and waits for them all.
+ * Returns 0 when every one exited with 0, else -1. */
+int tool_run_consumers(const struct tool_ranks *p, uint32_t n,
+		       tool_consumer_fn *fn, void *arg);
+
+/* Tells the producers to stop (SIGTERM first when `term`) and waits for
+ * them. Returns how many did not exit with 0. */
+uint32_t tool_stop_producers(struct tool_ranks *p, int term);
+
+#endif
