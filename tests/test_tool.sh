@@ -146,8 +146,11 @@ run extra_arg 2 --model llama-3.1-8b stray
 # The library refuses: exit 1 with its reason.
 run no_layout 1 --model llama-3.1-8b --local-tp 3
 has no_layout err "invalid argument"
-run no_plan 1 --model llama-3.1-8b --local-block 16 --remote-block 7
-has no_plan err "cannot plan: malformed or incompatible peer data"
+run no_plan 1 --model llama-3.1-8b --local-block 1 --remote-block 65537 --num-blocks 4
+has no_plan err "cannot plan: malformed or incompatible peer data: group 0: block sizes 1 and 65537 have no usable common period"
+# Block sizes that do not nest plan over their common period.
+run no_nest 0 --model llama-3.1-8b --local-block 16 --remote-block 7 --layers 1
+has no_nest out "period 112 tokens = 7 local : 16 remote"
 run out_of_range 1 --model llama-3.1-8b --num-blocks 4 --request 8
 has out_of_range err "block id out of range"
 printf 'model = llama-3.1-8b\nlayrs = 2\n' >"$tmp/bad.spec"
