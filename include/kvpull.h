@@ -597,7 +597,10 @@ struct kvp_agent_attr {
 	const kvp_layout *layout;
 	/* Consumer: the most ids any list of a request may hold (local or
 	 * remote, any group). Sizes the work request arrays allocated at
-	 * connect (kvp_plan_emit_bound()). 0: 256. */
+	 * connect (kvp_plan_emit_bound()): max_ids blocks' worth of every
+	 * stream's pieces, so a layout pair with many pieces per block (a
+	 * conv state in SD against DS: one piece per element) wants a small
+	 * max_ids. 0: 256. */
 	uint32_t max_ids;
 	/* Consumer: pulls in flight (pulled, not yet reported by poll).
 	 * Producer: requests tracked at once (expected and not yet reported).
