@@ -5,8 +5,11 @@
 # (Llama-3.1-70B, producer TP 8 -> consumer TP 2, one 128-block request), then
 # runs the end-to-end demo: a prefill engine (TP 2) and a decode engine
 # (TP 1) pulling a synthetic KV cache over RDMA READs on soft-RoCE in a VM
-# (scripts/rxe-vm.sh), or directly on a machine with an RDMA device.
-# Arguments are passed to the demo (see build/tools/kvpull-demo --help).
+# (scripts/rxe-vm.sh), or directly on a machine with an RDMA device; then,
+# in the same VM, the same demo with the hybrid nemotron-h-8b (attention
+# and Mamba2 state pooled in shared regions, two KV-cache groups).
+# Arguments are passed to the first demo (see build/tools/kvpull-demo
+# --help); the hybrid one runs with its defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,4 +27,6 @@ if [[ ! -x build/tools/kvpull-demo ]]; then
 fi
 echo "==== demo: prefill TP 2 -> decode TP 1 over RDMA READs"
 demo="build/tools/kvpull-demo $*"
-scripts/rxe-vm.sh --timeout 600 --files "$PWD/build/tools/kvpull-demo" -- "$demo"
+hybrid="build/tools/kvpull-demo --model nemotron-h-8b"
+scripts/rxe-vm.sh --timeout 600 --files "$PWD/build/tools/kvpull-demo" -- \
+	"$demo" "$hybrid"

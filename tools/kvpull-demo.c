@@ -4,7 +4,8 @@
  * moving a synthetic KV cache with RDMA READs. Public API only (plus the
  * identity patterns of tests/lib/kvtest.h to verify every byte).
  *
- *   kvpull-demo [--model NAME] [--layers N] [--prefill-tp P] [--decode-tp D]
+ *   kvpull-demo [--model NAME] [--layers N] [--state-layers N]
+ *               [--sliding-layers N] [--prefill-tp P] [--decode-tp D]
  *               [--requests N] [--tokens T] [--block B] [--num-blocks N]
  *               [--prefill-layout L] [--decode-layout L] [--ids runs|random|
  *               contiguous] [--max-sge S] [--addr IP] [--port N] [--seed N]
@@ -12,8 +13,11 @@
  * Defaults: llama-3.1-8b scaled to 4 layers and 192 blocks per region (so
  * that three engines' ranks fit a 512 MiB VM), prefill TP 2 -> decode TP 1,
  * 8 requests of 256 tokens, 16-token blocks, FLASH_HND on both sides,
- * decode block ids allocated in short runs. The address defaults to
- * $KVP_ADDR0 (set by scripts/rxe-vm.sh).
+ * decode block ids allocated in short runs. Hybrid models keep 2 attention
+ * and 2 state layers, sliding-window models their share of sliding layers;
+ * the blocks per region grow when the batch needs more (a pooled state page
+ * spans tens of attention pages). The address defaults to $KVP_ADDR0 (set
+ * by scripts/rxe-vm.sh).
  */
 #include <errno.h>
 #include <poll.h>
@@ -29,12 +33,16 @@
 
 #define MAX_TP TOOL_MAX_RANKS
 #define MAX_REQ 64
+#define MAX_GROUPS 4
+#define DEFAULT_BLOCKS 192
+#define UNSET UINT32_MAX
 #define PREFILL_ENGINE 0x7072656669ull /* "prefi" */
 #define DECODE_ENGINE 0x6465636f64ull  /* "decod" */
 
 struct opts {
 	const char *model, *addr, *ids;
-	uint32_t layers, P, D, nreq, tokens, block, nblocks, max_sge;
+	uint32_t layers, state_layers, sliding_layers;
+	uint32_t P, D, nreq, tokens, block, nblocks, max_sge;
 	uint32_t playout, dlayout;
 	uint16_t port;
 	uint32_t seed;
@@ -42,8 +50,18 @@ struct opts {
 
 struct req {
 	uint64_t id;
-	struct kvp_ids ids; /* one group: the models here have one */
-	uint32_t *lid, *rid;
+	struct kvp_ids ids[MAX_GROUPS]; /* one per group of the layouts */
+	uint32_t *lid[MAX_GROUPS], *rid[MAX_GROUPS];
+};
+
+/* The groups as decode rank 0's plan sees them (local: decode, remote:
+ * prefill; every rank of an engine has the same block geometry), and where
+ * token-group ids start on each side so that they stay clear of the state
+ * pages that share their regions. */
+struct geom {
+	uint32_t ngroups, slots; /* slots: state pages set aside */
+	struct kvp_plan_group g[MAX_GROUPS];
+	uint32_t plo, dlo;
 };
 
 static void usage(FILE *f)
@@ -55,13 +73,20 @@ static void usage(FILE *f)
 		"engine, pulls a batch of requests with RDMA READs and checks every\n"
 		"byte against the identity patterns the prefill ranks wrote.\n"
 		"  --model NAME           model preset [llama-3.1-8b]\n"
-		"  --layers N             layers kept (scaled down) [4]\n"
+		"  --layers N             attention layers kept (scaled down)\n"
+		"                         [4; hybrid models 2]\n"
+		"  --state-layers N       state layers kept, hybrid models (0: none)\n"
+		"                         [the preset's, at most 2]\n"
+		"  --sliding-layers N     of --layers, how many use a sliding window\n"
+		"                         [the preset's share, at least 1 if any]\n"
 		"  --prefill-tp P         [2]\n"
 		"  --decode-tp D          [1]\n"
 		"  --requests N           requests in the batch (<= %d) [8]\n"
 		"  --tokens T             tokens per request [256]\n"
 		"  --block B              block size in tokens, both engines [16]\n"
-		"  --num-blocks N         blocks per region [192]\n"
+		"  --num-blocks N         blocks per region [%d, or what the batch\n"
+		"                         needs; hybrids set 2 state pages per\n"
+		"                         request aside]\n"
 		"  --prefill-layout L     flash_nhd|flash_hnd|flashinfer|packed [flash_hnd]\n"
 		"  --decode-layout L      same [flash_hnd]\n"
 		"  --ids MODE             decode block ids: runs (a fragmented\n"
@@ -70,7 +95,7 @@ static void usage(FILE *f)
 		"  --addr IP              RDMA-capable address [$KVP_ADDR0]\n"
 		"  --port N               first prefill rank's port [18700]\n"
 		"  --seed N               [1]\n",
-		MAX_REQ);
+		MAX_REQ, DEFAULT_BLOCKS);
 }
 
 static kvp_layout *build(const struct opts *o, int prefill, uint32_t rank)
@@ -82,6 +107,10 @@ static kvp_layout *build(const struct opts *o, int prefill, uint32_t rank)
 	if (kvp_model_preset(o->model, &m))
 		return NULL;
 	m.layers = o->layers;
+	m.state_layers = o->state_layers;
+	if (!m.state_layers)
+		m.state_kind = KVP_STATE_NONE;
+	m.sliding_layers = o->sliding_layers;
 	memset(&e, 0, sizeof(e));
 	e.engine_id = prefill ? PREFILL_ENGINE : DECODE_ENGINE;
 	e.tp_size = prefill ? o->P : o->D;
@@ -94,72 +123,261 @@ static kvp_layout *build(const struct opts *o, int prefill, uint32_t rank)
 	return l;
 }
 
-/* Prefill: each request's blocks are consecutive (a fresh prefill).
- * Decode: from a shuffled free list, or in runs of 1-8 consecutive ids (a
- * fragmented allocator), or consecutive. */
-static int make_requests(const struct opts *o, struct req *rq)
+/* The layer counts the demo keeps of preset `m` (options not given are
+ * UNSET). Returns 0, or 2 after saying which option is wrong. */
+static int scale_model(struct opts *o, const struct kvp_model *m)
 {
-	uint32_t nb = (o->tokens + o->block - 1) / o->block, i, k, j;
-	uint32_t *perm, pos = 0, dnext = 0;
-	uint64_t s = o->seed;
+	uint32_t s;
 
-	if ((uint64_t)nb * o->nreq > o->nblocks)
-		return -1;
-	perm = malloc(o->nblocks * sizeof(*perm));
-	if (!perm)
-		return -1;
-	kvt_random_ids(&s, perm, o->nblocks, o->nblocks);
-	for (i = 0; i < o->nreq; i++) {
-		rq[i].id = 100 + i;
-		rq[i].rid = calloc(nb, sizeof(uint32_t));
-		rq[i].lid = calloc(nb, sizeof(uint32_t));
-		if (!rq[i].rid || !rq[i].lid) {
-			free(perm);
-			return -1;
+	if (o->layers == UNSET)
+		o->layers = m->state_layers ? (m->layers < 2 ? m->layers : 2) : 4;
+	if (o->state_layers == UNSET) {
+		o->state_layers = m->state_layers < 2 ? m->state_layers : 2;
+	} else if (o->state_layers && !m->state_layers) {
+		fprintf(stderr, "kvpull-demo: %s has no state layers "
+				"(--state-layers)\n", o->model);
+		return 2;
+	}
+	if (o->sliding_layers == UNSET) {
+		/* The preset's share, rounded, keeping at least one layer of
+		 * each kind when there are two. */
+		s = m->sliding_layers && m->layers ?
+			    (uint32_t)(((uint64_t)m->sliding_layers * o->layers +
+					m->layers / 2) / m->layers) : 0;
+		if (m->sliding_layers && !s)
+			s = 1;
+		if (s && s >= o->layers && o->layers > 1 &&
+		    m->sliding_layers < m->layers)
+			s = o->layers - 1;
+		o->sliding_layers = s;
+	}
+	if (o->sliding_layers > o->layers) {
+		fprintf(stderr, "kvpull-demo: --sliding-layers %u is more than "
+				"--layers %u\n", o->sliding_layers, o->layers);
+		return 2;
+	}
+	return 0;
+}
+
+/* First page of every token group that lies above `slots` state pages in
+ * each region where a state view and a token view share memory (vLLM's
+ * hybrid pools), else 0. From the views' offsets and strides alone. */
+static uint32_t token_base(const kvp_layout *l, uint32_t slots)
+{
+	struct kvp_layout_info li;
+	struct kvp_view_desc s, t;
+	struct kvp_group_desc sg, tg;
+	uint64_t end, lo = 0;
+	uint32_t i, j;
+
+	kvp_layout_get_info(l, &li);
+	for (i = 0; i < li.nviews; i++) {
+		if (kvp_layout_get_view(l, i, &s) ||
+		    kvp_layout_get_group(l, s.group, &sg) ||
+		    sg.kind != KVP_GROUP_STATE)
+			continue;
+		end = s.offset + (uint64_t)slots * s.stride;
+		for (j = 0; j < li.nviews; j++) {
+			if (kvp_layout_get_view(l, j, &t) ||
+			    t.region != s.region ||
+			    kvp_layout_get_group(l, t.group, &tg) ||
+			    tg.kind == KVP_GROUP_STATE || end <= t.offset)
+				continue;
+			if ((end - t.offset + t.stride - 1) / t.stride > lo)
+				lo = (end - t.offset + t.stride - 1) / t.stride;
 		}
-		for (k = 0; k < nb; k++)
-			rq[i].rid[k] = i * nb + k;
+	}
+	return lo > UINT32_MAX ? UINT32_MAX : (uint32_t)lo;
+}
+
+/* Fills *gm from the layouts of prefill rank 0 and decode rank 0. Returns
+ * 0, or -1 with the reason in why[len]. */
+static int get_geom(const struct opts *o, struct geom *gm, char *why,
+		    size_t len)
+{
+	kvp_layout *pl = build(o, 1, 0), *dl = build(o, 0, 0);
+	kvp_plan *plan = NULL;
+	struct kvp_plan_info pi;
+	uint32_t g;
+	int ret = -1;
+
+	if (!pl || !dl) {
+		snprintf(why, len, "the engines do not build (more "
+				   "--num-blocks? fewer --prefill-tp/--decode-tp?)");
+		goto out;
+	}
+	if (kvp_plan_compile(dl, pl, NULL, &plan, why, len))
+		goto out;
+	kvp_plan_get_info(plan, &pi);
+	if (pi.ngroups > MAX_GROUPS) {
+		snprintf(why, len, "%u groups, the demo drives up to %d",
+			 pi.ngroups, MAX_GROUPS);
+		goto out;
+	}
+	gm->ngroups = pi.ngroups;
+	for (g = 0; g < pi.ngroups; g++)
+		if (kvp_plan_get_group(plan, g, &gm->g[g]))
+			goto out;
+	/* As the RDMA tests do: two state pages per request set aside, so
+	 * that decode state ids can be drawn too. */
+	gm->slots = 2 * o->nreq;
+	gm->plo = token_base(pl, gm->slots);
+	gm->dlo = token_base(dl, gm->slots);
+	ret = 0;
+out:
+	kvp_plan_destroy(plan);
+	kvp_layout_destroy(pl);
+	kvp_layout_destroy(dl);
+	return ret;
+}
+
+static void free_requests(struct req *rq, uint32_t nreq)
+{
+	uint32_t i, g;
+
+	for (i = 0; i < nreq; i++)
+		for (g = 0; g < MAX_GROUPS; g++) {
+			free(rq[i].lid[g]);
+			free(rq[i].rid[g]);
+			rq[i].lid[g] = rq[i].rid[g] = NULL;
+		}
+}
+
+/* Local ids of one group, every request: `nl` each, from [lo, lo + n) where
+ * n is the room the group has; from a shuffled free list, or in runs of 1-8
+ * consecutive ids (a fragmented allocator), or consecutive. Returns one
+ * past the highest id used (which may exceed lo + n in runs), or 0 when
+ * out of memory. */
+static uint64_t draw_local(const struct opts *o, uint64_t *s, struct req *rq,
+			   uint32_t g, uint32_t nl, uint32_t lo, uint32_t n)
+{
+	uint32_t *perm = malloc(((size_t)n + 1) * sizeof(*perm));
+	uint32_t i, k, j, pos = 0;
+	uint64_t dnext = lo, top = lo;
+
+	if (!perm)
+		return 0;
+	kvt_random_ids(s, perm, n, n ? n : 1);
+	for (i = 0; i < o->nreq; i++) {
+		uint32_t *lid = rq[i].lid[g];
+
 		if (!strcmp(o->ids, "random")) {
-			for (k = 0; k < nb; k++)
-				rq[i].lid[k] = perm[pos++];
+			for (k = 0; k < nl; k++)
+				lid[k] = pos < n ? lo + perm[pos++] : UINT32_MAX;
 		} else if (!strcmp(o->ids, "contiguous")) {
-			for (k = 0; k < nb; k++)
-				rq[i].lid[k] = dnext++;
+			for (k = 0; k < nl; k++)
+				lid[k] = (uint32_t)dnext++;
 		} else {
 			/* Runs of 1-8 consecutive ids with small gaps, as a
 			 * fragmented allocator hands them out. */
 			k = 0;
-			while (k < nb) {
-				uint32_t run = 1 + (uint32_t)(kvt_rand(&s) % 8);
+			while (k < nl) {
+				uint32_t run = 1 + (uint32_t)(kvt_rand(s) % 8);
 
-				if (run > nb - k)
-					run = nb - k;
+				if (run > nl - k)
+					run = nl - k;
 				for (j = 0; j < run; j++)
-					rq[i].lid[k + j] = dnext + j;
-				dnext += run + (uint32_t)(kvt_rand(&s) % 2);
+					lid[k + j] = (uint32_t)(dnext + j);
+				dnext += run + (uint32_t)(kvt_rand(s) % 2);
 				k += run;
 			}
 		}
-		rq[i].ids.remote = rq[i].rid;
-		rq[i].ids.local = rq[i].lid;
-		rq[i].ids.nremote = nb;
-		rq[i].ids.nlocal = nb;
-		rq[i].ids.tokens = o->tokens;
-		for (k = 0; k < nb; k++)
-			if (rq[i].lid[k] >= o->nblocks) {
-				free(perm);
-				return -1;
-			}
+		for (k = 0; k < nl; k++)
+			if (lid[k] == UINT32_MAX)
+				top = (uint64_t)lo + (uint64_t)o->nreq * nl;
+			else if (lid[k] + 1ull > top)
+				top = lid[k] + 1ull;
 	}
 	free(perm);
-	return 0;
+	return top > lo ? top : lo + 1;
+}
+
+/* Blocks per region that give a group of `bound` ids (with `nblocks` per
+ * region) room for `ids` of them, or 0 when it has room: blocks per region
+ * scale every group's ids alike (a pooled state group has nblocks / span). */
+static uint64_t more_blocks(uint32_t nblocks, uint64_t ids, uint32_t bound)
+{
+	if (ids <= bound)
+		return 0;
+	if (!bound)
+		return (uint64_t)nblocks * ids + 1;
+	return ((uint64_t)nblocks * ids + bound - 1) / bound;
+}
+
+/* Draws the batch. Prefill: each request's blocks are consecutive (a fresh
+ * prefill). Decode: as --ids says. Token groups get ceil(tokens / block)
+ * blocks per request above the state pages; state groups one whole state,
+ * among the first gm->slots state pages. Returns 0; or, when the ids do not
+ * fit, the blocks per region that would make room (the caller frees the
+ * lists); or -1 when out of memory. */
+static int64_t make_requests(const struct opts *o, const struct geom *gm,
+			     struct req *rq)
+{
+	uint64_t s = o->seed, need = 0, top, want;
+	uint32_t g, i, k, nr, nl, plo, dlo, dn;
+
+	for (g = 0; g < gm->ngroups; g++) {
+		const struct kvp_plan_group *pg = &gm->g[g];
+		int state = pg->kind == KVP_GROUP_STATE;
+
+		nr = state ? 1 : (o->tokens + pg->remote_tokens - 1) /
+					 pg->remote_tokens;
+		nl = state ? 1 : (o->tokens + pg->local_tokens - 1) /
+					 pg->local_tokens;
+		plo = state ? 0 : gm->plo;
+		dlo = state ? 0 : gm->dlo;
+		dn = state ? gm->slots : pg->local_blocks > dlo ?
+					 pg->local_blocks - dlo : 0;
+		for (i = 0; i < o->nreq; i++) {
+			rq[i].id = 100 + i;
+			rq[i].rid[g] = calloc(nr, sizeof(uint32_t));
+			rq[i].lid[g] = calloc(nl, sizeof(uint32_t));
+			if (!rq[i].rid[g] || !rq[i].lid[g])
+				return -1;
+			for (k = 0; k < nr; k++)
+				rq[i].rid[g][k] = plo + i * nr + k;
+			rq[i].ids[g].remote = rq[i].rid[g];
+			rq[i].ids[g].local = rq[i].lid[g];
+			rq[i].ids[g].nremote = nr;
+			rq[i].ids[g].nlocal = nl;
+			rq[i].ids[g].tokens = state ? 0 : o->tokens;
+		}
+		top = draw_local(o, &s, rq, g, nl, dlo, dn);
+		if (!top)
+			return -1;
+		want = more_blocks(o->nblocks,
+				   plo + (uint64_t)o->nreq * nr,
+				   pg->remote_blocks);
+		need = want > need ? want : need;
+		want = more_blocks(o->nblocks, top, pg->local_blocks);
+		need = want > need ? want : need;
+		if (state) {
+			want = more_blocks(o->nblocks, gm->slots,
+					   pg->local_blocks < pg->remote_blocks ?
+						   pg->local_blocks :
+						   pg->remote_blocks);
+			need = want > need ? want : need;
+		}
+	}
+	if (need > UINT32_MAX)
+		need = UINT32_MAX;
+	return need > o->nblocks ? (int64_t)need : 0;
 }
 
 /* ---- prefill rank ------------------------------------------------------- */
 
-static int prefill_rank(const struct opts *o, struct req *rq, uint32_t rank,
-			int ready_fd, int stop_fd)
+/* What the rank processes share. */
+struct demo {
+	const struct opts *o;
+	struct req *rq;
+	struct geom gm;
+	uint32_t max_ids; /* the longest id list of any request and group */
+};
+
+static int prefill_rank(const struct demo *d, uint32_t rank, int ready_fd,
+			int stop_fd)
 {
+	const struct opts *o = d->o;
 	struct kvt_mem mem = { 0 };
 	struct kvp_event ev[16];
 	kvp_layout *l = build(o, 1, rank);
@@ -174,7 +392,7 @@ static int prefill_rank(const struct opts *o, struct req *rq, uint32_t rank,
 		goto out;
 	}
 	for (i = 0; i < o->nreq; i++)
-		kvt_fill_producer(l, &mem, &rq[i].ids);
+		kvt_fill_producer(l, &mem, d->rq[i].ids);
 	err = tool_producer_open(l, o->addr, (uint16_t)(o->port + rank),
 				 MAX_REQ, &mem, &a);
 	if (err) {
@@ -183,7 +401,7 @@ static int prefill_rank(const struct opts *o, struct req *rq, uint32_t rank,
 	}
 	/* The scheduler hands these requests to the decode engine. */
 	for (i = 0; i < o->nreq; i++) {
-		err = kvp_agent_expect(a, rq[i].id,
+		err = kvp_agent_expect(a, d->rq[i].id,
 				       tool_now_ns() + 200000000000ull);
 		if (err) {
 			fprintf(stderr, "prefill %u: expect: %s\n", rank,
@@ -227,6 +445,19 @@ out:
 
 /* ---- decode rank -------------------------------------------------------- */
 
+/* The producer ranks serving group g, from its src_mask. */
+static void print_sources(const kvp_plan *plan, const struct kvp_plan_group *pg,
+			  uint32_t nsrc)
+{
+	uint32_t s, n = 0;
+
+	printf("[");
+	for (s = 0; s < nsrc; s++)
+		if (s >= 64 || (pg->src_mask >> s & 1))
+			printf("%s%d", n++ ? " " : "", kvp_plan_source(plan, s));
+	printf("]");
+}
+
 static void print_plan(const kvp_plan *plan, uint32_t rank)
 {
 	struct kvp_plan_info pi;
@@ -250,11 +481,27 @@ static void print_plan(const kvp_plan *plan, uint32_t rank)
 	       "templates, max_sge %u, plan %llu bytes\n",
 	       pi.ngroups, pi.nstreams, pi.npieces, pi.max_sge,
 	       (unsigned long long)pi.bytes);
-	for (i = 0; i < pi.ngroups; i++)
-		if (!kvp_plan_get_group(plan, i, &pg))
+	for (i = 0; i < pi.ngroups; i++) {
+		if (kvp_plan_get_group(plan, i, &pg))
+			continue;
+		if (pi.ngroups == 1) {
 			printf("  group %u: block %u -> %u tokens, period %u\n",
 			       i, pg.remote_tokens, pg.local_tokens,
 			       pg.period_tokens);
+			continue;
+		}
+		printf("  group %u: %s, ", i, TOOL_NAME(tool_group_names,
+							 pg.kind));
+		if (pg.kind == KVP_GROUP_STATE)
+			printf("whole states (block = one state page)");
+		else
+			printf("block %u -> %u tokens, period %u",
+			       pg.remote_tokens, pg.local_tokens,
+			       pg.period_tokens);
+		printf(", from prefill rank(s) ");
+		print_sources(plan, &pg, pi.nsrc);
+		printf("\n");
+	}
 }
 
 /* A copy of `src`, the memory of layout `l`. */
@@ -270,18 +517,63 @@ static int copy_mem(const kvp_layout *l, struct kvt_mem *dst,
 	return 0;
 }
 
-static int decode_rank(const struct opts *o, struct req *rq, uint32_t rank)
+/* Per group: the READs the plan emits for the batch (what the agent posts),
+ * and the naive count: one READ per local block per (source, region pair)
+ * stream of the group, what a per-block transfer list would post. */
+struct wr_count {
+	uint64_t wrs[MAX_GROUPS], naive[MAX_GROUPS], blocks[MAX_GROUPS];
+	uint32_t streams[MAX_GROUPS];
+};
+
+static int count_wrs(const struct demo *d, const kvp_plan *plan,
+		     struct wr_count *c)
 {
+	struct kvp_plan_info pi;
+	struct kvp_plan_stream ps;
+	struct kvp_wr *wr;
+	struct kvp_sge *sge;
+	uint32_t mw, ms, i, s, g;
+	int n;
+
+	memset(c, 0, sizeof(*c));
+	kvp_plan_get_info(plan, &pi);
+	for (i = 0; i < d->o->nreq; i++)
+		for (g = 0; g < d->gm.ngroups; g++)
+			c->blocks[g] += d->rq[i].ids[g].nlocal;
+	for (s = 0; s < pi.nstreams; s++)
+		if (!kvp_plan_get_stream(plan, s, &ps) &&
+		    ps.group < MAX_GROUPS) {
+			c->streams[ps.group]++;
+			c->naive[ps.group] += c->blocks[ps.group];
+		}
+	kvp_plan_emit_bound(plan, d->max_ids, &mw, &ms);
+	wr = calloc(mw ? mw : 1, sizeof(*wr));
+	sge = calloc(ms ? ms : 1, sizeof(*sge));
+	n = wr && sge ? 0 : -ENOMEM;
+	for (i = 0; i < d->o->nreq && n >= 0; i++) {
+		n = kvp_plan_emit(plan, d->rq[i].ids, wr, mw, sge, ms, NULL);
+		for (s = 0; s < (uint32_t)(n > 0 ? n : 0); s++)
+			if (wr[s].group < MAX_GROUPS)
+				c->wrs[wr[s].group]++;
+	}
+	free(wr);
+	free(sge);
+	return n < 0 ? n : 0;
+}
+
+static int decode_rank(const struct demo *d, uint32_t rank)
+{
+	const struct opts *o = d->o;
 	struct kvp_agent_attr at;
 	struct kvp_agent_stats st;
-	struct kvp_plan_info pi;
 	struct kvt_mem mem = { 0 }, exp = { 0 };
 	struct kvp_event ev[16];
+	struct wr_count wc;
 	kvp_layout *l = build(o, 0, rank), *r0 = build(o, 1, 0);
 	kvp_agent *a = NULL;
 	const kvp_plan *plan;
-	uint32_t i, s, next = 0, done = 0;
-	uint64_t naive = 0;
+	uint32_t i, g, next = 0, done = 0;
+	uint64_t naive = 0, planned = 0;
 	double t0, t1, t2, t3;
 	int err, n, ret = 1;
 
@@ -299,7 +591,7 @@ static int decode_rank(const struct opts *o, struct req *rq, uint32_t rank)
 	at.role = KVP_ROLE_CONSUMER;
 	at.layout = l;
 	at.addr = o->addr;
-	at.max_ids = (o->tokens + o->block - 1) / o->block;
+	at.max_ids = d->max_ids;
 	at.max_inflight = o->nreq;
 	at.max_sge = o->max_sge;
 	err = tool_agent_open(&at, &mem, &a);
@@ -312,21 +604,20 @@ static int decode_rank(const struct opts *o, struct req *rq, uint32_t rank)
 	}
 	t1 = tool_now_s();
 	plan = kvp_agent_plan(a);
-	kvp_plan_get_info(plan, &pi);
 	print_plan(plan, rank);
-	/* One READ per local block per (source, region pair): what a
-	 * per-block transfer list would post. */
-	for (s = 0; s < pi.nstreams; s++) {
-		struct kvp_plan_stream ps;
-
-		if (!kvp_plan_get_stream(plan, s, &ps))
-			for (i = 0; i < o->nreq; i++)
-				naive += rq[i].ids.nlocal;
+	err = count_wrs(d, plan, &wc);
+	if (err) {
+		fprintf(stderr, "decode %u: emit: %s\n", rank, kvp_strerror(err));
+		goto out;
+	}
+	for (g = 0; g < d->gm.ngroups; g++) {
+		naive += wc.naive[g];
+		planned += wc.wrs[g];
 	}
 	t2 = tool_now_s();
 	while (done < o->nreq) {
 		while (next < o->nreq) {
-			err = kvp_agent_pull(a, rq[next].id, &rq[next].ids);
+			err = kvp_agent_pull(a, d->rq[next].id, d->rq[next].ids);
 			if (err == -EBUSY)
 				break;
 			if (err) {
@@ -357,9 +648,16 @@ static int decode_rank(const struct opts *o, struct req *rq, uint32_t rank)
 	t3 = tool_now_s();
 	kvp_agent_get_stats(a, &st);
 	for (i = 0; i < o->nreq; i++)
-		kvt_expect_consumer(l, r0, &exp, NULL, &rq[i].ids);
+		kvt_expect_consumer(l, r0, &exp, NULL, d->rq[i].ids);
 	if (kvt_mem_compare(&mem, &exp, "decode memory")) {
 		printf("decode rank %u: VERIFY FAILED\n", rank);
+		goto out;
+	}
+	/* The agent posts what kvp_plan_emit() writes, no more, no less. */
+	if (st.reads != planned) {
+		printf("decode rank %u: %llu WRs posted, the plan emits %llu\n",
+		       rank, (unsigned long long)st.reads,
+		       (unsigned long long)planned);
 		goto out;
 	}
 	printf("decode rank %u: connect + handshake %.1f ms\n", rank,
@@ -367,6 +665,14 @@ static int decode_rank(const struct opts *o, struct req *rq, uint32_t rank)
 	printf("decode rank %u: %u requests pulled, every byte verified "
 	       "(%u local regions compared whole)\n",
 	       rank, done, mem.nregions);
+	for (g = 0; d->gm.ngroups > 1 && g < d->gm.ngroups; g++)
+		printf("decode rank %u: group %u (%s): WRs posted %llu, one per "
+		       "block per region per source would be %llu (%llu local "
+		       "blocks x %u streams: source x region pairs)\n",
+		       rank, g, TOOL_NAME(tool_group_names, d->gm.g[g].kind),
+		       (unsigned long long)wc.wrs[g],
+		       (unsigned long long)wc.naive[g],
+		       (unsigned long long)wc.blocks[g], wc.streams[g]);
 	printf("decode rank %u: WRs posted %llu, one per block per region "
 	       "would be %llu (%.1fx fewer), doorbells %llu, notifications %llu\n",
 	       rank, (unsigned long long)st.reads, (unsigned long long)naive,
@@ -389,33 +695,115 @@ out:
 
 /* ---- orchestration ------------------------------------------------------ */
 
-/* What the rank processes share. */
-struct demo {
-	const struct opts *o;
-	struct req *rq;
-};
-
 static int prefill_main(void *arg, uint32_t rank, int ready_fd, int stop_fd)
 {
-	const struct demo *d = arg;
-
-	return prefill_rank(d->o, d->rq, rank, ready_fd, stop_fd);
+	return prefill_rank(arg, rank, ready_fd, stop_fd);
 }
 
 static int decode_main(void *arg, uint32_t rank)
 {
-	const struct demo *d = arg;
+	return decode_rank(arg, rank);
+}
 
-	return decode_rank(d->o, d->rq, rank);
+/* Draws the batch into d->rq and d->gm, growing o->nblocks until it fits
+ * when `auto_blocks`. Returns 0, or 2 after saying what does not fit (with
+ * a --num-blocks that does: a new size redraws the runs, so it is the size
+ * the search settles on, not the first shortfall). */
+static int plan_batch(struct opts *o, int auto_blocks, struct demo *d)
+{
+	uint32_t g, i, tries, given = o->nblocks;
+	char why[256];
+	int64_t need;
+
+	for (tries = 0;; tries++) {
+		if (get_geom(o, &d->gm, why, sizeof(why))) {
+			fprintf(stderr, "kvpull-demo: cannot plan %s: %s\n",
+				o->model, why);
+			return 2;
+		}
+		need = make_requests(o, &d->gm, d->rq);
+		if (!need)
+			break;
+		free_requests(d->rq, o->nreq);
+		if (need < 0) {
+			fprintf(stderr, "kvpull-demo: out of memory\n");
+			return 2;
+		}
+		if (tries == 8 || need > UINT32_MAX - 64) {
+			fprintf(stderr, "kvpull-demo: the batch does not fit "
+					"%u blocks per region (fewer --requests "
+					"or --tokens?)\n", o->nblocks);
+			return 2;
+		}
+		o->nblocks = (uint32_t)((need + 63) / 64 * 64);
+	}
+	if (!auto_blocks && o->nblocks != given) {
+		free_requests(d->rq, o->nreq);
+		fprintf(stderr, "kvpull-demo: the batch needs more than "
+				"--num-blocks %u: give --num-blocks %u (or fewer "
+				"--requests or --tokens)\n", given, o->nblocks);
+		return 2;
+	}
+	d->max_ids = 1;
+	for (i = 0; i < o->nreq; i++)
+		for (g = 0; g < d->gm.ngroups; g++) {
+			if (d->rq[i].ids[g].nlocal > d->max_ids)
+				d->max_ids = d->rq[i].ids[g].nlocal;
+			if (d->rq[i].ids[g].nremote > d->max_ids)
+				d->max_ids = d->rq[i].ids[g].nremote;
+		}
+	return 0;
+}
+
+/* The sliding-window and state layers kept, beside the model line (none
+ * for single-group presets). */
+static void print_layers(const struct opts *o, const struct kvp_model *m)
+{
+	if (o->sliding_layers)
+		printf("  of which %u sliding-window (preset: %u of %u)\n",
+		       o->sliding_layers, m->sliding_layers, m->layers);
+	if (o->state_layers)
+		printf("  plus %u of %u %s state layers, sharing regions with "
+		       "the attention layers (region i: attention layer i and "
+		       "state layer i)\n",
+		       o->state_layers, m->state_layers,
+		       TOOL_NAME(tool_state_names, m->state_kind));
+}
+
+/* A multi-group batch: the groups and where each side's ids lie. */
+static void print_groups(const struct demo *d)
+{
+	uint32_t g;
+
+	for (g = 0; g < d->gm.ngroups; g++) {
+		const struct kvp_plan_group *pg = &d->gm.g[g];
+
+		if (pg->kind == KVP_GROUP_STATE)
+			printf("  group %u: state, 1 block (a whole state) per "
+			       "request, ids below %u (2 per request) on both "
+			       "sides\n",
+			       g, d->gm.slots);
+		else if (d->gm.plo || d->gm.dlo)
+			printf("  group %u: %s, %u blocks per request, ids from "
+			       "%u (prefill) and %u (decode), above the state "
+			       "pages\n",
+			       g, TOOL_NAME(tool_group_names, pg->kind),
+			       d->rq[0].ids[g].nlocal, d->gm.plo, d->gm.dlo);
+		else
+			printf("  group %u: %s, %u blocks per request\n", g,
+			       TOOL_NAME(tool_group_names, pg->kind),
+			       d->rq[0].ids[g].nlocal);
+	}
 }
 
 int main(int argc, char **argv)
 {
 	static struct req rq[MAX_REQ];
-	struct opts o = { .model = "llama-3.1-8b", .ids = "runs", .layers = 4,
-			  .P = 2, .D = 1, .nreq = 8, .tokens = 256,
-			  .block = 16, .nblocks = 192, .max_sge = 4,
-			  .playout = KVP_KV_FLASH_HND,
+	struct opts o = { .model = "llama-3.1-8b", .ids = "runs",
+			  .layers = UNSET, .state_layers = UNSET,
+			  .sliding_layers = UNSET, .P = 2, .D = 1, .nreq = 8,
+			  .tokens = 256, .block = 16, .nblocks = UNSET,
+			  .max_sge = 4, .playout = KVP_KV_FLASH_HND,
 			  .dlayout = KVP_KV_FLASH_HND, .port = 18700,
 			  .seed = 1 };
 	const struct tool_opt opts[] = {
@@ -425,6 +813,8 @@ int main(int argc, char **argv)
 		{ "--prefill-layout", TOOL_LAYOUT, &o.playout, 0 },
 		{ "--decode-layout", TOOL_LAYOUT, &o.dlayout, 0 },
 		{ "--layers", TOOL_U32, &o.layers, 0 },
+		{ "--state-layers", TOOL_U32, &o.state_layers, 0 },
+		{ "--sliding-layers", TOOL_U32, &o.sliding_layers, 0 },
 		{ "--prefill-tp", TOOL_U32, &o.P, 0 },
 		{ "--decode-tp", TOOL_U32, &o.D, 0 },
 		{ "--requests", TOOL_U32, &o.nreq, 0 },
@@ -436,7 +826,7 @@ int main(int argc, char **argv)
 		{ "--seed", TOOL_U32, &o.seed, 0 },
 		{ NULL, TOOL_STR, NULL, 0 },
 	};
-	struct demo d = { &o, rq };
+	struct demo d = { .o = &o, .rq = rq };
 	struct tool_ranks prod;
 	struct kvp_model m;
 	kvp_layout *pl, *dl;
@@ -444,7 +834,7 @@ int main(int argc, char **argv)
 	uint32_t v;
 	uint64_t psz = 0, dsz = 0, sz;
 	double t0;
-	int bad;
+	int bad, auto_blocks;
 
 	bad = tool_parse_args(argc, argv, "kvpull-demo", opts);
 	if (bad) {
@@ -461,8 +851,8 @@ int main(int argc, char **argv)
 	}
 	if (!o.P || o.P > MAX_TP || !o.D || o.D > MAX_TP || !o.nreq ||
 	    o.nreq > MAX_REQ || !o.tokens || !o.block || !o.layers ||
-	    (strcmp(o.ids, "runs") && strcmp(o.ids, "random") &&
-	     strcmp(o.ids, "contiguous"))) {
+	    !o.nblocks || (strcmp(o.ids, "runs") && strcmp(o.ids, "random") &&
+			   strcmp(o.ids, "contiguous"))) {
 		usage(stderr);
 		return 2;
 	}
@@ -470,17 +860,18 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvpull-demo: unknown model %s\n", o.model);
 		return 2;
 	}
-	if (m.state_layers || m.sliding_layers) {
-		fprintf(stderr, "kvpull-demo: %s has more than one KV-cache "
-				"group; the demo drives single-group models\n",
-			o.model);
+	if (scale_model(&o, &m))
 		return 2;
-	}
+	auto_blocks = o.nblocks == UNSET;
+	if (auto_blocks)
+		o.nblocks = DEFAULT_BLOCKS;
+	if (plan_batch(&o, auto_blocks, &d))
+		return 2;
 	pl = build(&o, 1, 0);
 	dl = build(&o, 0, 0);
-	if (!pl || !dl || make_requests(&o, rq)) {
-		fprintf(stderr, "kvpull-demo: the engines or the requests do not "
-				"fit (more --num-blocks?)\n");
+	if (!pl || !dl) {
+		fprintf(stderr, "kvpull-demo: the engines do not fit (more "
+				"--num-blocks?)\n");
 		return 2;
 	}
 	kvp_layout_get_info(pl, &pli);
@@ -495,13 +886,16 @@ int main(int argc, char **argv)
 	printf("model %s, scaled to fit VM memory: %u of %u layers, %u blocks "
 	       "of %u tokens per region\n",
 	       o.model, o.layers, m.layers, o.nblocks, o.block);
+	print_layers(&o, &m);
 	printf("prefill engine: TP %u, %s, %u regions, %.1f MiB per rank\n", o.P,
 	       tool_layout_names[o.playout], pli.nregions, psz / 1048576.0);
 	printf("decode engine:  TP %u, %s, %u regions, %.1f MiB per rank\n", o.D,
 	       tool_layout_names[o.dlayout], dli.nregions, dsz / 1048576.0);
 	printf("batch: %u requests of %u tokens (%u blocks each), decode ids "
 	       "%s, address %s\n",
-	       o.nreq, o.tokens, rq[0].ids.nlocal, o.ids, o.addr);
+	       o.nreq, o.tokens, rq[0].ids[0].nlocal, o.ids, o.addr);
+	if (d.gm.ngroups > 1)
+		print_groups(&d);
 	kvp_layout_destroy(pl);
 	kvp_layout_destroy(dl);
 
@@ -516,6 +910,7 @@ int main(int argc, char **argv)
 	}
 	if (tool_stop_producers(&prod, bad))
 		bad = 1;
+	free_requests(rq, o.nreq);
 	printf("%s\n", bad ? "demo: FAILED" : "demo: OK");
 	return bad;
 }
