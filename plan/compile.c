@@ -1006,8 +1006,10 @@ static int plan_view(struct work *w, uint32_t lv, struct match *m)
 		}
 		/* Views of the same shapes were planned already: same sets. */
 		err = find_pair(w, lv, rv, group);
-		if (err <= 0)
+		if (err < 0)
 			return err;
+		if (!err)
+			continue;
 		err = begin_pair(w, lv, rv);
 		if (err)
 			return err;
