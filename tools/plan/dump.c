@@ -65,25 +65,35 @@ uint32_t view_layer(const kvp_layout *l, uint32_t view)
 
 /* ---- everything computed once ----------------------------------------- */
 
-static void view_fields(const kvp_layout *l, char (**out)[64])
+/* Per view of l: a bit per field kind it holds. */
+static uint32_t *view_kinds(const kvp_layout *l)
 {
 	struct kvp_layout_info li;
-	char(*vf)[64];
-	uint32_t i, view;
+	uint32_t *vk, i, view;
 
 	kvp_layout_get_info(l, &li);
-	vf = xcalloc(li.nviews, sizeof(*vf));
+	vk = xcalloc(li.nviews, sizeof(*vk));
 	for (i = 0; i < li.nfields; i++) {
 		struct kvp_field_desc f;
-		size_t n;
 
 		if (kvp_layout_get_field(l, i, &view, &f) || view >= li.nviews)
 			die("field %u: unreadable", i);
-		n = strlen(vf[view]);
-		snprintf(vf[view] + n, sizeof(vf[view]) - n, "%s%s",
-			 n ? "+" : "", TOOL_NAME(tool_field_names, f.kind));
+		vk[view] |= 1u << f.kind;
 	}
-	*out = vf;
+	return vk;
+}
+
+void kinds_name(uint32_t kinds, char *buf, size_t len)
+{
+	uint32_t k;
+	size_t n = 0;
+
+	buf[0] = 0;
+	for (k = 0; k < 32 && n < len; k++)
+		if (kinds & (1u << k))
+			n += (size_t)snprintf(buf + n, len - n, "%s%s",
+					      n ? "+" : "",
+					      TOOL_NAME(tool_field_names, k));
 }
 
 static double now_us(void)
@@ -140,7 +150,8 @@ void compute(struct opts *o, struct dump *d)
 			die("kvp_notify_expected(producer %u): %s", i,
 			    kvp_strerror(d->expected[i]));
 	}
-	view_fields(o->loc.l, &d->lfields);
+	d->lkinds = view_kinds(o->loc.l);
+	d->rkinds = view_kinds(o->rem.l);
 	d->have_request = o->have_request || o->have_hit || o->have_tokens ||
 			  o->nlids || o->nrids;
 	if (d->have_request)
@@ -154,7 +165,8 @@ void free_dump(struct dump *d)
 	free(d->src_rank);
 	free(d->notify_rank);
 	free(d->expected);
-	free(d->lfields);
+	free(d->lkinds);
+	free(d->rkinds);
 	kvp_plan_destroy(d->plan);
 }
 

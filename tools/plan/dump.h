@@ -100,7 +100,7 @@ struct dump {
 	int *expected; /* per producer rank */
 	uint32_t remote_tp;
 	double compile_us;
-	char (*lfields)[64]; /* per local view: its field kinds */
+	uint32_t *lkinds, *rkinds; /* per view: a bit per field kind */
 	struct request rq;
 	int have_request;
 };
@@ -111,6 +111,8 @@ void free_dump(struct dump *d);
 /* Whether source index s serves group g. */
 int serves(const struct dump *d, uint32_t g, uint32_t s);
 uint32_t view_layer(const kvp_layout *l, uint32_t view);
+/* Field kinds of a bit set, as "k+v". */
+void kinds_name(uint32_t kinds, char *buf, size_t len);
 
 /* ---- output ---- */
 

@@ -146,7 +146,7 @@ static void text_streams(const struct dump *d, uint32_t g)
 	for (i = 0; i < d->info.nstreams; i++) {
 		struct kvp_plan_stream st;
 		uint32_t lmin = UINT32_MAX, lmax = 0;
-		char lv[32], rv[32];
+		char lv[32], rv[32], kinds[64];
 
 		checked(kvp_plan_get_stream(d->plan, i, &st), "stream", i);
 		if (st.group != g)
@@ -169,11 +169,14 @@ static void text_streams(const struct dump *d, uint32_t g)
 			 st.local_region);
 		snprintf(rv, sizeof(rv), "%u/%u", st.remote_view,
 			 st.remote_region);
+		/* the kinds this stream carries: in both views */
+		kinds_name(d->lkinds[st.local_view] &
+				   d->rkinds[st.remote_view],
+			   kinds, sizeof(kinds));
 		printf("    %4d %5u %-24s %12s %12s %7u %13" PRIu64 "  ",
 		       d->src_rank[st.src],
-		       view_layer(o->loc.l, st.local_view),
-		       d->lfields[st.local_view], lv, rv, st.npieces,
-		       st.bytes_per_period);
+		       view_layer(o->loc.l, st.local_view), kinds, lv, rv,
+		       st.npieces, st.bytes_per_period);
 		if (lmin == lmax)
 			printf("%u\n", lmin);
 		else
