@@ -4,7 +4,8 @@
  * bad arguments, outputs untouched on failure; plan size independent of the
  * number of blocks; source and notify ranks for TP pairs; and the
  * exhaustive TP check: every (kv heads, producer TP, consumer TP, consumer
- * rank, layout) with kv heads and TP sizes in {1, 2, 4, 8, 16}, each
+ * rank, layout pair) with kv heads and TP sizes in {1, 2, 4, 8, 16}, two
+ * layers (the second reuses the first one's piece sets), each
  * consumer's plan checked byte for byte with the memcpy executor, compiled
  * against two producer ranks' layouts (same plan), and the notification
  * counts checked against the plans' notify lists; and block sizes that
@@ -472,7 +473,7 @@ static void exhaustive_one(uint32_t heads, int mla, uint32_t P, uint32_t D,
 	uint32_t lids[4], rids[4], c, r, links = 0, maxload = 0;
 	struct kvp_ids ids;
 
-	m.layers = 1;
+	m.layers = 2; /* the second layer reuses the first one's piece sets */
 	m.kv_heads = heads;
 	m.head_dim = 4;
 	m.dtype_bytes = 2;
