@@ -54,6 +54,9 @@ if [[ ${KVP_SKIP_SANITIZE:-0} != 1 ]]; then
 fi
 if [[ ${KVP_SKIP_RDMA:-0} != 1 ]] && grep -q '^check-rdma:' Makefile; then
 	stage "RDMA loopback tests (soft-RoCE)" bash -c 'make clean && make WERROR=1 check-rdma'
+	if [[ ${KVP_SKIP_SANITIZE:-0} != 1 ]]; then
+		stage "RDMA loopback tests under ASan+UBSan" bash -c 'make clean && make SANITIZE=1 check-rdma'
+	fi
 fi
 
 if [[ ${#failed_stages[@]} -gt 0 ]]; then
