@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "kvassert.h"
 #include "kvtest.h"
 
 #define CANARY32 0xdeadbeefu
@@ -545,55 +546,13 @@ static void test_getters_out_of_range(void **state)
 
 /* ---- clone -------------------------------------------------------------- */
 
+/* Equal through every getter (tests/lib/kvassert.h), keys included, and
+ * the same wire snapshot. */
 static void assert_layouts_equal(const kvp_layout *a, const kvp_layout *b)
 {
-	struct kvp_layout_info ia, ib;
 	struct snap sa, sb;
-	uint32_t i;
 
-	kvp_layout_get_info(a, &ia);
-	kvp_layout_get_info(b, &ib);
-	assert_memory_equal(&ia, &ib, sizeof(ia));
-	for (i = 0; i < ia.ngroups; i++) {
-		struct kvp_group_desc x, y;
-
-		memset(&x, 0, sizeof(x)); /* padding */
-		memset(&y, 0, sizeof(y));
-		assert_int_equal(kvp_layout_get_group(a, i, &x), 0);
-		assert_int_equal(kvp_layout_get_group(b, i, &y), 0);
-		assert_memory_equal(&x, &y, sizeof(x));
-	}
-	for (i = 0; i < ia.nregions; i++) {
-		uint64_t x, y, xa, ya;
-		uint32_t xk, yk;
-
-		assert_int_equal(kvp_layout_get_region(a, i, &x), 0);
-		assert_int_equal(kvp_layout_get_region(b, i, &y), 0);
-		assert_true(x == y);
-		assert_int_equal(kvp_layout_get_region_key(a, i, &xa, &xk), 0);
-		assert_int_equal(kvp_layout_get_region_key(b, i, &ya, &yk), 0);
-		assert_true(xa == ya);
-		assert_int_equal(xk, yk);
-	}
-	for (i = 0; i < ia.nviews; i++) {
-		struct kvp_view_desc x, y;
-
-		memset(&x, 0, sizeof(x)); /* padding */
-		memset(&y, 0, sizeof(y));
-		assert_int_equal(kvp_layout_get_view(a, i, &x), 0);
-		assert_int_equal(kvp_layout_get_view(b, i, &y), 0);
-		assert_memory_equal(&x, &y, sizeof(x));
-	}
-	for (i = 0; i < ia.nfields; i++) {
-		struct kvp_field_desc x, y;
-		uint32_t xv, yv;
-
-		assert_int_equal(kvp_layout_get_field(a, i, &xv, &x), 0);
-		assert_int_equal(kvp_layout_get_field(b, i, &yv, &y), 0);
-		assert_int_equal(xv, yv);
-		assert_memory_equal(&x, &y, sizeof(x));
-	}
-	assert_true(kvp_layout_compat_hash(a) == kvp_layout_compat_hash(b));
+	kva_layouts_equal(a, b, 1);
 	snap_take(a, &sa);
 	snap_take(b, &sb);
 	assert_int_equal(sa.len, sb.len);
