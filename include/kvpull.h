@@ -560,6 +560,35 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  * A producer rank reports a request RELEASED once every consumer rank that
  * must notify it has done so, or EXPIRED when its deadline passes first.
  *
+ * Trust model. An agent trusts whoever completes the handshake with it:
+ *  - Without a shared secret (the default), anyone who can reach a
+ *    producer's port and presents a blob of the same model receives every
+ *    region's address and rkey, and may READ the producer's KV cache; a
+ *    connected consumer rank can release the requests of its own consumer
+ *    engine early (by notifying before it read). Run producers on a
+ *    network only trusted engines reach.
+ *  - With a shared secret (kvp_agent_attr.secret, the same bytes on every
+ *    agent of a deployment), each side proves knowledge of it before the
+ *    other reveals anything: HMAC-SHA-256 over both sides' hellos and
+ *    fresh 16-byte nonces, never the secret itself. A producer gives a
+ *    consumer its blob (and so any rkey), registers a buffer for the
+ *    consumer's blob and the notification buffers only after the
+ *    consumer's proof; a consumer reads from a producer only after the
+ *    producer's proof, so a stranger can neither read nor feed it bytes.
+ *    The secret authenticates the handshake, not the traffic: RDMA itself
+ *    is not encrypted, and the rkeys it protects travel in clear to
+ *    authenticated peers. A passive listener on the fabric sees the
+ *    blobs.
+ *  - Either way, nothing a peer sends is trusted: every length is checked
+ *    before allocation (a consumer's blob: KVP_META_MIN_LEN up to 8 times
+ *    the producer's own blob, at least 64 KiB, at most 16 MiB), a peer's
+ *    TP size is at most KVP_MAX_TP_SIZE, each poll checks at most one
+ *    received blob, and a producer keeps at most max_per_source
+ *    connections per consumer address and at most half of max_peers
+ *    handshakes under way, each for at most handshake_ms: idle or slow
+ *    peers cannot hold every slot. A consumer engine's notifications only
+ *    ever count for its own requests (see kvp_agent_expect()).
+ *
  * Threads: an agent is not thread-safe. All calls on one agent must be
  * serialised by the caller (typically: the engine's loop thread). Distinct
  * agents are independent. Nothing is called back; everything is reported
@@ -614,13 +643,34 @@ struct kvp_agent_attr {
 	/* Consumer: local scatter entries per READ (kvp_plan_attr.max_sge);
 	 * 0: 4. Clamped to the device's limit. */
 	uint32_t max_sge;
+	/* Optional shared secret, secret_len bytes (KVP_SECRET_MIN to
+	 * KVP_SECRET_MAX; use 32 random bytes), copied. When set, the
+	 * handshake proves both sides know it (see "Trust model"); a peer
+	 * without it, or with another, is refused with -EPERM. NULL and 0:
+	 * no secret (then a peer that has one is refused too). */
+	const void *secret;
+	uint32_t secret_len;
+	/* Producer: connections (handshaking or connected) from one consumer
+	 * IP address at once; more are refused with -EUSERS. 0: max_peers /
+	 * 4, at least 8 (clamped to max_peers). Consumer engines' ranks on
+	 * one host share an address: allow at least their count times the
+	 * producer ranks each reaches on this agent (one). */
+	uint32_t max_per_source;
+	/* Producer: bound on one handshake, from connect request to ready,
+	 * in ms; a consumer not done by then is dropped. 0: 10000; at most
+	 * 3,600,000. */
+	uint32_t handshake_ms;
 };
+
+#define KVP_SECRET_MIN 16
+#define KVP_SECRET_MAX 256
 
 /* Opens an agent on an RDMA device. Returns 0 and an agent owned by the
  * caller (kvp_agent_close()); -EINVAL for a bad attribute (unknown role,
  * non-zero comp_mask, no layout, a device name and an address of different
  * devices, max_inflight above 2^20, max_peers above 65535, max_ids above
- * 2^24); -ENODEV when there is no RDMA device or no device of that name or
+ * 2^24, handshake_ms above 3,600,000, a secret NULL with a length or a
+ * length outside KVP_SECRET_MIN..KVP_SECRET_MAX); -ENODEV when there is no RDMA device or no device of that name or
  * address; -ENOMEM; another -errno from the device. Blocks only as long as
  * opening the device does. */
 KVP_API KVP_MUST_CHECK int kvp_agent_open(const struct kvp_agent_attr *attr,
@@ -646,10 +696,12 @@ KVP_API KVP_MUST_CHECK int kvp_agent_register(kvp_agent *agent,
 /* Producer: listens for consumer ranks on numeric IP address `ip` (NULL:
  * every address of the agent's device) and `port`. Non-blocking; incoming
  * connections are accepted and handshaken inside kvp_agent_poll(), which the
- * producer must therefore keep calling (a handshake not finished within 30 s
- * is dropped; a consumer whose metadata does not match is told why and
- * fails with that error). At most max_peers consumer ranks are connected at
- * once; more are refused. Returns 0; -EINVAL (not a producer, bad address,
+ * producer must therefore keep calling (a handshake not finished within
+ * handshake_ms is dropped; a consumer whose metadata does not match is
+ * told why and fails with that error). At most max_peers consumer ranks
+ * are connected at once, max_per_source of them from one address, and at
+ * most half of max_peers (rounded up) handshake at once; more are refused
+ * (see kvp_agent_connect() for what the consumer sees). Returns 0; -EINVAL (not a producer, bad address,
  * an address of another device); -EBUSY when already listening; -ENXIO when
  * a region is not registered; -EADDRINUSE; another -errno. */
 KVP_API KVP_MUST_CHECK int kvp_agent_listen(kvp_agent *agent, const char *ip,
@@ -710,8 +762,12 @@ struct kvp_peer {
  * corrupt blob, larger than 16 MiB) or does not match (engine id, TP size
  * other than n, rank, compatibility hash, geometry, layouts that cannot be
  * matched by kvp_plan_compile(), a carried blob its rank does not send
- * byte for byte); -ETIMEDOUT; -ECONNREFUSED (nobody listens or a producer
- * refused); -EHOSTUNREACH, -ENETUNREACH, -EADDRNOTAVAIL when an address
+ * byte for byte), or a producer refused our metadata for that reason;
+ * -EPERM when the shared secrets differ or only one side has one;
+ * -EUSERS when a producer rank holds max_per_source connections from this
+ * address; -EBUSY when a producer rank is at its connection or handshake
+ * limit or out of resources (retry later); -ETIMEDOUT; -ECONNREFUSED
+ * (nobody listens, or a refusal without a reason); -EHOSTUNREACH, -ENETUNREACH, -EADDRNOTAVAIL when an address
  * cannot be resolved or routed; -ECONNRESET when a producer disconnected
  * during the handshake; -ENOMEM. A carried blob that fails its checks
  * fails the call before any connection is attempted. On failure nothing
@@ -741,17 +797,37 @@ KVP_API const kvp_plan *kvp_agent_plan(const kvp_agent *agent);
 KVP_API KVP_MUST_CHECK int kvp_agent_pull(kvp_agent *agent, uint64_t req_id,
 					  const struct kvp_ids *ids);
 
-/* Producer: a consumer engine will pull request `req_id`; its blocks must
- * stay untouched until RELEASED (every notification arrived) or EXPIRED
- * (`deadline_ns`, CLOCK_MONOTONIC, passed first) is reported for it.
- * Notifications that arrive before expect are kept (for up to 30 s) and
- * counted. Returns 0, and exactly one RELEASED or EXPIRED event follows;
- * -EINVAL (not a producer); -EEXIST when req_id is already expected;
- * -EBUSY when max_inflight requests are expected or unreported.
- * Notifications land in receive buffers that kvp_agent_poll() re-posts: a
- * producer that stops polling holds its consumers' notifications (and so
- * their DONE events) back until it polls again. */
-KVP_API KVP_MUST_CHECK int kvp_agent_expect(kvp_agent *agent, uint64_t req_id,
+/* Producer: consumer engine `consumer_engine` will pull request `req_id`;
+ * its blocks must stay untouched until RELEASED (every consumer rank that
+ * must notify this producer rank did) or EXPIRED (`deadline_ns`,
+ * CLOCK_MONOTONIC, passed first) is reported for it.
+ *
+ * Requests are keyed by (consumer engine, req_id): notifications from one
+ * consumer engine never count for another engine's request, and each
+ * consumer rank counts once. The count that releases a request is fixed
+ * when first known: here if a rank of that engine is connected, else at
+ * its first notification. Notifications that arrive before expect are kept
+ * (for up to 30 s; at most max_inflight of them, and max_inflight / 8 but
+ * at least 8 per consumer rank) and counted.
+ *
+ * Uniqueness and reuse: a (consumer engine, req_id) pair names one
+ * transfer. Once reported, RELEASED or EXPIRED, it is remembered for 30 s
+ * (the most recent max_inflight of them): notifications for it are dropped
+ * (stats.notes_dropped) rather than counted for a later request, and
+ * expecting it again returns -EALREADY. A retried transfer therefore
+ * needs a fresh req_id (e.g. an attempt number in the high bits) unless
+ * 30 s have passed.
+ *
+ * Returns 0, and exactly one RELEASED or EXPIRED event follows; -EINVAL
+ * (not a producer); -EEXIST when the pair is already expected; -EALREADY
+ * when it was reported within the last 30 s; -EBUSY when max_inflight
+ * requests are expected or unreported. Notifications land in receive
+ * buffers that kvp_agent_poll() re-posts: a producer that stops polling
+ * holds its consumers' notifications (and so their DONE events) back until
+ * it polls again. */
+KVP_API KVP_MUST_CHECK int kvp_agent_expect(kvp_agent *agent,
+					    uint64_t consumer_engine,
+					    uint64_t req_id,
 					    uint64_t deadline_ns);
 
 enum kvp_event_type {
@@ -759,7 +835,9 @@ enum kvp_event_type {
 	KVP_EV_FAILED,	     /* consumer: request failed; recompute ids */
 	KVP_EV_RELEASED,     /* producer: every consumer read; free blocks */
 	KVP_EV_EXPIRED,	     /* producer: deadline passed; free blocks */
-	KVP_EV_DISCONNECTED, /* a peer rank is gone (or its handshake failed) */
+	KVP_EV_DISCONNECTED, /* a peer rank is gone (consumer: or its
+			      * handshake failed; producer: a connected
+			      * consumer rank only) */
 };
 
 struct kvp_event {
@@ -823,6 +901,8 @@ struct kvp_agent_stats {
 				 * over capacity */
 	uint64_t released, expired; /* producer: requests reported */
 	uint64_t connects, disconnects; /* peer ranks connected and lost */
+	uint64_t refused; /* producer: connect requests and handshakes
+			   * refused (limits, secret, metadata) */
 };
 
 /* Copies the agent's counters into *st. */

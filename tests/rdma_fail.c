@@ -169,7 +169,7 @@ static int handshake_consumer(const struct rt_env *env, const struct rt_req *rq)
 		RT_FAIL("second register of a region");
 	if (kvp_agent_listen(a, env->addr0, env->port) != -EINVAL)
 		RT_FAIL("listen on a consumer");
-	if (kvp_agent_expect(a, 1, 0) != -EINVAL)
+	if (kvp_agent_expect(a, RT_CONS_ENGINE, 1, 0) != -EINVAL)
 		RT_FAIL("expect on a consumer");
 	if (kvp_agent_connect(a, peers, 1, 0) != -EINVAL)
 		RT_FAIL("connect with timeout 0");
@@ -277,14 +277,14 @@ static int plain_producer(const struct rt_case *tc, const struct rt_env *env,
 		uint64_t dl = expire_first && i < 2 ? 4000000000ull :
 						      80000000000ull;
 
-		err = kvp_agent_expect(a, rq[i].id, rt_now_ns() + dl);
+		err = kvp_agent_expect(a, RT_CONS_ENGINE, rq[i].id, rt_now_ns() + dl);
 		if (err)
 			RT_FAIL("expect: %s", kvp_strerror(err));
 	}
 	for (i = tc->nreq; i < 4; i++)
-		if (kvp_agent_expect(a, 9000 + i, rt_now_ns() + 100000000ull))
+		if (kvp_agent_expect(a, RT_CONS_ENGINE, 9000 + i, rt_now_ns() + 100000000ull))
 			RT_FAIL("expect filler");
-	if (kvp_agent_expect(a, 9999, rt_now_ns()) != -EBUSY)
+	if (kvp_agent_expect(a, RT_CONS_ENGINE, 9999, rt_now_ns()) != -EBUSY)
 		RT_FAIL("expect beyond max_inflight was not -EBUSY");
 	if (write(ready_fd, "r", 1) != 1)
 		RT_FAIL("ready pipe");

@@ -79,13 +79,13 @@ static int sleepy_producer(const struct rt_env *env, const struct rt_req *rq,
 	if (err)
 		RT_FAIL("setup: %s", kvp_strerror(err));
 	for (i = 0; i < sc.nreq; i++)
-		if (kvp_agent_expect(a, rq[i].id, rt_now_ns() + 50000000000ull))
+		if (kvp_agent_expect(a, RT_CONS_ENGINE, rq[i].id, rt_now_ns() + 50000000000ull))
 			RT_FAIL("expect");
 	if (write(ready_fd, "r", 1) != 1)
 		RT_FAIL("pipe");
 	/* Never pulled: its deadline must wake the sleeper. */
 	exp_deadline = rt_now_ns() + 2500000000ull;
-	if (kvp_agent_expect(a, 77, exp_deadline))
+	if (kvp_agent_expect(a, RT_CONS_ENGINE, 77, exp_deadline))
 		RT_FAIL("expect 77");
 	/* Until the consumer has gone, too: its disconnect must wake us. */
 	while (released < sc.nreq || !expired_at || !disc) {

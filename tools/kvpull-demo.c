@@ -401,7 +401,7 @@ static int prefill_rank(const struct demo *d, uint32_t rank, int ready_fd,
 	}
 	/* The scheduler hands these requests to the decode engine. */
 	for (i = 0; i < o->nreq; i++) {
-		err = kvp_agent_expect(a, d->rq[i].id,
+		err = kvp_agent_expect(a, DECODE_ENGINE, d->rq[i].id,
 				       tool_now_ns() + 200000000000ull);
 		if (err) {
 			fprintf(stderr, "prefill %u: expect: %s\n", rank,

@@ -134,7 +134,7 @@ static int producer(const struct opts *o, int ready_fd, int stop_fd)
 		/* A window of expected requests; notifications that come
 		 * early are kept by the agent. */
 		while (next < total &&
-		       !kvp_agent_expect(a, next,
+		       !kvp_agent_expect(a, CONSUMER_ENGINE, next,
 					 tool_now_ns() + 600000000000ull))
 			next++;
 		n = kvp_agent_poll(a, ev, 32);

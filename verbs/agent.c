@@ -13,18 +13,10 @@
 #define DEF_PEERS 64
 #define DEF_SQ 512
 #define DEF_SGE 4
+#define DEF_HANDSHAKE_MS 10000
 #define CM_INTERVAL_NS 1000000ull    /* rdma_cm channel check, busy polling */
-#define EARLY_LINGER_NS 30000000000ull /* notifications before expect */
 #define CQ_BATCHES 8
-
-static uint32_t pow2_at_least(uint32_t v)
-{
-	uint32_t p = 1;
-
-	while (p < v)
-		p <<= 1;
-	return p;
-}
+#define CM_BUDGET 16 /* rdma_cm events per poll */
 
 /* ---- events --------------------------------------------------------------
  * The queue never overflows by construction: request events are bounded by
@@ -61,168 +53,16 @@ void kvp__ev_disconnected(kvp_agent *a, struct kvp_conn *c)
 	a->st.disconnects++;
 }
 
-/* ---- producer request table: open addressing, linear probing ----------- */
-
-static uint32_t tab_hash(const kvp_agent *a, uint64_t id)
-{
-	return (uint32_t)((id * 0x9e3779b97f4a7c15ull) >> 32) & a->tab_mask;
-}
-
-static struct kvp_ent *tab_find(kvp_agent *a, uint64_t id)
-{
-	uint32_t i = tab_hash(a, id);
-
-	for (;; i = (i + 1) & a->tab_mask) {
-		struct kvp_ent *e = &a->tab[i];
-
-		if (e->state == EN_FREE)
-			return NULL;
-		if (e->req_id == id)
-			return e;
-	}
-}
-
-static struct kvp_ent *tab_insert(kvp_agent *a, uint64_t id)
-{
-	uint32_t i = tab_hash(a, id);
-
-	while (a->tab[i].state != EN_FREE)
-		i = (i + 1) & a->tab_mask;
-	memset(&a->tab[i], 0, sizeof(a->tab[i]));
-	a->tab[i].req_id = id;
-	a->tab_used++;
-	return &a->tab[i];
-}
-
-/* Backward-shift deletion keeps every probe chain unbroken. */
-static void tab_remove(kvp_agent *a, struct kvp_ent *e)
-{
-	uint32_t i = (uint32_t)(e - a->tab), j = i, k;
-
-	a->tab[i].state = EN_FREE;
-	a->tab_used--;
-	for (;;) {
-		j = (j + 1) & a->tab_mask;
-		if (a->tab[j].state == EN_FREE)
-			return;
-		k = tab_hash(a, a->tab[j].req_id);
-		/* Move j back to i unless its home k lies cyclically in
-		 * (i, j]. */
-		if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
-			continue;
-		a->tab[i] = a->tab[j];
-		a->tab[j].state = EN_FREE;
-		i = j;
-	}
-}
-
-static void ent_report(kvp_agent *a, struct kvp_ent *e, uint32_t type)
-{
-	struct kvp_event ev;
-
-	memset(&ev, 0, sizeof(ev));
-	ev.type = type;
-	ev.req_id = e->req_id;
-	ev.engine_id = e->engine_id;
-	kvp__ev_push(a, &ev);
-	if (type == KVP_EV_RELEASED)
-		a->st.released++;
-	else
-		a->st.expired++;
-	tab_remove(a, e);
-}
-
-void kvp__note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
-			uint32_t len)
-{
-	struct kvp_ent *e;
-	uint64_t id, engine;
-	uint32_t rank;
-
-	if (len != KVP_NOTE_LEN || kvp__get32(m) != KVP_NOTE_MAGIC)
-		goto drop;
-	rank = kvp__get32(m + 4);
-	id = kvp__get64(m + 8);
-	engine = kvp__get64(m + 16);
-	if (engine != c->engine_id || rank != c->rank)
-		goto drop;
-	a->st.notes_recv++;
-	e = tab_find(a, id);
-	if (!e) {
-		if (a->tab_used >= (a->tab_mask + 1) / 2)
-			goto drop;
-		e = tab_insert(a, id);
-		e->state = EN_EARLY;
-		e->deadline = kvp__now_ns() + EARLY_LINGER_NS;
-		if (e->deadline < a->next_deadline)
-			a->next_deadline = e->deadline;
-	}
-	if (rank < 64) {
-		if (e->rank_mask & (1ull << rank))
-			goto drop;
-		e->rank_mask |= 1ull << rank;
-	}
-	e->engine_id = engine;
-	e->expected = c->expected;
-	e->count++;
-	if (e->state == EN_EXPECTED && e->count >= e->expected)
-		ent_report(a, e, KVP_EV_RELEASED);
-	return;
-drop:
-	a->st.notes_dropped++;
-}
-
-int kvp_agent_expect(kvp_agent *a, uint64_t req_id, uint64_t deadline_ns)
-{
-	struct kvp_ent *e;
-
-	if (!a || a->role != KVP_ROLE_PRODUCER)
-		return -EINVAL;
-	e = tab_find(a, req_id);
-	if (e && e->state == EN_EXPECTED)
-		return -EEXIST;
-	if (a->nheld >= a->max_inflight)
-		return -EBUSY;
-	if (!e)
-		e = tab_insert(a, req_id);
-	e->state = EN_EXPECTED;
-	e->deadline = deadline_ns;
-	a->nheld++;
-	if (e->expected && e->count >= e->expected) {
-		ent_report(a, e, KVP_EV_RELEASED);
-		return 0;
-	}
-	if (deadline_ns < a->next_deadline)
-		a->next_deadline = deadline_ns;
-	return 0;
-}
-
-/* Expires requests and drops orphaned early notifications. */
-static void tab_scan(kvp_agent *a, uint64_t now)
-{
-	uint64_t next = UINT64_MAX;
-	uint32_t i = 0;
-
-	while (i <= a->tab_mask) {
-		struct kvp_ent *e = &a->tab[i];
-
-		if (e->state != EN_FREE && e->deadline <= now) {
-			if (e->state == EN_EXPECTED) {
-				ent_report(a, e, KVP_EV_EXPIRED);
-			} else {
-				a->st.notes_dropped += e->count;
-				tab_remove(a, e);
-			}
-			continue; /* slot i may hold a shifted entry now */
-		}
-		if (e->state != EN_FREE && e->deadline < next)
-			next = e->deadline;
-		i++;
-	}
-	a->next_deadline = next;
-}
-
 /* ---- open / close ------------------------------------------------------- */
+
+static void secret_free(kvp_agent *a)
+{
+	if (!a->secret)
+		return;
+	explicit_bzero(a->secret, a->secret_len);
+	free(a->secret);
+	a->secret = NULL;
+}
 
 /* Picks the device: by name, by the address it owns, or the first. */
 static int pick_device(kvp_agent *a, const struct kvp_agent_attr *attr)
@@ -285,10 +125,30 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	a->sq_depth = attr->sq_depth ? attr->sq_depth : DEF_SQ;
 	a->max_sge = attr->max_sge ? attr->max_sge : DEF_SGE;
 	a->next_deadline = UINT64_MAX;
+	a->handshake_ns = (uint64_t)(attr->handshake_ms ? attr->handshake_ms :
+					       DEF_HANDSHAKE_MS) * 1000000ull;
+	a->max_per_source = attr->max_per_source;
+	if (!a->max_per_source)
+		a->max_per_source = a->max_peers / 4 > 8 ? a->max_peers / 4 : 8;
+	if (a->max_per_source > a->max_peers)
+		a->max_per_source = a->max_peers;
+	a->max_half_open = (a->max_peers + 1) / 2;
 	if (a->max_inflight > (1u << 20) || a->max_peers > 0xffff ||
-	    a->max_ids > (1u << 24)) {
+	    a->max_ids > (1u << 24) || attr->handshake_ms > 3600000 ||
+	    !attr->secret != !attr->secret_len ||
+	    (attr->secret && (attr->secret_len < KVP_SECRET_MIN ||
+			      attr->secret_len > KVP_SECRET_MAX))) {
 		err = -EINVAL;
 		goto err_free;
+	}
+	if (attr->secret) {
+		a->secret = malloc(attr->secret_len);
+		if (!a->secret) {
+			err = -ENOMEM;
+			goto err_free;
+		}
+		memcpy(a->secret, attr->secret, attr->secret_len);
+		a->secret_len = attr->secret_len;
 	}
 	if (attr->addr) {
 		a->src_addr = strdup(attr->addr);
@@ -338,9 +198,7 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	if (a->role == KVP_ROLE_PRODUCER) {
 		a->ev_cap = a->max_inflight + 2 * a->max_peers + 8;
 		a->evq = calloc(a->ev_cap, sizeof(*a->evq));
-		a->tab_mask = pow2_at_least(4 * a->max_inflight) - 1;
-		a->tab = calloc(a->tab_mask + 1, sizeof(*a->tab));
-		if (!a->evq || !a->tab)
+		if (!a->evq || kvp__serve_alloc(a))
 			goto err_arrays;
 	}
 	*out = a;
@@ -348,7 +206,7 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 
 err_arrays:
 	free(a->evq);
-	free(a->tab);
+	kvp__serve_free(a);
 	free(a->mrs);
 	free(a->lbase);
 	free(a->lkey);
@@ -363,6 +221,7 @@ err_ech:
 err_layout:
 	kvp_layout_destroy(a->layout);
 err_free:
+	secret_free(a);
 	free(a->src_addr);
 	free(a);
 	return err;
@@ -397,8 +256,10 @@ void kvp_agent_close(kvp_agent *a)
 	kvp__free_devices(a->devs);
 	kvp__destroy_event_channel(a->ech);
 	kvp_layout_destroy(a->layout);
+	kvp__ctl_free(a);
 	free(a->evq);
-	free(a->tab);
+	kvp__serve_free(a);
+	secret_free(a);
 	free(a->mrs);
 	free(a->lbase);
 	free(a->lkey);
@@ -480,6 +341,8 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 		break;
 	case WK_META_SEND:
 	case WK_META_RECV:
+	case WK_CTL_SEND:
+	case WK_CTL_RECV:
 		(void)kvp__handshake_wc(a, c, wc);
 		break;
 	case WK_NOTE_RECV:
@@ -557,13 +420,15 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 	}
 	if (kvp__cq_drain(a) && a->connected)
 		flush_backlog(a);
+	if (a->npending)
+		kvp__blob_check_one(a);
 	if (now >= a->next_cm_ns) {
-		kvp__cm_process(a, 16);
+		kvp__cm_process(a, CM_BUDGET);
 		kvp__conn_timers(a, now);
 		a->next_cm_ns = now + CM_INTERVAL_NS;
 	}
-	if (a->role == KVP_ROLE_PRODUCER && now >= a->next_deadline)
-		tab_scan(a, now);
+	if (a->role == KVP_ROLE_PRODUCER)
+		kvp__serve_timers(a, now);
 	while (n < max && a->ev_head != a->ev_tail) {
 		struct kvp_event *e = &a->evq[a->ev_head % a->ev_cap];
 
@@ -623,5 +488,5 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 		if (kvp__cq_drain(a) && a->connected)
 			flush_backlog(a);
 	}
-	return a->ev_head != a->ev_tail ? 1 : 0;
+	return a->ev_head != a->ev_tail || a->npending ? 1 : 0;
 }

@@ -99,7 +99,15 @@ KVP_HIDDEN int kvp__connect(struct rdma_cm_id *id,
 			    struct rdma_conn_param *param);
 KVP_HIDDEN int kvp__accept(struct rdma_cm_id *id,
 			   struct rdma_conn_param *param);
-KVP_HIDDEN int kvp__reject(struct rdma_cm_id *id);
+/* Rejects a connection request; pdata (plen bytes, may be NULL) tells the
+ * peer why. */
+KVP_HIDDEN int kvp__reject(struct rdma_cm_id *id, const void *pdata,
+			   uint8_t plen);
+/* The peer's IP address as 16 bytes (IPv4 mapped into IPv6): the key of
+ * the per-source connection limit. 0, or -EINVAL. */
+KVP_HIDDEN int kvp__peer_addr(struct rdma_cm_id *id, uint8_t out[16]);
+/* n bytes from the kernel's random source. 0 or -errno. */
+KVP_HIDDEN int kvp__random(void *buf, size_t n);
 KVP_HIDDEN int kvp__disconnect(struct rdma_cm_id *id);
 /* Takes one rdma_cm event without blocking: 1 and *ev, 0 if none, or
  * -errno. Every event taken must be given back with kvp__ack_event(). */
@@ -125,6 +133,8 @@ enum wr_kind {
 	WK_META_SEND,  /* our metadata blob */
 	WK_META_RECV,  /* the peer's metadata blob */
 	WK_NOTE_RECV,  /* producer: a notification buffer */
+	WK_CTL_SEND,   /* handshake control message (auth, go, refusal) */
+	WK_CTL_RECV,
 };
 
 static inline uint64_t kvp__wrid(uint32_t kind, uint32_t gen, uint32_t conn,
@@ -140,29 +150,67 @@ static inline uint64_t kvp__wrid(uint32_t kind, uint32_t gen, uint32_t conn,
 
 /* ---- wire formats (little endian, byte by byte) ------------------------ */
 
-/* rdma_cm private data of connect and accept. */
+/* rdma_cm private data of connect (KVP_HELLO_LEN) and accept
+ * (KVP_HELLO_ACCEPT_LEN: the hello, then the producer's proof). Both fit
+ * the smallest private data rdma_cm carries on IB/RoCE: 56 bytes in a
+ * connect request, 196 in an accept. */
 #define KVP_HELLO_MAGIC 0x4b565048u /* "HPVK" read as LE: 'K','V','P','H' */
-#define KVP_HELLO_VERSION 1
-#define KVP_HELLO_LEN 32
+#define KVP_HELLO_VERSION 2
+#define KVP_HELLO_LEN 48
+#define KVP_HELLO_ACCEPT_LEN (KVP_HELLO_LEN + KVP_MAC_LEN)
+#define KVP_HELLO_AUTH 1u /* flags: the sender holds a shared secret */
+#define KVP_NONCE_LEN 16
+#define KVP_MAC_LEN 32
 struct kvp_hello {
 	uint16_t version, role;
 	uint32_t tp_size, tp_rank;
 	uint32_t blob_len;
+	uint32_t flags;
 	uint64_t engine_id;
+	uint8_t nonce[KVP_NONCE_LEN];
 };
 KVP_HIDDEN void kvp__hello_put(uint8_t *p, const struct kvp_hello *h);
 KVP_HIDDEN int kvp__hello_get(const void *p, size_t len, struct kvp_hello *h);
 
-/* A producer's answer in place of its blob when it refuses a consumer's:
- * u32 magic, i32 -errno. */
+/* Handshake control messages, SENT on the connection before any blob:
+ *   consumer -> producer  AUTH  u32 magic, u32 0, MAC (KVP_MAC_LEN)
+ *   producer -> consumer  GO    u32 magic, u32 0
+ *   producer -> consumer  REFUSE u32 magic, i32 -errno (also the private
+ *                         data of a rejected connect request)
+ * Each side receives them into a fixed buffer of KVP_CTL_LEN bytes set up
+ * once per connection slot: nothing is allocated for a peer before its
+ * AUTH checks out. */
+#define KVP_CTL_LEN 64
+#define KVP_AUTH_MAGIC 0x4b565041u
+#define KVP_AUTH_LEN (8 + KVP_MAC_LEN)
+#define KVP_GO_MAGIC 0x4b565047u
+#define KVP_GO_LEN 8
 #define KVP_REFUSE_MAGIC 0x4b565052u
 #define KVP_REFUSE_LEN 8
+
+/* The proofs: HMAC-SHA-256 keyed by the secret over a label ('P' for the
+ * producer's, 'C' for the consumer's, so neither can be reflected) and
+ * both hellos, nonces included. */
+KVP_HIDDEN void kvp__auth_mac(const kvp_agent *a, char label,
+			      const uint8_t *hello_c, const uint8_t *hello_p,
+			      uint8_t mac[KVP_MAC_LEN]);
 
 /* A notification: the consumer's SEND after its reads. */
 #define KVP_NOTE_MAGIC 0x4b56504eu
 #define KVP_NOTE_LEN 32
-/* Largest metadata blob accepted from a peer. */
+/* Largest metadata blob accepted from a peer. A producer also caps a
+ * consumer's blob at KVP_PEER_BLOB_SLACK times its own blob, at least
+ * KVP_PEER_BLOB_FLOOR bytes: both engines run one model, so their blobs
+ * differ by the memory layout only. */
 #define KVP_META_MAX (16u << 20)
+#define KVP_PEER_BLOB_SLACK 8u
+#define KVP_PEER_BLOB_FLOOR (64u << 10)
+/* Largest TP size a peer may declare. */
+#define KVP_PEER_TP_MAX 1024u
+#ifndef KVP_META_MIN_LEN
+#define KVP_META_MIN_LEN 64u /* until the header defines it */
+#endif
+#define KVP_BM_WORDS (KVP_PEER_TP_MAX / 64)
 
 static inline void kvp__put32(uint8_t *p, uint32_t v)
 {
@@ -250,18 +298,26 @@ struct kvp_conn {
 	int reported;		  /* DISCONNECTED event queued */
 
 	/* Handshake. */
+	uint8_t hello_c[KVP_HELLO_LEN]; /* both hellos, as sent: the MACs */
+	uint8_t hello_p[KVP_HELLO_LEN]; /* cover them */
+	uint8_t src[16];	  /* producer: the consumer's address */
+	uint32_t peer_blob;	  /* the length the peer's hello announced */
 	uint8_t *blob;		  /* the peer's blob */
 	uint32_t blob_len;	  /* its buffer's size */
-	uint32_t blob_got;	  /* consumer: bytes received */
+	uint32_t blob_got;	  /* bytes received */
+	int blob_pending;	  /* producer: received, not yet checked */
 	struct ibv_mr *blob_mr;
 	kvp_layout *peer;	  /* decoded peer layout */
 	int meta_sent, meta_recv;
 	int refused;		  /* producer: refusal sent, awaiting close */
+	int counted;		  /* producer: in its engine's count */
 
 	/* Producer: notification receive buffers and the request count. */
 	uint8_t *notes;
 	struct ibv_mr *notes_mr;
 	uint32_t expected;	  /* notifications that free a request */
+	uint32_t peer_tp;	  /* the consumer engine's TP size */
+	uint32_t nearly;	  /* early entries this connection created */
 } __attribute__((aligned(KVP_CACHELINE)));
 
 /* ---- requests ----------------------------------------------------------- */
@@ -286,14 +342,36 @@ struct kvp_rec {
 	uint32_t done;
 };
 
-/* Producer: one request in the table. */
-enum ent_state { EN_FREE = 0, EN_EARLY, EN_EXPECTED };
+/* Producer: one request in the table, keyed by (consumer engine, req_id).
+ * EARLY: notifications arrived before kvp_agent_expect(); EXPECTED: held
+ * for the user; GONE: reported (RELEASED or EXPIRED) and remembered for
+ * KVP_LINGER so that late or replayed notifications of it are dropped
+ * rather than counted for a later request of the same id. */
+enum ent_state { EN_FREE = 0, EN_EARLY, EN_EXPECTED, EN_GONE };
 struct kvp_ent {
 	uint64_t req_id;
-	uint64_t deadline; /* EXPECTED: the user's; EARLY: when dropped */
-	uint64_t rank_mask; /* consumer ranks < 64 heard from */
 	uint64_t engine_id;
-	uint32_t state, count, expected, pad;
+	uint64_t deadline; /* EXPECTED: the user's; EARLY, GONE: forgotten */
+	uint32_t state;
+	uint32_t count;	   /* distinct consumer ranks heard from */
+	uint32_t expected; /* frozen once known; 0: not yet */
+	uint32_t bm;	   /* EARLY, EXPECTED: its rank bitmap */
+	uint32_t owner;	   /* EARLY: creating connection, gen << 16 | idx */
+	uint32_t pad;
+};
+
+/* Producer: a consumer engine with connected ranks. Every rank of one
+ * engine must declare the same TP size and yield the same notification
+ * count. */
+struct kvp_peng {
+	uint64_t engine_id;
+	uint32_t tp_size, expected;
+	uint32_t nconns; /* 0: free */
+};
+
+/* Producer: a GONE entry's key, in the FIFO that forgets them. */
+struct kvp_gone {
+	uint64_t engine_id, req_id, deadline;
 };
 
 /* ---- the agent ---------------------------------------------------------- */
@@ -305,6 +383,10 @@ struct kvp_agent {
 	kvp_layout *layout;
 	struct kvp_layout_info li;
 	uint32_t max_ids, max_inflight, max_peers, sq_depth, max_sge;
+	uint8_t *secret; /* NULL: none */
+	uint32_t secret_len;
+	uint32_t max_per_source, max_half_open;
+	uint64_t handshake_ns;
 
 	struct ibv_context **devs;
 	struct ibv_context *ctx;
@@ -320,6 +402,14 @@ struct kvp_agent {
 	struct ibv_mr **mrs;
 	uint64_t *lbase; /* per local region: registered address */
 	uint32_t *lkey;
+
+	/* Handshake control buffers: KVP_CTL_LEN to receive and to send per
+	 * connection slot, registered once. */
+	uint8_t *ctl;
+	struct ibv_mr *ctl_mr;
+	uint32_t npending; /* producer: blobs received, not yet checked */
+	uint32_t peer_blob_cap; /* producer: largest consumer blob */
+	uint32_t next_pending;
 
 	/* Our metadata blob. */
 	uint8_t *blob;
@@ -355,11 +445,17 @@ struct kvp_agent {
 	struct ibv_send_wr *swr;
 	struct ibv_sge *ssge;
 
-	/* Producer requests. */
+	/* Producer requests (serve.c). */
 	struct kvp_ent *tab;
 	uint32_t tab_mask, tab_used, nheld;
-	uint64_t next_deadline;
+	uint64_t next_deadline; /* of EXPECTED and EARLY entries */
 	uint32_t rq_depth;
+	uint64_t *bm;		/* rank bitmaps, KVP_BM_WORDS each */
+	uint32_t *bm_free, bm_nfree;
+	uint32_t nearly, early_cap, early_per_conn;
+	struct kvp_gone *gone;	/* FIFO, gone_cap entries */
+	uint32_t gone_head, gone_tail, gone_cap;
+	struct kvp_peng *peng;	/* max_peers entries */
 
 	/* Events waiting for poll. */
 	struct kvp_event *evq;
@@ -376,10 +472,21 @@ KVP_HIDDEN int kvp__ev_room(const kvp_agent *a);
 KVP_HIDDEN void kvp__ev_push(kvp_agent *a, const struct kvp_event *ev);
 KVP_HIDDEN void kvp__ev_disconnected(kvp_agent *a, struct kvp_conn *c);
 KVP_HIDDEN int kvp__cq_drain(kvp_agent *a);
+
+/* serve.c: the producer's requests and consumer engines */
+KVP_HIDDEN int kvp__serve_alloc(kvp_agent *a);
+KVP_HIDDEN void kvp__serve_free(kvp_agent *a);
 KVP_HIDDEN void kvp__note_received(kvp_agent *a, struct kvp_conn *c,
 				   const uint8_t *msg, uint32_t len);
+/* Expires requests, forgets early and gone entries whose time is up. */
+KVP_HIDDEN void kvp__serve_timers(kvp_agent *a, uint64_t now);
+/* A consumer rank of engine `engine_id` with TP size tp_size and
+ * notification count `expected` joins (0; -EPROTO when it disagrees with
+ * the engine's other ranks; -EBUSY when no record is free) or leaves. */
+KVP_HIDDEN int kvp__engine_join(kvp_agent *a, struct kvp_conn *c);
+KVP_HIDDEN void kvp__engine_leave(kvp_agent *a, struct kvp_conn *c);
 
-/* conn.c */
+/* conn.c: what both sides' connections share */
 KVP_HIDDEN void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err);
 KVP_HIDDEN void kvp__conn_release(kvp_agent *a, struct kvp_conn *c);
 KVP_HIDDEN void kvp__cm_process(kvp_agent *a, int budget);
@@ -390,6 +497,49 @@ KVP_HIDDEN void kvp__conn_drained(kvp_agent *a, struct kvp_conn *c);
 KVP_HIDDEN void kvp__conn_timers(kvp_agent *a, uint64_t now);
 KVP_HIDDEN int kvp__post_note_recv(kvp_agent *a, struct kvp_conn *c,
 				   uint32_t i);
+KVP_HIDDEN int kvp__regions_ready(const kvp_agent *a);
+KVP_HIDDEN void kvp__hello_fill(const kvp_agent *a, struct kvp_hello *h);
+KVP_HIDDEN int kvp__blob_make(kvp_agent *a);
+KVP_HIDDEN void kvp__blob_free(kvp_agent *a);
+KVP_HIDDEN int kvp__cq_make(kvp_agent *a, uint64_t want);
+KVP_HIDDEN struct kvp_conn *kvp__conns_alloc(uint32_t n);
+/* The control buffers of n connection slots, registered. */
+KVP_HIDDEN int kvp__ctl_alloc(kvp_agent *a, uint32_t n);
+KVP_HIDDEN void kvp__ctl_free(kvp_agent *a);
+KVP_HIDDEN uint8_t *kvp__ctl_rx(const kvp_agent *a, const struct kvp_conn *c);
+KVP_HIDDEN uint8_t *kvp__ctl_tx(const kvp_agent *a, const struct kvp_conn *c);
+KVP_HIDDEN int kvp__post_ctl_recv(kvp_agent *a, struct kvp_conn *c);
+/* SENDs the first len bytes of c's control send buffer. */
+KVP_HIDDEN int kvp__post_ctl_send(kvp_agent *a, struct kvp_conn *c,
+				  uint32_t len);
+KVP_HIDDEN int kvp__post_send1(struct kvp_conn *c, uint64_t wr_id,
+			       void *buf, uint32_t len, uint32_t lkey);
+KVP_HIDDEN int kvp__post_recv1(struct kvp_conn *c, uint64_t wr_id,
+			       void *buf, uint32_t len, uint32_t lkey);
+/* A registered buffer for the peer's blob of c->peer_blob bytes. */
+KVP_HIDDEN int kvp__peer_blob_alloc(kvp_agent *a, struct kvp_conn *c);
+/* Maps a refusal's code to the documented set (-EPROTO otherwise). */
+KVP_HIDDEN int kvp__refusal_errno(int32_t err);
+KVP_HIDDEN int kvp__cm_errno(enum rdma_cm_event_type t);
+
+/* listen.c: the producer's connections */
+KVP_HIDDEN void kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
+				 const uint8_t *pdata, uint32_t plen,
+				 uint8_t responder_resources);
+KVP_HIDDEN void kvp__producer_event(kvp_agent *a, struct kvp_conn *c,
+				    enum rdma_cm_event_type type);
+KVP_HIDDEN void kvp__producer_wc(kvp_agent *a, struct kvp_conn *c,
+				 const struct ibv_wc *wc);
+/* Checks one received consumer blob (at most one per poll: a blob's
+ * decode and checks are the largest work a peer can ask of a poll). */
+KVP_HIDDEN void kvp__blob_check_one(kvp_agent *a);
+
+/* connect.c: the consumer's connections */
+KVP_HIDDEN void kvp__consumer_event(kvp_agent *a, struct kvp_conn *c,
+				    enum rdma_cm_event_type type,
+				    const uint8_t *pdata, uint32_t plen);
+KVP_HIDDEN void kvp__consumer_wc(kvp_agent *a, struct kvp_conn *c,
+				 const struct ibv_wc *wc);
 
 /* post.c */
 KVP_HIDDEN void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c);

@@ -297,8 +297,9 @@ int kvp_agent_pull(kvp_agent *a, uint64_t req_id, const struct kvp_ids *ids)
 	for (g = 0; g < ngroups; g++) {
 		struct kvp_ids *d = &r->gids[g];
 
-		memcpy(r->ids + (size_t)g * a->max_ids, ids[g].local,
-		       (size_t)ids[g].nlocal * sizeof(uint32_t));
+		if (ids[g].nlocal) /* a full hit may pass local NULL */
+			memcpy(r->ids + (size_t)g * a->max_ids, ids[g].local,
+			       (size_t)ids[g].nlocal * sizeof(uint32_t));
 		d->nlocal = ids[g].nlocal;
 		d->tokens = ids[g].tokens;
 	}

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -257,10 +258,45 @@ int kvp__accept(struct rdma_cm_id *id, struct rdma_conn_param *param)
 	return cm_ret(rdma_accept(id, param));
 }
 
-int kvp__reject(struct rdma_cm_id *id)
+int kvp__reject(struct rdma_cm_id *id, const void *pdata, uint8_t plen)
 {
 	errno = 0;
-	return cm_ret(rdma_reject(id, NULL, 0));
+	return cm_ret(rdma_reject(id, pdata, plen));
+}
+
+int kvp__peer_addr(struct rdma_cm_id *id, uint8_t out[16])
+{
+	struct sockaddr *sa = rdma_get_peer_addr(id);
+
+	memset(out, 0, 16);
+	if (sa && sa->sa_family == AF_INET) {
+		out[10] = out[11] = 0xff;
+		memcpy(out + 12, &((struct sockaddr_in *)sa)->sin_addr, 4);
+		return 0;
+	}
+	if (sa && sa->sa_family == AF_INET6) {
+		memcpy(out, &((struct sockaddr_in6 *)sa)->sin6_addr, 16);
+		return 0;
+	}
+	return -EINVAL;
+}
+
+int kvp__random(void *buf, size_t n)
+{
+	uint8_t *p = buf;
+	ssize_t got;
+
+	while (n) {
+		got = getrandom(p, n, 0);
+		if (got < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += got;
+		n -= (size_t)got;
+	}
+	return 0;
 }
 
 int kvp__disconnect(struct rdma_cm_id *id)
@@ -331,7 +367,9 @@ void kvp__hello_put(uint8_t *p, const struct kvp_hello *h)
 	kvp__put32(p + 8, h->tp_size);
 	kvp__put32(p + 12, h->tp_rank);
 	kvp__put32(p + 16, h->blob_len);
+	kvp__put32(p + 20, h->flags);
 	kvp__put64(p + 24, h->engine_id);
+	memcpy(p + 32, h->nonce, KVP_NONCE_LEN);
 }
 
 int kvp__hello_get(const void *buf, size_t len, struct kvp_hello *h)
@@ -345,10 +383,12 @@ int kvp__hello_get(const void *buf, size_t len, struct kvp_hello *h)
 	h->tp_size = kvp__get32(p + 8);
 	h->tp_rank = kvp__get32(p + 12);
 	h->blob_len = kvp__get32(p + 16);
+	h->flags = kvp__get32(p + 20);
 	h->engine_id = kvp__get64(p + 24);
+	memcpy(h->nonce, p + 32, KVP_NONCE_LEN);
 	if (h->version != KVP_HELLO_VERSION || h->role >= KVP_ROLE_COUNT ||
 	    !h->tp_size || h->tp_rank >= h->tp_size || !h->blob_len ||
-	    h->blob_len > KVP_META_MAX || kvp__get32(p + 20))
+	    h->blob_len > KVP_META_MAX || (h->flags & ~KVP_HELLO_AUTH))
 		return -EPROTO;
 	return 0;
 }

@@ -402,7 +402,7 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 	if (write(ready_fd, "r", 1) != 1)
 		RT_FAIL("ready pipe");
 	for (i = tc->late_expect ? 1 : 0; i < tc->nreq; i++) {
-		err = kvp_agent_expect(a, rq[i].id,
+		err = kvp_agent_expect(a, RT_CONS_ENGINE, rq[i].id,
 				       rt_now_ns() + (tc->kill_rank >= 0 ?
 							      8 :
 							      90) * 1000000000ull);
@@ -410,13 +410,13 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 			RT_FAIL("expect: %s", kvp_strerror(err));
 	}
 	for (i = 0; i < tc->extra_expire; i++) {
-		err = kvp_agent_expect(a, 5000 + i, rt_now_ns() + 300000000ull);
+		err = kvp_agent_expect(a, RT_CONS_ENGINE, 5000 + i, rt_now_ns() + 300000000ull);
 		if (err)
 			RT_FAIL("expect extra: %s", kvp_strerror(err));
 	}
 	/* -EEXIST on a second expect of the same id. */
 	if (tc->nreq > 1 &&
-	    kvp_agent_expect(a, rq[1].id, rt_now_ns()) != -EEXIST)
+	    kvp_agent_expect(a, RT_CONS_ENGINE, rq[1].id, rt_now_ns()) != -EEXIST)
 		RT_FAIL("second expect was not -EEXIST");
 	want_rel = tc->nreq;
 	want_exp = tc->extra_expire;
@@ -425,7 +425,7 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 	while (released + expired < want_rel + want_exp) {
 		if (!late_done && rt_now_ns() >= t_late) {
 			/* Request 0's notifications arrived before this. */
-			err = kvp_agent_expect(a, rq[0].id,
+			err = kvp_agent_expect(a, RT_CONS_ENGINE, rq[0].id,
 					       rt_now_ns() + 60000000000ull);
 			if (err)
 				RT_FAIL("late expect: %s", kvp_strerror(err));

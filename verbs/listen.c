@@ -1,0 +1,372 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The producer's connections: listen, the checks on a connect request, the
+ * shared-secret proof, the consumer's blob, refusals. See conn.c for the
+ * handshake as a whole.
+ *
+ * What a consumer can make a producer spend before proving the secret (or,
+ * without one, before its AUTH arrives): a connection slot among
+ * max_per_source for its address and max_half_open handshaking at once, a
+ * QP, and the slot's fixed control buffers; for at most the handshake
+ * bound. The blob buffer (its length checked against KVP_META_MIN_LEN and
+ * the cap set at listen) and the notification buffers come after.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "hmac.h"
+#include "internal.h"
+
+#define PROD_SQ 4
+#define REFUSE_OFF 32 /* in the control send buffer, after GO */
+
+int kvp_agent_listen(kvp_agent *a, const char *ip, uint16_t port)
+{
+	struct sockaddr_storage ss;
+	uint64_t cqe, cap;
+	int err;
+
+	if (!a || a->role != KVP_ROLE_PRODUCER)
+		return -EINVAL;
+	if (a->listening)
+		return -EBUSY;
+	if (!kvp__regions_ready(a))
+		return -ENXIO;
+	err = kvp__parse_addr(ip, port, &ss);
+	if (err)
+		return err;
+	a->rq_depth = a->max_inflight < 128 ? 128 : a->max_inflight;
+	if (a->rq_depth + 2 > (uint32_t)a->dattr.max_qp_wr)
+		a->rq_depth = (uint32_t)a->dattr.max_qp_wr - 2;
+	err = kvp__blob_make(a);
+	if (err)
+		return err;
+	cap = (uint64_t)a->blob_len * KVP_PEER_BLOB_SLACK;
+	if (cap < KVP_PEER_BLOB_FLOOR)
+		cap = KVP_PEER_BLOB_FLOOR;
+	a->peer_blob_cap = cap > KVP_META_MAX ? KVP_META_MAX : (uint32_t)cap;
+	cqe = (uint64_t)a->max_peers * (PROD_SQ + a->rq_depth + 2);
+	err = kvp__cq_make(a, cqe);
+	if (err)
+		goto err_blob;
+	err = -ENOMEM;
+	a->conns = kvp__conns_alloc(a->max_peers);
+	if (!a->conns)
+		goto err_cq;
+	a->nconns = a->max_peers;
+	err = kvp__ctl_alloc(a, a->nconns);
+	if (err)
+		goto err_conns;
+	err = kvp__create_id(a->ech, NULL, &a->listen_id);
+	if (err)
+		goto err_ctl;
+	err = kvp__bind_addr(a->listen_id, (struct sockaddr *)&ss);
+	if (err)
+		goto err_id;
+	err = -EINVAL;
+	if (a->listen_id->verbs && a->listen_id->verbs != a->ctx)
+		goto err_id;
+	err = kvp__listen(a->listen_id, (int)a->max_peers);
+	if (err)
+		goto err_id;
+	a->listening = 1;
+	return 0;
+
+err_id:
+	kvp__destroy_id(a->listen_id);
+	a->listen_id = NULL;
+err_ctl:
+	kvp__ctl_free(a);
+err_conns:
+	free(a->conns);
+	a->conns = NULL;
+	a->nconns = 0;
+err_cq:
+	kvp__destroy_cq(a->cq);
+	a->cq = NULL;
+err_blob:
+	kvp__blob_free(a);
+	return err;
+}
+
+/* Turns a connect request down, telling the consumer why. */
+static void reject(kvp_agent *a, struct rdma_cm_id *id, int err)
+{
+	uint8_t r[KVP_REFUSE_LEN];
+
+	kvp__put32(r, KVP_REFUSE_MAGIC);
+	kvp__put32(r + 4, (uint32_t)err);
+	(void)kvp__reject(id, r, sizeof(r));
+	kvp__destroy_id(id);
+	a->st.refused++;
+}
+
+/* A free slot for a consumer at address src, or NULL and the reason: the
+ * address holds max_per_source slots (-EUSERS), max_half_open handshakes
+ * are under way or every slot is taken (-EBUSY). */
+static struct kvp_conn *slot_for(kvp_agent *a, const uint8_t *src, int *err)
+{
+	struct kvp_conn *free_slot = NULL;
+	uint32_t i, same = 0, half = 0;
+
+	for (i = 0; i < a->nconns; i++) {
+		struct kvp_conn *c = &a->conns[i];
+
+		if (c->state == CS_FREE) {
+			if (!free_slot)
+				free_slot = c;
+			continue;
+		}
+		if (!memcmp(c->src, src, sizeof(c->src)))
+			same++;
+		if (c->state == CS_CONNECTING || c->state == CS_HANDSHAKE)
+			half++;
+	}
+	*err = same >= a->max_per_source ? -EUSERS :
+	       half >= a->max_half_open || !free_slot ? -EBUSY : 0;
+	return *err ? NULL : free_slot;
+}
+
+void kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
+		      const uint8_t *pdata, uint32_t plen, uint8_t rr)
+{
+	uint8_t pd[KVP_HELLO_ACCEPT_LEN], src[16];
+	struct rdma_conn_param param;
+	struct ibv_qp_init_attr qa;
+	struct kvp_hello h, mine;
+	struct kvp_conn *c;
+	int err;
+
+	/* Everything in the hello is checked before anything is set up. */
+	if (kvp__hello_get(pdata, plen, &h) || h.role != KVP_ROLE_CONSUMER ||
+	    id->verbs != a->ctx || h.tp_size > KVP_PEER_TP_MAX ||
+	    h.blob_len < KVP_META_MIN_LEN || h.blob_len > a->peer_blob_cap ||
+	    kvp__peer_addr(id, src)) {
+		reject(a, id, -EPROTO);
+		return;
+	}
+	if (!a->secret != !(h.flags & KVP_HELLO_AUTH)) {
+		reject(a, id, -EPERM);
+		return;
+	}
+	/* Refused while too many DISCONNECTED events wait to be polled:
+	 * that bounds the event queue. */
+	if (kvp__ev_room(a) <= (int)(a->max_inflight + a->max_peers)) {
+		reject(a, id, -EBUSY);
+		return;
+	}
+	c = slot_for(a, src, &err);
+	if (!c) {
+		reject(a, id, err);
+		return;
+	}
+	c->id = id;
+	c->rank = h.tp_rank;
+	c->engine_id = h.engine_id;
+	c->peer_tp = h.tp_size;
+	c->peer_blob = h.blob_len;
+	memcpy(c->src, src, sizeof(c->src));
+	memcpy(c->hello_c, pdata, KVP_HELLO_LEN);
+	memset(&qa, 0, sizeof(qa));
+	qa.send_cq = a->cq;
+	qa.recv_cq = a->cq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = PROD_SQ;
+	qa.cap.max_recv_wr = a->rq_depth + 2;
+	qa.cap.max_send_sge = 1;
+	qa.cap.max_recv_sge = 1;
+	c->state = CS_CONNECTING; /* counted as half-open from here */
+	if (kvp__create_qp(id, a->pd, &qa))
+		goto err_conn;
+	c->qp = id->qp;
+	id->context = c;
+	if (kvp__post_ctl_recv(a, c))
+		goto err_conn;
+	kvp__hello_fill(a, &mine);
+	if (kvp__random(mine.nonce, sizeof(mine.nonce)))
+		goto err_conn;
+	kvp__hello_put(c->hello_p, &mine);
+	memcpy(pd, c->hello_p, KVP_HELLO_LEN);
+	memset(pd + KVP_HELLO_LEN, 0, KVP_MAC_LEN);
+	if (a->secret)
+		kvp__auth_mac(a, 'P', c->hello_c, c->hello_p,
+			      pd + KVP_HELLO_LEN);
+	memset(&param, 0, sizeof(param));
+	param.private_data = pd;
+	param.private_data_len = sizeof(pd);
+	/* The event's values are from our side's point of view already:
+	 * responder_resources is what the consumer wants to read at once. */
+	param.responder_resources = rr;
+	if (param.responder_resources > a->dattr.max_qp_rd_atom)
+		param.responder_resources = (uint8_t)a->dattr.max_qp_rd_atom;
+	param.initiator_depth = 0;
+	param.retry_count = 7;
+	param.rnr_retry_count = 7;
+	if (kvp__accept(id, &param))
+		goto err_conn;
+	c->drain_deadline = kvp__now_ns() + a->handshake_ns;
+	return;
+
+err_conn:
+	/* kvp__conn_release() destroys the id with the rest. */
+	(void)kvp__reject(id, NULL, 0);
+	a->st.refused++;
+	kvp__conn_release(a, c);
+}
+
+/* Answers a consumer it will not serve with a refusal instead of its blob
+ * (or of GO), so that the consumer learns why rather than seeing a bare
+ * disconnect; the connection goes once the refusal is delivered, or at the
+ * handshake bound. */
+static void refuse(kvp_agent *a, struct kvp_conn *c, int err)
+{
+	uint8_t *m = kvp__ctl_tx(a, c) + REFUSE_OFF;
+
+	kvp__put32(m, KVP_REFUSE_MAGIC);
+	kvp__put32(m + 4, (uint32_t)err);
+	c->status = err;
+	c->refused = 1;
+	c->state = CS_HANDSHAKE;
+	a->st.refused++;
+	if (kvp__post_send1(c, kvp__wrid(WK_CTL_SEND, c->gen, c->idx, 0), m,
+			    KVP_REFUSE_LEN, a->ctl_mr->lkey))
+		kvp__conn_fail(a, c, err);
+}
+
+/* The consumer's AUTH arrived: with a secret, its MAC must prove it; then
+ * the buffers for its blob and its notifications are set up, and GO. */
+static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
+{
+	const uint8_t *m = kvp__ctl_rx(a, c);
+	uint8_t mac[KVP_MAC_LEN];
+	uint32_t i;
+	int ok = 1;
+
+	if (len != KVP_AUTH_LEN || kvp__get32(m) != KVP_AUTH_MAGIC)
+		return -EPROTO;
+	if (a->secret) {
+		kvp__auth_mac(a, 'C', c->hello_c, c->hello_p, mac);
+		ok = kvp__ct_equal(mac, m + 8, KVP_MAC_LEN);
+	}
+	if (!ok)
+		return -EPERM;
+	if (kvp__peer_blob_alloc(a, c))
+		return -EBUSY;
+	c->notes = calloc(a->rq_depth, KVP_NOTE_LEN);
+	if (!c->notes ||
+	    kvp__reg_mr(a->pd, c->notes, (size_t)a->rq_depth * KVP_NOTE_LEN,
+			IBV_ACCESS_LOCAL_WRITE, &c->notes_mr))
+		return -EBUSY;
+	if (kvp__post_recv1(c, kvp__wrid(WK_META_RECV, c->gen, c->idx, 0),
+			    c->blob, c->blob_len, c->blob_mr->lkey))
+		return -EBUSY;
+	for (i = 0; i < a->rq_depth; i++)
+		if (kvp__post_note_recv(a, c, i))
+			return -EBUSY;
+	kvp__put32(kvp__ctl_tx(a, c), KVP_GO_MAGIC);
+	kvp__put32(kvp__ctl_tx(a, c) + 4, 0);
+	if (kvp__post_ctl_send(a, c, KVP_GO_LEN))
+		return -EBUSY;
+	c->state = CS_HANDSHAKE;
+	return 0;
+}
+
+/* The consumer's blob: decoded and checked against its hello, and against
+ * the other ranks of its engine; its notification count computed. */
+static int producer_meta(kvp_agent *a, struct kvp_conn *c)
+{
+	struct kvp_layout_info pi;
+	int n, err;
+
+	err = kvp_meta_decode(c->blob, c->blob_got, &c->peer);
+	if (err)
+		return err == -ENOMEM ? -EBUSY : -EPROTO;
+	kvp_layout_get_info(c->peer, &pi);
+	if (pi.engine_id != c->engine_id || pi.tp_rank != c->rank ||
+	    pi.tp_size != c->peer_tp ||
+	    kvp_layout_compat_hash(c->peer) != kvp_layout_compat_hash(a->layout))
+		return -EPROTO;
+	n = kvp_notify_expected(a->layout, c->peer, a->li.tp_rank);
+	if (n <= 0)
+		return n == -ENOMEM ? -EBUSY : -EPROTO;
+	c->expected = (uint32_t)n;
+	kvp_layout_destroy(c->peer);
+	c->peer = NULL;
+	err = kvp__engine_join(a, c);
+	if (err)
+		return err;
+	err = kvp__post_send1(c, kvp__wrid(WK_META_SEND, c->gen, c->idx, 0),
+			      a->blob, (uint32_t)a->blob_len,
+			      a->blob_mr->lkey);
+	if (err)
+		return -EBUSY;
+	c->state = CS_READY;
+	a->st.connects++;
+	return 0;
+}
+
+void kvp__blob_check_one(kvp_agent *a)
+{
+	uint32_t i, k;
+	int err;
+
+	for (k = 0; k < a->nconns; k++) {
+		i = (a->next_pending + k) % a->nconns;
+		if (a->conns[i].blob_pending)
+			break;
+	}
+	if (k == a->nconns) {
+		a->npending = 0; /* unreachable */
+		return;
+	}
+	a->next_pending = (i + 1) % a->nconns;
+	a->conns[i].blob_pending = 0;
+	a->npending--;
+	err = producer_meta(a, &a->conns[i]);
+	if (err)
+		refuse(a, &a->conns[i], err);
+}
+
+void kvp__producer_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
+{
+	int err;
+
+	switch (WRID_KIND(wc->wr_id)) {
+	case WK_CTL_SEND:
+	case WK_META_SEND:
+		/* A delivered refusal: the consumer has read it. */
+		if (c->refused)
+			kvp__conn_fail(a, c, c->status);
+		return;
+	case WK_CTL_RECV:
+		if (c->refused || c->state != CS_CONNECTING)
+			return;
+		err = producer_auth(a, c, wc->byte_len);
+		if (err)
+			refuse(a, c, err);
+		return;
+	case WK_META_RECV:
+		if (c->refused || c->state != CS_HANDSHAKE || c->blob_pending)
+			return;
+		c->blob_got = wc->byte_len;
+		c->blob_pending = 1;
+		a->npending++;
+		return;
+	default:
+		return;
+	}
+}
+
+void kvp__producer_event(kvp_agent *a, struct kvp_conn *c,
+			 enum rdma_cm_event_type type)
+{
+	switch (type) {
+	case RDMA_CM_EVENT_ESTABLISHED:
+	case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+	case RDMA_CM_EVENT_ADDR_CHANGE:
+		return;
+	default:
+		kvp__conn_fail(a, c, kvp__cm_errno(type));
+		return;
+	}
+}

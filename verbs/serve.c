@@ -1,0 +1,395 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The producer's side of requests: which consumer engines are connected,
+ * which requests are expected, and the notifications that release them.
+ *
+ * A request is keyed by (consumer engine, req_id): one consumer engine's
+ * notifications never count for another's request of the same id. Its
+ * notification count is frozen when first known (at kvp_agent_expect() if
+ * a rank of that engine is connected, else at its first notification) and
+ * each consumer rank counts once (a bitmap over ranks < KVP_PEER_TP_MAX).
+ * Reported requests stay as GONE tombstones for KVP_LINGER: a notification
+ * for them (late, or replayed) is dropped, and an expect() of the same key
+ * is refused with -EALREADY until then. Notifications ahead of expect()
+ * (EARLY) are capped per connection and in total.
+ *
+ * Everything here is bounded by sizes fixed at listen: the table holds at
+ * most max_inflight EXPECTED, early_cap EARLY and gone_cap GONE entries at
+ * load <= 1/2; tombstones leave in FIFO order (one linger for all); the
+ * deadline scan walks the table once per deadline passed.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define LINGER_NS 30000000000ull /* EARLY and GONE entries */
+#define NO_BM UINT32_MAX
+
+static uint32_t pow2_at_least(uint32_t v)
+{
+	uint32_t p = 1;
+
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
+int kvp__serve_alloc(kvp_agent *a)
+{
+	uint32_t nbm, i;
+
+	a->early_cap = a->max_inflight;
+	a->early_per_conn = a->max_inflight / 8 > 8 ? a->max_inflight / 8 : 8;
+	a->gone_cap = a->max_inflight;
+	a->tab_mask = pow2_at_least(2 * (a->max_inflight + a->early_cap +
+					 a->gone_cap)) - 1;
+	nbm = a->max_inflight + a->early_cap;
+	a->tab = calloc((size_t)a->tab_mask + 1, sizeof(*a->tab));
+	a->bm = calloc((size_t)nbm * KVP_BM_WORDS, sizeof(*a->bm));
+	a->bm_free = calloc(nbm, sizeof(*a->bm_free));
+	a->gone = calloc(a->gone_cap, sizeof(*a->gone));
+	a->peng = calloc(a->max_peers, sizeof(*a->peng));
+	if (!a->tab || !a->bm || !a->bm_free || !a->gone || !a->peng) {
+		kvp__serve_free(a);
+		return -ENOMEM;
+	}
+	for (i = 0; i < nbm; i++)
+		a->bm_free[i] = nbm - 1 - i;
+	a->bm_nfree = nbm;
+	a->next_deadline = UINT64_MAX;
+	return 0;
+}
+
+void kvp__serve_free(kvp_agent *a)
+{
+	free(a->tab);
+	free(a->bm);
+	free(a->bm_free);
+	free(a->gone);
+	free(a->peng);
+	a->tab = NULL;
+	a->bm = NULL;
+	a->bm_free = NULL;
+	a->gone = NULL;
+	a->peng = NULL;
+}
+
+/* ---- consumer engines ---------------------------------------------------- */
+
+static struct kvp_peng *engine_find(kvp_agent *a, uint64_t engine_id)
+{
+	uint32_t i;
+
+	for (i = 0; i < a->max_peers; i++)
+		if (a->peng[i].nconns && a->peng[i].engine_id == engine_id)
+			return &a->peng[i];
+	return NULL;
+}
+
+int kvp__engine_join(kvp_agent *a, struct kvp_conn *c)
+{
+	struct kvp_peng *e = engine_find(a, c->engine_id);
+	uint32_t i;
+
+	if (e) {
+		if (e->tp_size != c->peer_tp || e->expected != c->expected)
+			return -EPROTO;
+	} else {
+		for (i = 0; i < a->max_peers && a->peng[i].nconns; i++)
+			;
+		if (i == a->max_peers)
+			return -EBUSY; /* unreachable: a record per slot */
+		e = &a->peng[i];
+		e->engine_id = c->engine_id;
+		e->tp_size = c->peer_tp;
+		e->expected = c->expected;
+	}
+	e->nconns++;
+	c->counted = 1;
+	return 0;
+}
+
+void kvp__engine_leave(kvp_agent *a, struct kvp_conn *c)
+{
+	struct kvp_peng *e;
+
+	if (!c->counted)
+		return;
+	c->counted = 0;
+	e = engine_find(a, c->engine_id);
+	if (e)
+		e->nconns--;
+}
+
+/* ---- the table: open addressing, linear probing -------------------------- */
+
+static uint32_t tab_hash(const kvp_agent *a, uint64_t engine, uint64_t id)
+{
+	uint64_t h = (id ^ (engine * 0xbf58476d1ce4e5b9ull)) *
+		     0x9e3779b97f4a7c15ull;
+
+	return (uint32_t)(h >> 32) & a->tab_mask;
+}
+
+static struct kvp_ent *tab_find(kvp_agent *a, uint64_t engine, uint64_t id)
+{
+	uint32_t i = tab_hash(a, engine, id);
+
+	for (;; i = (i + 1) & a->tab_mask) {
+		struct kvp_ent *e = &a->tab[i];
+
+		if (e->state == EN_FREE)
+			return NULL;
+		if (e->req_id == id && e->engine_id == engine)
+			return e;
+	}
+}
+
+/* The caller has checked that the key is absent and that its kind of
+ * entry has room (so the table is at most half full). */
+static struct kvp_ent *tab_insert(kvp_agent *a, uint64_t engine, uint64_t id,
+				  uint32_t state)
+{
+	uint32_t i = tab_hash(a, engine, id);
+	struct kvp_ent *e;
+
+	while (a->tab[i].state != EN_FREE)
+		i = (i + 1) & a->tab_mask;
+	e = &a->tab[i];
+	memset(e, 0, sizeof(*e));
+	e->req_id = id;
+	e->engine_id = engine;
+	e->state = state;
+	e->bm = NO_BM;
+	a->tab_used++;
+	return e;
+}
+
+/* Backward-shift deletion keeps every probe chain unbroken. */
+static void tab_remove(kvp_agent *a, struct kvp_ent *e)
+{
+	uint32_t i = (uint32_t)(e - a->tab), j = i, k;
+
+	a->tab[i].state = EN_FREE;
+	a->tab_used--;
+	for (;;) {
+		j = (j + 1) & a->tab_mask;
+		if (a->tab[j].state == EN_FREE)
+			return;
+		k = tab_hash(a, a->tab[j].engine_id, a->tab[j].req_id);
+		/* Move j back to i unless its home k lies cyclically in
+		 * (i, j]. */
+		if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
+			continue;
+		a->tab[i] = a->tab[j];
+		a->tab[j].state = EN_FREE;
+		i = j;
+	}
+}
+
+static int bm_take(kvp_agent *a, struct kvp_ent *e)
+{
+	if (!a->bm_nfree)
+		return -EBUSY; /* unreachable: one per EXPECTED or EARLY */
+	e->bm = a->bm_free[--a->bm_nfree];
+	memset(a->bm + (size_t)e->bm * KVP_BM_WORDS, 0,
+	       KVP_BM_WORDS * sizeof(*a->bm));
+	return 0;
+}
+
+static void bm_give(kvp_agent *a, struct kvp_ent *e)
+{
+	if (e->bm == NO_BM)
+		return;
+	a->bm_free[a->bm_nfree++] = e->bm;
+	e->bm = NO_BM;
+}
+
+/* An EARLY entry stops being early: its creator's count goes down if the
+ * creating connection is still the one it was. */
+static void early_end(kvp_agent *a, struct kvp_ent *e)
+{
+	struct kvp_conn *c;
+
+	a->nearly--;
+	if ((e->owner & 0xffff) >= a->nconns)
+		return;
+	c = &a->conns[e->owner & 0xffff];
+	if (c->state != CS_FREE && (c->gen & 0xffff) == e->owner >> 16 &&
+	    c->nearly)
+		c->nearly--;
+}
+
+static void gone_pop(kvp_agent *a)
+{
+	const struct kvp_gone *g = &a->gone[a->gone_head % a->gone_cap];
+	struct kvp_ent *e = tab_find(a, g->engine_id, g->req_id);
+
+	/* The entry may have been taken over by a new expect() since. */
+	if (e && e->state == EN_GONE && e->deadline == g->deadline)
+		tab_remove(a, e);
+	a->gone_head++;
+}
+
+/* Reports an EXPECTED entry and leaves it as a tombstone. */
+static void ent_report(kvp_agent *a, struct kvp_ent *e, uint32_t type,
+		       uint64_t now)
+{
+	struct kvp_event ev;
+	struct kvp_gone *g;
+	uint64_t engine = e->engine_id, id = e->req_id;
+
+	memset(&ev, 0, sizeof(ev));
+	ev.type = type;
+	ev.req_id = id;
+	ev.engine_id = engine;
+	kvp__ev_push(a, &ev);
+	if (type == KVP_EV_RELEASED)
+		a->st.released++;
+	else
+		a->st.expired++;
+	bm_give(a, e);
+	if (a->gone_tail - a->gone_head == a->gone_cap) {
+		gone_pop(a); /* may move e: find it again */
+		e = tab_find(a, engine, id);
+	}
+	e->state = EN_GONE;
+	e->count = 0;
+	e->deadline = now + LINGER_NS;
+	g = &a->gone[a->gone_tail++ % a->gone_cap];
+	g->engine_id = engine;
+	g->req_id = id;
+	g->deadline = e->deadline;
+}
+
+void kvp__note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
+			uint32_t len)
+{
+	struct kvp_ent *e;
+	uint64_t id, engine, *w;
+	uint32_t rank;
+
+	if (len != KVP_NOTE_LEN || kvp__get32(m) != KVP_NOTE_MAGIC)
+		goto drop;
+	rank = kvp__get32(m + 4);
+	id = kvp__get64(m + 8);
+	engine = kvp__get64(m + 16);
+	/* Foreign: another engine or rank than this connection's. */
+	if (engine != c->engine_id || rank != c->rank ||
+	    rank >= KVP_PEER_TP_MAX)
+		goto drop;
+	e = tab_find(a, engine, id);
+	if (e && e->state == EN_GONE)
+		goto drop; /* stale: reported already */
+	if (!e) {
+		if (a->nearly >= a->early_cap ||
+		    c->nearly >= a->early_per_conn)
+			goto drop;
+		e = tab_insert(a, engine, id, EN_EARLY);
+		if (bm_take(a, e)) {
+			tab_remove(a, e);
+			goto drop;
+		}
+		e->deadline = kvp__now_ns() + LINGER_NS;
+		e->owner = (c->gen & 0xffff) << 16 | c->idx;
+		a->nearly++;
+		c->nearly++;
+		if (e->deadline < a->next_deadline)
+			a->next_deadline = e->deadline;
+	}
+	w = a->bm + (size_t)e->bm * KVP_BM_WORDS + rank / 64;
+	if (*w & 1ull << (rank % 64))
+		goto drop; /* duplicate */
+	*w |= 1ull << (rank % 64);
+	if (!e->expected)
+		e->expected = c->expected;
+	e->count++;
+	a->st.notes_recv++;
+	if (e->state == EN_EXPECTED && e->count >= e->expected)
+		ent_report(a, e, KVP_EV_RELEASED, kvp__now_ns());
+	return;
+drop:
+	a->st.notes_dropped++;
+}
+
+int kvp_agent_expect(kvp_agent *a, uint64_t engine_id, uint64_t req_id,
+		     uint64_t deadline_ns)
+{
+	struct kvp_peng *pe;
+	struct kvp_ent *e;
+
+	if (!a || a->role != KVP_ROLE_PRODUCER)
+		return -EINVAL;
+	e = tab_find(a, engine_id, req_id);
+	if (e && e->state == EN_EXPECTED)
+		return -EEXIST;
+	if (e && e->state == EN_GONE)
+		return -EALREADY;
+	if (a->nheld >= a->max_inflight)
+		return -EBUSY;
+	if (e) {
+		early_end(a, e);
+		e->state = EN_EXPECTED;
+	} else {
+		e = tab_insert(a, engine_id, req_id, EN_EXPECTED);
+		if (bm_take(a, e)) {
+			tab_remove(a, e);
+			return -EBUSY;
+		}
+	}
+	pe = engine_find(a, engine_id);
+	if (!e->expected && pe)
+		e->expected = pe->expected;
+	e->deadline = deadline_ns;
+	a->nheld++;
+	if (e->expected && e->count >= e->expected) {
+		ent_report(a, e, KVP_EV_RELEASED, kvp__now_ns());
+		return 0;
+	}
+	if (deadline_ns < a->next_deadline)
+		a->next_deadline = deadline_ns;
+	return 0;
+}
+
+/* Expires requests and drops early notifications nobody expected. */
+static void tab_scan(kvp_agent *a, uint64_t now)
+{
+	uint64_t next = UINT64_MAX;
+	uint32_t i = 0;
+
+	while (i <= a->tab_mask) {
+		struct kvp_ent *e = &a->tab[i];
+
+		if (e->state == EN_FREE || e->state == EN_GONE) {
+			i++;
+			continue;
+		}
+		if (e->deadline <= now) {
+			if (e->state == EN_EXPECTED) {
+				/* Slot i now holds a tombstone, or an entry
+				 * shifted by one leaving: look again. */
+				ent_report(a, e, KVP_EV_EXPIRED, now);
+				continue;
+			}
+			a->st.notes_dropped += e->count;
+			early_end(a, e);
+			bm_give(a, e);
+			tab_remove(a, e);
+			continue; /* slot i may hold a shifted entry now */
+		}
+		if (e->deadline < next)
+			next = e->deadline;
+		i++;
+	}
+	a->next_deadline = next;
+}
+
+void kvp__serve_timers(kvp_agent *a, uint64_t now)
+{
+	while (a->gone_head != a->gone_tail &&
+	       a->gone[a->gone_head % a->gone_cap].deadline <= now)
+		gone_pop(a);
+	if (now >= a->next_deadline)
+		tab_scan(a, now);
+}
