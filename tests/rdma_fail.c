@@ -344,9 +344,11 @@ static int run_handshake(const struct rt_env *env)
 	if (prod[0] == 0) {
 		close(ready[0]);
 		close(stop[1]);
-		/* The -EPROTO handshakes (twice) and the wrong TP size end
-		 * in DISCONNECTED here; so does the good consumer's close. */
-		RT_EXIT(plain_producer(&ref, env, rq, ready[1], stop[0], 4, 0));
+		/* Only the good consumer's close ends in DISCONNECTED here:
+		 * the -EPROTO handshakes (twice, refused) and the wrong TP
+		 * size (dropped by the consumer) never connected, and a
+		 * producer reports connected consumer ranks only. */
+		RT_EXIT(plain_producer(&ref, env, rq, ready[1], stop[0], 1, 0));
 	}
 	close(ready[1]);
 	close(stop[0]);

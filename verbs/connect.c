@@ -155,8 +155,10 @@ void kvp__consumer_event(kvp_agent *a, struct kvp_conn *c,
 	case RDMA_CM_EVENT_ADDR_CHANGE:
 		return;
 	case RDMA_CM_EVENT_REJECTED:
-		/* The producer's reason, if it gave one. */
-		err = refusal(pdata, plen);
+		/* The producer's reason, if it gave one. The transport pads
+		 * private data (IB CM: to 148 bytes in a reject). */
+		err = refusal(pdata, plen < KVP_REFUSE_LEN ? plen :
+							    KVP_REFUSE_LEN);
 		if (!err)
 			err = -ECONNREFUSED;
 		break;

@@ -237,6 +237,15 @@ static inline uint64_t kvp__get64(const uint8_t *p)
 	return kvp__get32(p) | (uint64_t)kvp__get32(p + 4) << 32;
 }
 
+static inline uint32_t kvp__pow2_at_least(uint32_t v)
+{
+	uint32_t p = 1;
+
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
 static inline uint64_t kvp__now_ns(void)
 {
 	struct timespec ts;

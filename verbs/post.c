@@ -26,15 +26,6 @@
 
 #define NO_REQ UINT32_MAX
 
-static uint32_t pow2_at_least(uint32_t v)
-{
-	uint32_t p = 1;
-
-	while (p < v)
-		p <<= 1;
-	return p;
-}
-
 int kvp__wc_errno(enum ibv_wc_status st)
 {
 	switch (st) {
@@ -408,9 +399,9 @@ int kvp__data_alloc(kvp_agent *a)
 	a->ring_sge_cap = 2 * a->bound_sge;
 	a->ring_wr = calloc(a->ring_wr_cap, sizeof(*a->ring_wr));
 	a->ring_sge = calloc(a->ring_sge_cap, sizeof(*a->ring_sge));
-	a->rec_mask = pow2_at_least(mi) - 1;
+	a->rec_mask = kvp__pow2_at_least(mi) - 1;
 	a->recs = calloc(a->rec_mask + 1, sizeof(*a->recs));
-	a->chunk_mask = pow2_at_least(mi) - 1;
+	a->chunk_mask = kvp__pow2_at_least(mi) - 1;
 	a->note_conn = calloc(nn + 1, sizeof(*a->note_conn));
 	a->note_src = calloc(nn + 1, sizeof(*a->note_src));
 	a->src_end = calloc(ns + 1, sizeof(*a->src_end));

@@ -26,15 +26,6 @@
 #define LINGER_NS 30000000000ull /* EARLY and GONE entries */
 #define NO_BM UINT32_MAX
 
-static uint32_t pow2_at_least(uint32_t v)
-{
-	uint32_t p = 1;
-
-	while (p < v)
-		p <<= 1;
-	return p;
-}
-
 int kvp__serve_alloc(kvp_agent *a)
 {
 	uint32_t nbm, i;
@@ -42,7 +33,7 @@ int kvp__serve_alloc(kvp_agent *a)
 	a->early_cap = a->max_inflight;
 	a->early_per_conn = a->max_inflight / 8 > 8 ? a->max_inflight / 8 : 8;
 	a->gone_cap = a->max_inflight;
-	a->tab_mask = pow2_at_least(2 * (a->max_inflight + a->early_cap +
+	a->tab_mask = kvp__pow2_at_least(2 * (a->max_inflight + a->early_cap +
 					 a->gone_cap)) - 1;
 	nbm = a->max_inflight + a->early_cap;
 	a->tab = calloc((size_t)a->tab_mask + 1, sizeof(*a->tab));

@@ -1,0 +1,1146 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Hostile peers against a producer, over real verbs (soft-RoCE in the VM).
+ *
+ * Two producer processes (llama-3.1-8b, TP 1): P1 without a secret, P2 with
+ * one. A raw consumer speaks the wire protocol itself with librdmacm (hello
+ * in the connect's private data, control messages, blobs, notifications)
+ * and misbehaves; after each attack a well-behaved consumer (public API)
+ * pulls fresh requests from the same producer and compares its whole memory
+ * with the expected bytes. The producer reports, per case, its worst
+ * kvp_agent_poll() latency and its counters.
+ *
+ * Cases: short and oversized blob lengths; a slow blob (never sent) and a
+ * huge garbage blob; notification replay after expiry and after release;
+ * cross-engine id collision; a flood of notifications with random ids;
+ * idle connections holding every slot of a source address; wrong, missing
+ * and unexpected secrets, and a forged proof.
+ *
+ *   rdma_hostile [NAME-FILTER]
+ */
+#include <arpa/inet.h>
+#include <sys/socket.h>
+
+#include <rdma/rdma_cma.h>
+
+#include "rdma/harness.h"
+#include "../verbs/hmac.c"
+
+#ifndef KVP_META_MIN_LEN
+#define KVP_META_MIN_LEN 64u
+#endif
+#define H_BLOCKS 64
+#define H_NREQ 24	      /* request i reads remote blocks 2i, 2i+1 */
+#define H_REQ0 7000
+#define H_CONS 0x474f4f44ull  /* the good consumer engine, "GOOD" */
+#define H_EVIL 0x4556494cull  /* the hostile engine, "EVIL" */
+#define H_HANDSHAKE_MS 4000
+#define H_PEERS 16
+#define H_PER_SOURCE 4
+
+static const uint8_t secret[32] = "kvpull hostile test secret 0123";
+static const uint8_t other_secret[32] = "not the secret of this producer";
+
+static const struct rt_case eng = {
+	.name = "hostile", .model = "llama-3.1-8b", .layers = 2, .P = 1,
+	.D = 1, .pblock = 16, .dblock = 16, .pblocks = H_BLOCKS,
+	.dblocks = H_BLOCKS, .kill_rank = -1,
+};
+
+struct h_req {
+	uint32_t lid[2], rid[2];
+	struct kvp_ids ids;
+};
+
+static struct h_req reqs[H_NREQ];
+
+static void reqs_init(void)
+{
+	uint32_t i;
+
+	for (i = 0; i < H_NREQ; i++) {
+		struct h_req *r = &reqs[i];
+
+		r->rid[0] = 2 * i;
+		r->rid[1] = 2 * i + 1;
+		/* Local blocks elsewhere than the remote ones. */
+		r->lid[0] = H_BLOCKS - 1 - 2 * i;
+		r->lid[1] = H_BLOCKS - 2 - 2 * i;
+		r->ids.local = r->lid;
+		r->ids.remote = r->rid;
+		r->ids.nlocal = r->ids.nremote = 2;
+		r->ids.tokens = 32;
+	}
+}
+
+/* ---- the producer process: serves, and answers commands ----------------- */
+
+enum { C_EXPECT = 1, C_WAIT, C_STATS, C_STOP };
+
+struct h_cmd {
+	uint32_t op;
+	uint32_t timeout_ms;
+	uint64_t engine, req, deadline_ms;
+};
+
+struct h_reply {
+	int32_t rc;
+	uint32_t pad;
+	uint64_t worst_ns; /* since the last C_STATS */
+	struct kvp_agent_stats st;
+};
+
+#define H_MAX_EV 4096
+struct h_seen {
+	uint64_t engine, req;
+	uint32_t type;
+};
+
+static int producer_main(const struct rt_env *env, uint16_t port,
+			 int with_secret, int fd)
+{
+	static struct h_seen seen[H_MAX_EV];
+	struct kvp_agent_attr at;
+	struct kvt_mem mem = { 0 };
+	struct kvp_event ev[16];
+	struct h_cmd cmd, wait = { 0 };
+	struct h_reply rep;
+	kvp_layout *l = rt_layout(&eng, 1, 0);
+	kvp_agent *a = NULL;
+	uint64_t worst = 0, t0, dt, wait_end = 0;
+	uint32_t nseen = 0, i;
+	const char *who = with_secret ? "P2" : "P1";
+	int ret = 1, err, n, waiting = 0;
+
+	if (!l || kvt_mem_alloc(l, &mem))
+		RT_FAIL("layout");
+	for (i = 0; i < H_NREQ; i++)
+		kvt_fill_producer(l, &mem, &reqs[i].ids);
+	memset(&at, 0, sizeof(at));
+	at.role = KVP_ROLE_PRODUCER;
+	at.layout = l;
+	at.addr = env->addr0;
+	at.max_inflight = 32;
+	at.max_peers = H_PEERS;
+	at.max_per_source = H_PER_SOURCE;
+	at.handshake_ms = H_HANDSHAKE_MS;
+	if (with_secret) {
+		at.secret = secret;
+		at.secret_len = sizeof(secret);
+	}
+	err = kvp_agent_open(&at, &a);
+	if (!err)
+		err = rt_register_all(a, &mem);
+	if (!err)
+		err = kvp_agent_listen(a, env->addr0, port);
+	if (err)
+		RT_FAIL("setup: %s", kvp_strerror(err));
+	rep.rc = 0;
+	if (write(fd, &rep, sizeof(rep)) != sizeof(rep))
+		RT_FAIL("ready");
+	for (;;) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+
+		t0 = rt_now_ns();
+		n = kvp_agent_poll(a, ev, 16);
+		dt = rt_now_ns() - t0;
+		if (dt > worst)
+			worst = dt;
+		if (n < 0)
+			RT_FAIL("poll: %s", kvp_strerror(n));
+		for (i = 0; i < (uint32_t)n; i++) {
+			if (ev[i].type != KVP_EV_RELEASED &&
+			    ev[i].type != KVP_EV_EXPIRED)
+				continue;
+			if (nseen == H_MAX_EV)
+				RT_FAIL("too many events");
+			seen[nseen].engine = ev[i].engine_id;
+			seen[nseen].req = ev[i].req_id;
+			seen[nseen++].type = ev[i].type;
+		}
+		if (waiting) {
+			for (i = 0; i < nseen; i++)
+				if (seen[i].engine == wait.engine &&
+				    seen[i].req == wait.req)
+					break;
+			if (i < nseen || rt_now_ns() >= wait_end) {
+				memset(&rep, 0, sizeof(rep));
+				rep.rc = i < nseen ? (int32_t)seen[i].type :
+						     -ETIMEDOUT;
+				if (write(fd, &rep, sizeof(rep)) != sizeof(rep))
+					RT_FAIL("reply");
+				waiting = 0;
+			}
+		}
+		if (waiting || poll(&p, 1, n > 0 ? 0 : 1) <= 0)
+			continue;
+		if (read(fd, &cmd, sizeof(cmd)) != sizeof(cmd))
+			RT_FAIL("command");
+		memset(&rep, 0, sizeof(rep));
+		switch (cmd.op) {
+		case C_EXPECT:
+			rep.rc = kvp_agent_expect(a, cmd.engine, cmd.req,
+						  rt_now_ns() +
+							  cmd.deadline_ms *
+								  1000000ull);
+			break;
+		case C_WAIT:
+			wait = cmd;
+			wait_end = rt_now_ns() + cmd.timeout_ms * 1000000ull;
+			waiting = 1;
+			continue;
+		case C_STATS:
+			rep.worst_ns = worst;
+			worst = 0;
+			kvp_agent_get_stats(a, &rep.st);
+			break;
+		case C_STOP:
+			ret = 0;
+			goto out;
+		default:
+			RT_FAIL("bad command %u", cmd.op);
+		}
+		if (write(fd, &rep, sizeof(rep)) != sizeof(rep))
+			RT_FAIL("reply");
+	}
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvp_layout_destroy(l);
+	return ret;
+}
+
+struct h_prod {
+	pid_t pid;
+	int fd;
+	uint16_t port;
+};
+
+static int prod_cmd(struct h_prod *p, uint32_t op, uint64_t engine,
+		    uint64_t req, uint64_t arg, struct h_reply *rep)
+{
+	struct h_cmd c = { .op = op, .engine = engine, .req = req };
+	struct pollfd pf = { .fd = p->fd, .events = POLLIN };
+
+	if (op == C_WAIT)
+		c.timeout_ms = (uint32_t)arg;
+	else
+		c.deadline_ms = arg;
+	if (write(p->fd, &c, sizeof(c)) != sizeof(c) ||
+	    poll(&pf, 1, 60000) != 1 ||
+	    read(p->fd, rep, sizeof(*rep)) != sizeof(*rep))
+		return -EIO;
+	return rep->rc;
+}
+
+static int prod_start(const struct rt_env *env, uint16_t port, int with_secret,
+		      struct h_prod *p)
+{
+	struct h_reply rep;
+	struct pollfd pf;
+	int sv[2];
+
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+		return -1;
+	fflush(NULL);
+	p->pid = fork();
+	if (p->pid == 0) {
+		close(sv[0]);
+		alarm(600);
+		RT_EXIT(producer_main(env, port, with_secret, sv[1]));
+	}
+	close(sv[1]);
+	p->fd = sv[0];
+	p->port = port;
+	pf.fd = p->fd;
+	pf.events = POLLIN;
+	if (p->pid < 0 || poll(&pf, 1, 30000) != 1 ||
+	    read(p->fd, &rep, sizeof(rep)) != sizeof(rep))
+		return -1;
+	return 0;
+}
+
+/* ---- child processes ---------------------------------------------------- */
+
+/* Runs fn in a child and returns its exit status (0..255), or -1 when it
+ * did not end within `secs`. */
+static int run_child(int (*fn)(const struct rt_env *, void *),
+		     const struct rt_env *env, void *arg, double secs)
+{
+	pid_t pid;
+
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		alarm((unsigned)secs + 5);
+		RT_EXIT(fn(env, arg));
+	}
+	if (pid < 0)
+		return -1;
+	if (rt_wait(&pid, 1, rt_now() + secs, "child"))
+		return -1;
+	return 0;
+}
+
+/* A well-behaved consumer: connects, pulls requests [first, first + n),
+ * checks its whole memory. */
+struct good {
+	uint64_t engine;
+	const char *addr;	/* source address */
+	uint16_t port;
+	const uint8_t *secret;
+	int want;		/* expected connect result (0: pull) */
+	uint32_t first, n;
+};
+
+static int good_main(const struct rt_env *env, void *arg)
+{
+	const struct good *g = arg;
+	struct kvp_peer peer = { .addr = env->addr0, .port = g->port };
+	struct kvt_mem mem = { 0 }, want = { 0 };
+	kvp_layout *l = rt_layout_engine(&eng, 0, 0, g->engine);
+	kvp_layout *pl = rt_layout(&eng, 1, 0);
+	struct kvp_agent_attr at;
+	struct kvp_event ev[8];
+	kvp_agent *a = NULL;
+	uint32_t i, done = 0;
+	const char *who = "good consumer";
+	double end;
+	int ret = 1, err, n;
+
+	if (!l || !pl || kvt_mem_alloc(l, &mem) || kvt_mem_alloc(l, &want))
+		RT_FAIL("layout");
+	kvt_fill_background(&mem, 5);
+	for (i = 0; i < mem.nregions; i++)
+		memcpy(want.buf[i], mem.buf[i], mem.size[i]);
+	memset(&at, 0, sizeof(at));
+	at.role = KVP_ROLE_CONSUMER;
+	at.layout = l;
+	at.addr = g->addr;
+	if (g->secret) {
+		at.secret = g->secret;
+		at.secret_len = 32;
+	}
+	err = kvp_agent_open(&at, &a);
+	if (!err)
+		err = rt_register_all(a, &mem);
+	if (err)
+		RT_FAIL("setup: %s", kvp_strerror(err));
+	err = kvp_agent_connect(a, &peer, 1, 20000);
+	if (err != g->want)
+		RT_FAIL("connect: %s, want %s", kvp_strerror(err),
+			kvp_strerror(g->want));
+	if (err) {
+		ret = 0;
+		goto out;
+	}
+	for (i = g->first; i < g->first + g->n; i++) {
+		err = kvp_agent_pull(a, H_REQ0 + i, &reqs[i].ids);
+		if (err)
+			RT_FAIL("pull %u: %s", i, kvp_strerror(err));
+		kvt_expect_consumer(l, pl, &want, NULL, &reqs[i].ids);
+	}
+	end = rt_now() + 30;
+	while (done < g->n && rt_now() < end) {
+		n = kvp_agent_poll(a, ev, 8);
+		if (n < 0)
+			RT_FAIL("poll: %s", kvp_strerror(n));
+		for (i = 0; i < (uint32_t)n; i++) {
+			if (ev[i].type != KVP_EV_DONE)
+				RT_FAIL("event %u status %s", ev[i].type,
+					kvp_strerror(ev[i].status));
+			done++;
+		}
+	}
+	if (done < g->n)
+		RT_FAIL("%u of %u done", done, g->n);
+	if (kvt_mem_compare(&mem, &want, "consumer memory"))
+		RT_FAIL("bytes differ");
+	ret = 0;
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvt_mem_free(&want);
+	kvp_layout_destroy(l);
+	kvp_layout_destroy(pl);
+	return ret;
+}
+
+/* ---- the raw consumer: the wire protocol by hand ------------------------ */
+
+/* What verbs/internal.h defines; this test pins the wire format. */
+#define W_HELLO_MAGIC 0x4b565048u
+#define W_HELLO_LEN 48
+#define W_ACCEPT_LEN 80
+#define W_AUTH_MAGIC 0x4b565041u
+#define W_GO_MAGIC 0x4b565047u
+#define W_REFUSE_MAGIC 0x4b565052u
+#define W_NOTE_MAGIC 0x4b56504eu
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+	       (uint32_t)p[3] << 24;
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	put32(p, (uint32_t)v);
+	put32(p + 4, (uint32_t)(v >> 32));
+}
+
+struct raw {
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *id;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_mr *mr;
+	uint8_t *buf; /* [0,4K): receive, [4K,8K): send, 8K on: blobs */
+	size_t len;
+	uint8_t hello_c[W_HELLO_LEN], hello_p[W_HELLO_LEN];
+	int established, refused; /* refused: the -errno of a refusal */
+	uint64_t engine;
+};
+
+#define RAW_RX 0
+#define RAW_TX 4096
+#define RAW_BLOB 8192
+
+static int raw_event(struct raw *r, enum rdma_cm_event_type want,
+		     int timeout_ms, uint8_t *pdata, uint32_t *plen)
+{
+	struct rdma_cm_event *e;
+	struct pollfd p = { .fd = r->ch->fd, .events = POLLIN };
+	enum rdma_cm_event_type t;
+
+	if (poll(&p, 1, timeout_ms) != 1 || rdma_get_cm_event(r->ch, &e))
+		return -ETIMEDOUT;
+	t = e->event;
+	if (pdata && e->param.conn.private_data) {
+		*plen = e->param.conn.private_data_len < 196 ?
+				e->param.conn.private_data_len :
+				196;
+		memcpy(pdata, e->param.conn.private_data, *plen);
+	}
+	rdma_ack_cm_event(e);
+	return t == want ? 0 : -(int)(1000 + t);
+}
+
+static void raw_close(struct raw *r)
+{
+	if (r->id && r->id->qp)
+		rdma_destroy_qp(r->id);
+	if (r->mr)
+		ibv_dereg_mr(r->mr);
+	if (r->cq)
+		ibv_destroy_cq(r->cq);
+	if (r->pd)
+		ibv_dealloc_pd(r->pd);
+	if (r->id)
+		rdma_destroy_id(r->id);
+	if (r->ch)
+		rdma_destroy_event_channel(r->ch);
+	free(r->buf);
+	memset(r, 0, sizeof(*r));
+}
+
+/* Connects with a hand-made hello (blob_len, flags as given). Returns 0
+ * when accepted (the producer's hello in r->hello_p), the refusal's -errno
+ * when rejected with a reason, another negative code otherwise. */
+static int raw_connect(struct raw *r, const char *src, const char *dst,
+		       uint16_t port, uint64_t engine, uint32_t blob_len,
+		       uint32_t flags, size_t bloblen_alloc)
+{
+	struct sockaddr_in s = { .sin_family = AF_INET };
+	struct sockaddr_in d = { .sin_family = AF_INET };
+	struct rdma_conn_param cp;
+	struct ibv_qp_init_attr qa;
+	uint8_t pd[196];
+	uint32_t plen = 0;
+	int err, i;
+
+	memset(r, 0, sizeof(*r));
+	r->engine = engine;
+	r->len = RAW_BLOB + bloblen_alloc;
+	r->buf = calloc(1, r->len);
+	inet_pton(AF_INET, src, &s.sin_addr);
+	inet_pton(AF_INET, dst, &d.sin_addr);
+	d.sin_port = htons(port);
+	r->ch = rdma_create_event_channel();
+	if (!r->buf || !r->ch || rdma_create_id(r->ch, &r->id, NULL, RDMA_PS_TCP))
+		return -ENOMEM;
+	if (rdma_resolve_addr(r->id, (struct sockaddr *)&s,
+			      (struct sockaddr *)&d, 5000) ||
+	    raw_event(r, RDMA_CM_EVENT_ADDR_RESOLVED, 6000, NULL, NULL) ||
+	    rdma_resolve_route(r->id, 5000) ||
+	    raw_event(r, RDMA_CM_EVENT_ROUTE_RESOLVED, 6000, NULL, NULL))
+		return -EHOSTUNREACH;
+	r->pd = ibv_alloc_pd(r->id->verbs);
+	r->cq = r->pd ? ibv_create_cq(r->id->verbs, 256, NULL, NULL, 0) : NULL;
+	r->mr = r->cq ? ibv_reg_mr(r->pd, r->buf, r->len,
+				   IBV_ACCESS_LOCAL_WRITE) : NULL;
+	if (!r->mr)
+		return -ENOMEM;
+	memset(&qa, 0, sizeof(qa));
+	qa.send_cq = qa.recv_cq = r->cq;
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = 64;
+	qa.cap.max_recv_wr = 4;
+	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+	if (rdma_create_qp(r->id, r->pd, &qa))
+		return -ENOMEM;
+	put32(r->hello_c, W_HELLO_MAGIC);
+	r->hello_c[4] = 2; /* version */
+	r->hello_c[6] = KVP_ROLE_CONSUMER;
+	put32(r->hello_c + 8, 1);  /* TP size */
+	put32(r->hello_c + 12, 0); /* rank */
+	put32(r->hello_c + 16, blob_len);
+	put32(r->hello_c + 20, flags);
+	put64(r->hello_c + 24, engine);
+	for (i = 0; i < 16; i++)
+		r->hello_c[32 + i] = (uint8_t)(rand() >> 7);
+	memset(&cp, 0, sizeof(cp));
+	cp.private_data = r->hello_c;
+	cp.private_data_len = W_HELLO_LEN;
+	cp.initiator_depth = 1;
+	cp.retry_count = 7;
+	cp.rnr_retry_count = 7;
+	if (rdma_connect(r->id, &cp))
+		return -ECONNABORTED;
+	err = raw_event(r, RDMA_CM_EVENT_ESTABLISHED, 10000, pd, &plen);
+	if (err == -(1000 + RDMA_CM_EVENT_REJECTED)) {
+		if (plen >= 8 && get32(pd) == W_REFUSE_MAGIC)
+			return (int32_t)get32(pd + 4);
+		return -ECONNREFUSED;
+	}
+	if (err)
+		return err;
+	if (plen < W_ACCEPT_LEN)
+		return -EPROTO;
+	memcpy(r->hello_p, pd, W_HELLO_LEN);
+	r->established = 1;
+	return 0;
+}
+
+static int raw_post_recv(struct raw *r, uint32_t off, uint32_t len)
+{
+	struct ibv_sge g = { .addr = (uintptr_t)(r->buf + off), .length = len,
+			     .lkey = r->mr->lkey };
+	struct ibv_recv_wr w = { .wr_id = off, .sg_list = &g, .num_sge = 1 };
+	struct ibv_recv_wr *bad;
+
+	return ibv_post_recv(r->id->qp, &w, &bad) ? -EIO : 0;
+}
+
+static int raw_send(struct raw *r, uint32_t off, uint32_t len)
+{
+	struct ibv_sge g = { .addr = (uintptr_t)(r->buf + off), .length = len,
+			     .lkey = r->mr->lkey };
+	struct ibv_send_wr w = { .wr_id = 1, .sg_list = &g, .num_sge = 1,
+				 .opcode = IBV_WR_SEND,
+				 .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_send_wr *bad;
+
+	return ibv_post_send(r->id->qp, &w, &bad) ? -EIO : 0;
+}
+
+/* Waits for one completion of `recv` (1) or a send (0); returns its
+ * byte_len, or a negative code. */
+static int raw_wait(struct raw *r, int recv, int timeout_ms)
+{
+	double end = rt_now() + timeout_ms / 1000.0;
+	struct ibv_wc wc;
+
+	while (rt_now() < end) {
+		int n = ibv_poll_cq(r->cq, 1, &wc);
+
+		if (n < 0)
+			return -EIO;
+		if (!n) {
+			usleep(200);
+			continue;
+		}
+		if (wc.status != IBV_WC_SUCCESS)
+			return -ECONNRESET;
+		if (!!(wc.opcode & IBV_WC_RECV) == recv)
+			return (int)wc.byte_len;
+	}
+	return -ETIMEDOUT;
+}
+
+/* AUTH with the proof under `key` (NULL: zeros), then waits for GO.
+ * Returns 0, the refusal's -errno, or another negative code. */
+static int raw_auth(struct raw *r, const uint8_t *key)
+{
+	static const char tag[] = "kvpull handshake ";
+	const char label = 'C';
+	const void *m[4] = { tag, &label, r->hello_c, r->hello_p };
+	const size_t l[4] = { sizeof(tag) - 1, 1, W_HELLO_LEN, W_HELLO_LEN };
+	uint8_t *tx = r->buf + RAW_TX, *rx = r->buf + RAW_RX;
+	int n;
+
+	if (raw_post_recv(r, RAW_RX, 64))
+		return -EIO;
+	put32(tx, W_AUTH_MAGIC);
+	put32(tx + 4, 0);
+	memset(tx + 8, 0, 32);
+	if (key)
+		kvp__hmac_sha256(key, 32, m, l, 4, tx + 8);
+	if (raw_send(r, RAW_TX, 40) || raw_wait(r, 0, 5000) < 0)
+		return -EIO;
+	n = raw_wait(r, 1, 5000);
+	if (n < 0)
+		return n;
+	if (n == 8 && get32(rx) == W_REFUSE_MAGIC)
+		return (int32_t)get32(rx + 4);
+	return n == 8 && get32(rx) == W_GO_MAGIC ? 0 : -EPROTO;
+}
+
+/* Sends blob[0..len) after GO and returns the producer's answer: 0 for its
+ * blob, the refusal's -errno, or another negative code. */
+static int raw_blob(struct raw *r, const void *blob, uint32_t len)
+{
+	uint8_t *rx = r->buf + RAW_RX;
+	int n;
+
+	if (raw_post_recv(r, RAW_RX, 4096))
+		return -EIO;
+	memcpy(r->buf + RAW_BLOB, blob, len);
+	if (raw_send(r, RAW_BLOB, len) || raw_wait(r, 0, 5000) < 0)
+		return -EIO;
+	n = raw_wait(r, 1, 10000);
+	if (n < 0)
+		return n;
+	if (n == 8 && get32(rx) == W_REFUSE_MAGIC)
+		return (int32_t)get32(rx + 4);
+	return 0;
+}
+
+/* A full handshake as consumer engine `engine`, rank 0 of TP 1. */
+static int raw_join(struct raw *r, const struct rt_env *env, uint16_t port,
+		   uint64_t engine)
+{
+	kvp_layout *l = rt_layout_engine(&eng, 0, 0, engine);
+	uint8_t blob[4096];
+	size_t len = 0;
+	int err;
+
+	if (!l || kvp_meta_encode(l, blob, sizeof(blob), &len)) {
+		kvp_layout_destroy(l);
+		return -ENOMEM;
+	}
+	kvp_layout_destroy(l);
+	err = raw_connect(r, env->addr0, env->addr0, port, engine,
+			  (uint32_t)len, 0, 4096);
+	if (!err)
+		err = raw_auth(r, NULL);
+	if (!err)
+		err = raw_blob(r, blob, (uint32_t)len);
+	return err;
+}
+
+/* Sends n notifications {engine, rank, req[i]}, waiting for each batch's
+ * completions (the producer's receive buffers throttle us by RNR). */
+static int raw_notes(struct raw *r, uint64_t engine, uint32_t rank,
+		     const uint64_t *req, uint32_t n)
+{
+	uint32_t i, k, batch;
+
+	for (i = 0; i < n; i += batch) {
+		batch = n - i < 32 ? n - i : 32;
+		for (k = 0; k < batch; k++) {
+			uint8_t *m = r->buf + RAW_TX + 64 * (k + 1);
+
+			put32(m, W_NOTE_MAGIC);
+			put32(m + 4, rank);
+			put64(m + 8, req[i + k]);
+			put64(m + 16, engine);
+			put64(m + 24, 0);
+			if (raw_send(r, RAW_TX + 64 * (k + 1), 32))
+				return -EIO;
+		}
+		for (k = 0; k < batch; k++)
+			if (raw_wait(r, 0, 20000) < 0)
+				return -EIO;
+	}
+	return 0;
+}
+
+/* ---- the cases ----------------------------------------------------------- */
+
+struct ctx {
+	struct h_prod p1, p2;
+	uint32_t next; /* next request index for the good consumer */
+	double worst_ms;
+};
+
+/* Expects requests [next, next + n) of the good consumer on p, runs it
+ * from `src` and waits until each is RELEASED. */
+static int serve_good(const struct rt_env *env, struct ctx *x, struct h_prod *p,
+		      const char *src, const uint8_t *key, uint32_t n)
+{
+	struct good g = { .engine = H_CONS, .addr = src, .port = p->port,
+			  .secret = key, .first = x->next, .n = n };
+	struct h_reply rep;
+	uint32_t i;
+
+	if (x->next + n > H_NREQ)
+		return -1;
+	for (i = 0; i < n; i++)
+		if (prod_cmd(p, C_EXPECT, H_CONS, H_REQ0 + x->next + i, 60000,
+			     &rep))
+			return -1;
+	x->next += n;
+	if (run_child(good_main, env, &g, 60))
+		return -1;
+	for (i = 0; i < n; i++)
+		if (prod_cmd(p, C_WAIT, H_CONS, H_REQ0 + g.first + i, 10000,
+			     &rep) != KVP_EV_RELEASED)
+			return -1;
+	return 0;
+}
+
+static int case_stats(struct h_prod *p, struct h_reply *rep)
+{
+	return prod_cmd(p, C_STATS, 0, 0, 0, rep);
+}
+
+#define CHECK(cond, ...)                                                 \
+	do {                                                             \
+		if (!(cond)) {                                           \
+			fprintf(stderr, "  [%s] ", who);                 \
+			fprintf(stderr, __VA_ARGS__);                    \
+			fprintf(stderr, "\n");                           \
+			return 1;                                        \
+		}                                                        \
+	} while (0)
+
+/* Blob lengths outside [KVP_META_MIN_LEN, cap]: refused in the hello. */
+static int raw_lengths(const struct rt_env *env, void *arg)
+{
+	static const uint32_t bad[] = { 1, 8, KVP_META_MIN_LEN - 1,
+					16u << 20, (16u << 20) + 1,
+					0xffffffffu };
+	const uint16_t *port = arg;
+	const char *who = "lengths";
+	struct raw r;
+	uint32_t i;
+	int err;
+
+	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		err = raw_connect(&r, env->addr0, env->addr0, *port, H_EVIL,
+				  bad[i], 0, 64);
+		raw_close(&r);
+		CHECK(err == -EPROTO, "blob_len %u: %s, want -EPROTO", bad[i],
+		      kvp_strerror(err));
+	}
+	return 0;
+}
+
+static int case_lengths(const struct rt_env *env, struct ctx *x)
+{
+	return run_child(raw_lengths, env, &x->p1.port, 60) ||
+	       serve_good(env, x, &x->p1, env->addr0, NULL, 1);
+}
+
+/* A legal length whose blob never comes: dropped at the handshake bound;
+ * then a 64 KiB garbage blob: refused. Meanwhile (the first) a good
+ * consumer is served. */
+struct slow {
+	uint16_t port;
+	int ready_fd;
+};
+
+static int raw_slow(const struct rt_env *env, void *arg)
+{
+	const struct slow *s = arg;
+	const char *who = "slow blob";
+	struct raw r;
+	double t0;
+	int err;
+
+	err = raw_connect(&r, env->addr0, env->addr0, s->port, H_EVIL,
+			  64 << 10, 0, 64 << 10);
+	CHECK(!err, "connect: %s", kvp_strerror(err));
+	err = raw_auth(&r, NULL);
+	CHECK(!err, "auth: %s", kvp_strerror(err));
+	t0 = rt_now();
+	CHECK(write(s->ready_fd, "r", 1) == 1, "ready");
+	err = raw_event(&r, RDMA_CM_EVENT_DISCONNECTED, H_HANDSHAKE_MS + 3000,
+			NULL, NULL);
+	CHECK(!err, "not dropped within %d ms: %d", H_HANDSHAKE_MS + 3000, err);
+	printf("    slow blob dropped after %.0f ms (bound %d ms)\n",
+	       (rt_now() - t0) * 1e3, H_HANDSHAKE_MS);
+	raw_close(&r);
+
+	/* A huge blob of garbage: decoded (one per poll), refused. */
+	err = raw_connect(&r, env->addr0, env->addr0, s->port, H_EVIL,
+			  64 << 10, 0, 64 << 10);
+	CHECK(!err, "connect: %s", kvp_strerror(err));
+	err = raw_auth(&r, NULL);
+	CHECK(!err, "auth: %s", kvp_strerror(err));
+	memset(r.buf + RAW_BLOB, 0xa5, 64 << 10);
+	err = raw_blob(&r, r.buf + RAW_BLOB, 64 << 10);
+	raw_close(&r);
+	CHECK(err == -EPROTO, "garbage blob: %s, want -EPROTO",
+	      kvp_strerror(err));
+	return 0;
+}
+
+static int case_slow(const struct rt_env *env, struct ctx *x)
+{
+	struct slow s = { .port = x->p1.port };
+	int fds[2], ret = -1;
+	pid_t pid;
+	char c;
+
+	if (pipe(fds))
+		return -1;
+	s.ready_fd = fds[1];
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		alarm(60);
+		RT_EXIT(raw_slow(env, &s));
+	}
+	close(fds[1]);
+	if (pid > 0 && read(fds[0], &c, 1) == 1 &&
+	    !serve_good(env, x, &x->p1, env->addr0, NULL, 1))
+		ret = 0;
+	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "slow blob"))
+		ret = -1;
+	close(fds[0]);
+	return ret;
+}
+
+/* Notifications of the hostile engine: replayed after expiry and after
+ * release, for another engine's id, and a flood of random ids. */
+enum { R_EXPIRED, R_RELEASED, R_CROSS, R_FLOOD };
+struct evil {
+	uint16_t port;
+	int what;
+};
+
+static int raw_evil(const struct rt_env *env, void *arg)
+{
+	const struct evil *e = arg;
+	const char *who = "hostile notes";
+	uint64_t ids[4096], seed = 77;
+	struct raw r;
+	uint32_t i;
+	int err;
+
+	err = raw_join(&r, env, e->port, H_EVIL);
+	CHECK(!err, "join: %s", kvp_strerror(err));
+	switch (e->what) {
+	case R_EXPIRED:
+		ids[0] = 500;
+		err = raw_notes(&r, H_EVIL, 0, ids, 1);
+		break;
+	case R_RELEASED:
+		/* Releases (EVIL, 501), then the same note replayed. */
+		ids[0] = ids[1] = 501;
+		err = raw_notes(&r, H_EVIL, 0, ids, 2);
+		break;
+	case R_CROSS:
+		/* The good engine's id, under our engine and under its. */
+		ids[0] = H_REQ0 + 23;
+		err = raw_notes(&r, H_EVIL, 0, ids, 1);
+		if (!err)
+			err = raw_notes(&r, H_CONS, 0, ids, 1);
+		break;
+	case R_FLOOD:
+		for (i = 0; i < 4096; i++)
+			ids[i] = kvt_rand(&seed);
+		for (i = 0; !err && i < 5; i++)
+			err = raw_notes(&r, H_EVIL, 0, ids, 4096);
+		break;
+	}
+	usleep(200000);
+	raw_close(&r);
+	CHECK(!err, "notes: %s", kvp_strerror(err));
+	return 0;
+}
+
+static int case_replay(const struct rt_env *env, struct ctx *x)
+{
+	struct evil e = { .port = x->p1.port, .what = R_EXPIRED };
+	const char *who = "replay";
+	struct h_reply rep, st0, st1;
+	int err;
+
+	/* (EVIL, 500) expires, then its notification arrives. */
+	CHECK(!prod_cmd(&x->p1, C_EXPECT, H_EVIL, 500, 200, &rep), "expect");
+	CHECK(prod_cmd(&x->p1, C_WAIT, H_EVIL, 500, 5000, &rep) ==
+		      KVP_EV_EXPIRED, "500 not expired");
+	CHECK(!case_stats(&x->p1, &st0), "stats");
+	CHECK(!run_child(raw_evil, env, &e, 60), "hostile child");
+	CHECK(!case_stats(&x->p1, &st1), "stats");
+	CHECK(st1.st.notes_dropped == st0.st.notes_dropped + 1,
+	      "late note not dropped (%llu -> %llu)",
+	      (unsigned long long)st0.st.notes_dropped,
+	      (unsigned long long)st1.st.notes_dropped);
+	/* Not kept as an early note for a reuse of the id: refused. */
+	err = prod_cmd(&x->p1, C_EXPECT, H_EVIL, 500, 60000, &rep);
+	CHECK(err == -EALREADY, "expect after expiry: %s, want -EALREADY",
+	      kvp_strerror(err));
+	/* A replay after RELEASED: (EVIL, 501) released by its note, then
+	 * the same note again is dropped. */
+	CHECK(!prod_cmd(&x->p1, C_EXPECT, H_EVIL, 501, 60000, &rep), "expect");
+	CHECK(!case_stats(&x->p1, &st0), "stats");
+	e.what = R_RELEASED;
+	CHECK(!run_child(raw_evil, env, &e, 60), "hostile child");
+	CHECK(prod_cmd(&x->p1, C_WAIT, H_EVIL, 501, 5000, &rep) ==
+		      KVP_EV_RELEASED, "501 not released by its note");
+	CHECK(!case_stats(&x->p1, &st1), "stats");
+	CHECK(st1.st.notes_dropped == st0.st.notes_dropped + 1,
+	      "replayed note not dropped");
+	err = prod_cmd(&x->p1, C_EXPECT, H_EVIL, 501, 60000, &rep);
+	CHECK(err == -EALREADY, "expect after release: %s, want -EALREADY",
+	      kvp_strerror(err));
+	return serve_good(env, x, &x->p1, env->addr0, NULL, 1);
+}
+
+static int case_cross(const struct rt_env *env, struct ctx *x)
+{
+	struct evil e = { .port = x->p1.port, .what = R_CROSS };
+	struct good g = { .engine = H_CONS, .addr = env->addr0,
+			  .port = x->p1.port, .first = 23, .n = 1 };
+	const char *who = "cross-engine";
+	struct h_reply rep, st0, st1;
+
+	CHECK(!prod_cmd(&x->p1, C_EXPECT, H_CONS, H_REQ0 + 23, 60000, &rep),
+	      "expect");
+	CHECK(!case_stats(&x->p1, &st0), "stats");
+	CHECK(!run_child(raw_evil, env, &e, 60), "hostile child");
+	CHECK(prod_cmd(&x->p1, C_WAIT, H_CONS, H_REQ0 + 23, 500, &rep) ==
+		      -ETIMEDOUT, "the good engine's request was released by "
+				  "the hostile engine's notification");
+	CHECK(!case_stats(&x->p1, &st1), "stats");
+	/* One counted for (EVIL, id) as an early note, one foreign. */
+	CHECK(st1.st.notes_dropped == st0.st.notes_dropped + 1,
+	      "foreign note not dropped");
+	CHECK(!run_child(good_main, env, &g, 60), "good consumer");
+	CHECK(prod_cmd(&x->p1, C_WAIT, H_CONS, H_REQ0 + 23, 10000, &rep) ==
+		      KVP_EV_RELEASED, "not released after the real pull");
+	return 0;
+}
+
+static int case_flood(const struct rt_env *env, struct ctx *x)
+{
+	struct evil e = { .port = x->p1.port, .what = R_FLOOD };
+	const char *who = "flood";
+	struct h_reply st0, st1;
+
+	CHECK(!case_stats(&x->p1, &st0), "stats");
+	CHECK(!run_child(raw_evil, env, &e, 120), "hostile child");
+	CHECK(!case_stats(&x->p1, &st1), "stats");
+	printf("    %llu notifications: %llu kept as early, %llu dropped\n",
+	       (unsigned long long)(st1.st.notes_recv - st0.st.notes_recv +
+				    st1.st.notes_dropped -
+				    st0.st.notes_dropped),
+	       (unsigned long long)(st1.st.notes_recv - st0.st.notes_recv),
+	       (unsigned long long)(st1.st.notes_dropped -
+				    st0.st.notes_dropped));
+	/* Early notes are capped per connection (max_inflight / 8, at
+	 * least 8). */
+	CHECK(st1.st.notes_recv - st0.st.notes_recv <= 8,
+	      "%llu early notes kept from one connection",
+	      (unsigned long long)(st1.st.notes_recv - st0.st.notes_recv));
+	return serve_good(env, x, &x->p1, env->addr0, NULL, 2);
+}
+
+/* Idle connections from addr0 take every slot allowed to that address;
+ * more are refused with -EUSERS; a consumer from another address is
+ * served meanwhile; the idle ones are dropped at the handshake bound. */
+static int raw_idle(const struct rt_env *env, void *arg)
+{
+	const struct slow *s = arg;
+	const char *who = "idle";
+	struct raw r[H_PER_SOURCE + 4];
+	uint32_t i, ok = 0, users = 0;
+	int err;
+
+	for (i = 0; i < H_PER_SOURCE + 4; i++) {
+		err = raw_connect(&r[i], env->addr0, env->addr0, s->port,
+				  H_EVIL, 4096, 0, 64);
+		if (!err)
+			ok++;
+		else if (err == -EUSERS)
+			users++;
+		else
+			CHECK(0, "idle %u: %s", i, kvp_strerror(err));
+	}
+	CHECK(ok == H_PER_SOURCE && users == 4,
+	      "%u accepted, %u refused with -EUSERS", ok, users);
+	CHECK(write(s->ready_fd, "r", 1) == 1, "ready");
+	for (i = 0; i < H_PER_SOURCE + 4; i++) {
+		if (r[i].established)
+			CHECK(!raw_event(&r[i], RDMA_CM_EVENT_DISCONNECTED,
+					 H_HANDSHAKE_MS + 5000, NULL, NULL),
+			      "idle connection %u not dropped", i);
+		raw_close(&r[i]);
+	}
+	return 0;
+}
+
+static int case_idle(const struct rt_env *env, struct ctx *x)
+{
+	struct slow s = { .port = x->p1.port };
+	const char *who = "idle";
+	int fds[2], ret = -1;
+	pid_t pid;
+	char c;
+
+	CHECK(env->addr1, "needs KVP_ADDR1 (--devices 2)");
+	if (pipe(fds))
+		return -1;
+	s.ready_fd = fds[1];
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		alarm(60);
+		RT_EXIT(raw_idle(env, &s));
+	}
+	close(fds[1]);
+	if (pid > 0 && read(fds[0], &c, 1) == 1 &&
+	    !serve_good(env, x, &x->p1, env->addr1, NULL, 1))
+		ret = 0;
+	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "idle"))
+		ret = -1;
+	close(fds[0]);
+	/* Slots of addr0 are free again. */
+	if (!ret && serve_good(env, x, &x->p1, env->addr0, NULL, 1))
+		ret = -1;
+	return ret;
+}
+
+/* Secrets: P2 has one. */
+static int raw_forged(const struct rt_env *env, void *arg)
+{
+	const uint16_t *port = arg;
+	const char *who = "forged proof";
+	struct raw r;
+	int err;
+
+	/* Claims a secret, proves another: refused before GO. */
+	err = raw_connect(&r, env->addr0, env->addr0, *port, H_EVIL, 4096, 1,
+			  64);
+	CHECK(!err, "connect: %s", kvp_strerror(err));
+	err = raw_auth(&r, other_secret);
+	raw_close(&r);
+	CHECK(err == -EPERM, "forged proof: %s, want -EPERM",
+	      kvp_strerror(err));
+	/* No secret claimed: refused in the hello. */
+	err = raw_connect(&r, env->addr0, env->addr0, *port, H_EVIL, 4096, 0,
+			  64);
+	raw_close(&r);
+	CHECK(err == -EPERM, "no secret: %s, want -EPERM", kvp_strerror(err));
+	return 0;
+}
+
+static int case_secret(const struct rt_env *env, struct ctx *x)
+{
+	struct good g = { .engine = H_CONS, .addr = env->addr0 };
+	const char *who = "secret";
+	struct h_reply st0, st1;
+
+	CHECK(!case_stats(&x->p2, &st0), "stats");
+	g.port = x->p2.port;
+	g.secret = other_secret;
+	g.want = -EPERM;
+	CHECK(!run_child(good_main, env, &g, 60), "wrong secret");
+	g.secret = NULL;
+	CHECK(!run_child(good_main, env, &g, 60), "no secret");
+	/* A consumer with a secret refuses a producer without one. */
+	g.port = x->p1.port;
+	g.secret = secret;
+	CHECK(!run_child(good_main, env, &g, 60), "producer without secret");
+	CHECK(!run_child(raw_forged, env, &x->p2.port, 60), "forged");
+	CHECK(!case_stats(&x->p2, &st1), "stats");
+	/* No secret (in the hello), forged proof, no secret (raw). */
+	CHECK(st1.st.refused >= st0.st.refused + 3, "refusals not counted");
+	CHECK(st1.st.connects == st0.st.connects, "a stranger got connected");
+	return serve_good(env, x, &x->p2, env->addr0, secret, 2);
+}
+
+struct h_case {
+	const char *name;
+	int (*fn)(const struct rt_env *env, struct ctx *x);
+	struct h_prod *(*prod)(struct ctx *x);
+};
+
+static struct h_prod *on_p1(struct ctx *x)
+{
+	return &x->p1;
+}
+
+static struct h_prod *on_p2(struct ctx *x)
+{
+	return &x->p2;
+}
+
+static const struct h_case cases[] = {
+	{ "short and oversized blob lengths", case_lengths, on_p1 },
+	{ "slow blob and huge garbage blob", case_slow, on_p1 },
+	{ "notification replay after expiry and release", case_replay, on_p1 },
+	{ "cross-engine id collision", case_cross, on_p1 },
+	{ "notification flood with random ids", case_flood, on_p1 },
+	{ "idle connections holding every slot of an address", case_idle,
+	  on_p1 },
+	{ "wrong, missing and forged secrets", case_secret, on_p2 },
+};
+
+int main(int argc, char **argv)
+{
+	const char *filter = argc > 1 ? argv[1] : NULL;
+	struct rt_env env;
+	struct ctx x = { 0 };
+	struct h_reply rep;
+	uint32_t i, pass = 0, fail = 0;
+	pid_t pids[2];
+
+	if (rt_start(&env, 18600))
+		return 1;
+	reqs_init();
+	srand(1);
+	if (prod_start(&env, env.port, 0, &x.p1) ||
+	    prod_start(&env, (uint16_t)(env.port + 1), 1, &x.p2)) {
+		printf("producers did not start\n0 passed, 1 failed\n");
+		return 1;
+	}
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const struct h_case *c = &cases[i];
+		double t0 = rt_now();
+		int ok;
+
+		if (filter && !strstr(c->name, filter))
+			continue;
+		(void)case_stats(c->prod(&x), &rep); /* resets the worst */
+		ok = !c->fn(&env, &x);
+		ok = ok && !case_stats(c->prod(&x), &rep);
+		printf("%s %s (%.2f s; producer's worst poll %.2f ms)\n",
+		       ok ? "ok  " : "FAIL", c->name, rt_now() - t0,
+		       rep.worst_ns / 1e6);
+		if (ok)
+			pass++;
+		else
+			fail++;
+	}
+	(void)prod_cmd(&x.p1, C_STOP, 0, 0, 0, &rep);
+	(void)prod_cmd(&x.p2, C_STOP, 0, 0, 0, &rep);
+	pids[0] = x.p1.pid;
+	pids[1] = x.p2.pid;
+	if (rt_wait(pids, 2, rt_now() + 30, "producer"))
+		fail++;
+	printf("%u passed, %u failed\n", pass, fail);
+	return fail ? 1 : 0;
+}
