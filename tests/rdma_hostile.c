@@ -795,7 +795,10 @@ static int raw_slow(const struct rt_env *env, void *arg)
 	return 0;
 }
 
-static int case_slow(const struct rt_env *env, struct ctx *x)
+/* Runs fn (a raw child holding connections) and, once it says it is
+ * ready, a good consumer from `src`; both must succeed. */
+static int during_raw(const struct rt_env *env, struct ctx *x,
+		      int (*fn)(const struct rt_env *, void *), const char *src)
 {
 	struct slow s = { .port = x->p1.port };
 	int fds[2], ret = -1;
@@ -809,16 +812,21 @@ static int case_slow(const struct rt_env *env, struct ctx *x)
 	pid = fork();
 	if (pid == 0) {
 		alarm(60);
-		RT_EXIT(raw_slow(env, &s));
+		RT_EXIT(fn(env, &s));
 	}
 	close(fds[1]);
 	if (pid > 0 && read(fds[0], &c, 1) == 1 &&
-	    !serve_good(env, x, &x->p1, env->addr0, NULL, 1))
+	    !serve_good(env, x, &x->p1, src, NULL, 1))
 		ret = 0;
-	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "slow blob"))
+	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "raw child"))
 		ret = -1;
 	close(fds[0]);
 	return ret;
+}
+
+static int case_slow(const struct rt_env *env, struct ctx *x)
+{
+	return during_raw(env, x, raw_slow, env->addr0);
 }
 
 /* Notifications of the hostile engine: replayed after expiry and after
@@ -994,33 +1002,13 @@ static int raw_idle(const struct rt_env *env, void *arg)
 
 static int case_idle(const struct rt_env *env, struct ctx *x)
 {
-	struct slow s = { .port = x->p1.port };
 	const char *who = "idle";
-	int fds[2], ret = -1;
-	pid_t pid;
-	char c;
 
 	CHECK(env->addr1, "needs KVP_ADDR1 (--devices 2)");
-	if (pipe(fds))
-		return -1;
-	s.ready_fd = fds[1];
-	fflush(NULL);
-	pid = fork();
-	if (pid == 0) {
-		alarm(60);
-		RT_EXIT(raw_idle(env, &s));
-	}
-	close(fds[1]);
-	if (pid > 0 && read(fds[0], &c, 1) == 1 &&
-	    !serve_good(env, x, &x->p1, env->addr1, NULL, 1))
-		ret = 0;
-	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "idle"))
-		ret = -1;
-	close(fds[0]);
-	/* Slots of addr0 are free again. */
-	if (!ret && serve_good(env, x, &x->p1, env->addr0, NULL, 1))
-		ret = -1;
-	return ret;
+	CHECK(!during_raw(env, x, raw_idle, env->addr1),
+	      "served from another address");
+	/* The address's slots are free again. */
+	return serve_good(env, x, &x->p1, env->addr0, NULL, 1);
 }
 
 /* Secrets: P2 has one. */
