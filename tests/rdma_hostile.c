@@ -455,9 +455,10 @@ static void raw_close(struct raw *r)
 /* Connects with a hand-made hello (blob_len, flags as given). Returns 0
  * when accepted (the producer's hello in r->hello_p), the refusal's -errno
  * when rejected with a reason, another negative code otherwise. */
-static int raw_connect(struct raw *r, const char *src, const char *dst,
-		       uint16_t port, uint64_t engine, uint32_t blob_len,
-		       uint32_t flags, size_t bloblen_alloc)
+static int raw_connect_as(struct raw *r, const char *src, const char *dst,
+			  uint16_t port, uint64_t engine, uint32_t tp,
+			  uint32_t rank, uint32_t blob_len, uint32_t flags,
+			  size_t bloblen_alloc)
 {
 	struct sockaddr_in s = { .sin_family = AF_INET };
 	struct sockaddr_in d = { .sin_family = AF_INET };
@@ -500,8 +501,8 @@ static int raw_connect(struct raw *r, const char *src, const char *dst,
 	put32(r->hello_c, W_HELLO_MAGIC);
 	r->hello_c[4] = 2; /* version */
 	r->hello_c[6] = KVP_ROLE_CONSUMER;
-	put32(r->hello_c + 8, 1);  /* TP size */
-	put32(r->hello_c + 12, 0); /* rank */
+	put32(r->hello_c + 8, tp);
+	put32(r->hello_c + 12, rank);
 	put32(r->hello_c + 16, blob_len);
 	put32(r->hello_c + 20, flags);
 	put64(r->hello_c + 24, engine);
@@ -528,6 +529,15 @@ static int raw_connect(struct raw *r, const char *src, const char *dst,
 	memcpy(r->hello_p, pd, W_HELLO_LEN);
 	r->established = 1;
 	return 0;
+}
+
+/* As rank 0 of TP 1. */
+static int raw_connect(struct raw *r, const char *src, const char *dst,
+		       uint16_t port, uint64_t engine, uint32_t blob_len,
+		       uint32_t flags, size_t bloblen_alloc)
+{
+	return raw_connect_as(r, src, dst, port, engine, 1, 0, blob_len, flags,
+			      bloblen_alloc);
 }
 
 static int raw_post_recv(struct raw *r, uint32_t off, uint32_t len)
@@ -624,22 +634,26 @@ static int raw_blob(struct raw *r, const void *blob, uint32_t len)
 	return 0;
 }
 
-/* A full handshake as consumer engine `engine`, rank 0 of TP 1. */
+/* A full handshake as rank `rank` of TP `tp` of consumer engine `engine`,
+ * with that rank's true blob. */
 static int raw_join(struct raw *r, const struct rt_env *env, uint16_t port,
-		   uint64_t engine)
+		   uint64_t engine, uint32_t tp, uint32_t rank)
 {
-	kvp_layout *l = rt_layout_engine(&eng, 0, 0, engine);
+	struct rt_case c = eng;
+	kvp_layout *l;
 	uint8_t blob[4096];
 	size_t len = 0;
 	int err;
 
+	c.D = tp;
+	l = rt_layout_engine(&c, 0, rank, engine);
 	if (!l || kvp_meta_encode(l, blob, sizeof(blob), &len)) {
 		kvp_layout_destroy(l);
 		return -ENOMEM;
 	}
 	kvp_layout_destroy(l);
-	err = raw_connect(r, env->addr0, env->addr0, port, engine,
-			  (uint32_t)len, 0, 4096);
+	err = raw_connect_as(r, env->addr0, env->addr0, port, engine, tp, rank,
+			     (uint32_t)len, 0, 4096);
 	if (!err)
 		err = raw_auth(r, NULL);
 	if (!err)
@@ -831,11 +845,36 @@ static int case_slow(const struct rt_env *env, struct ctx *x)
 
 /* Notifications of the hostile engine: replayed after expiry and after
  * release, for another engine's id, and a flood of random ids. */
-enum { R_EXPIRED, R_RELEASED, R_CROSS, R_FLOOD };
+enum { R_EXPIRED, R_RELEASED, R_CROSS, R_FLOOD, R_DUP };
 struct evil {
 	uint16_t port;
 	int what;
 };
+
+#define H_WIDE 0x57494445ull /* "WIDE": a TP 128 consumer engine */
+
+/* Rank 100 of a TP 128 engine notifies (WIDE, 502) twice: the second is a
+ * duplicate (ranks past 64 are checked too). A second rank of that engine
+ * claiming TP 1 is refused: an engine's ranks must agree. */
+static int raw_dup(const struct rt_env *env, uint16_t port)
+{
+	const char *who = "duplicate rank";
+	uint64_t ids[2] = { 502, 502 };
+	struct raw r, r2;
+	int err;
+
+	err = raw_join(&r, env, port, H_WIDE, 128, 100);
+	CHECK(!err, "join: %s", kvp_strerror(err));
+	err = raw_notes(&r, H_WIDE, 100, ids, 2);
+	CHECK(!err, "notes: %s", kvp_strerror(err));
+	err = raw_join(&r2, env, port, H_WIDE, 1, 0);
+	raw_close(&r2);
+	CHECK(err == -EPROTO, "TP 1 rank of a TP 128 engine: %s, want -EPROTO",
+	      kvp_strerror(err));
+	usleep(200000);
+	raw_close(&r);
+	return 0;
+}
 
 static int raw_evil(const struct rt_env *env, void *arg)
 {
@@ -846,7 +885,9 @@ static int raw_evil(const struct rt_env *env, void *arg)
 	uint32_t i;
 	int err;
 
-	err = raw_join(&r, env, e->port, H_EVIL);
+	if (e->what == R_DUP)
+		return raw_dup(env, e->port);
+	err = raw_join(&r, env, e->port, H_EVIL, 1, 0);
 	CHECK(!err, "join: %s", kvp_strerror(err));
 	switch (e->what) {
 	case R_EXPIRED:
@@ -914,6 +955,20 @@ static int case_replay(const struct rt_env *env, struct ctx *x)
 	err = prod_cmd(&x->p1, C_EXPECT, H_EVIL, 501, 60000, &rep);
 	CHECK(err == -EALREADY, "expect after release: %s, want -EALREADY",
 	      kvp_strerror(err));
+	/* A duplicate from rank 100 of 128 is not counted twice. */
+	CHECK(!prod_cmd(&x->p1, C_EXPECT, H_WIDE, 502, 60000, &rep), "expect");
+	CHECK(!case_stats(&x->p1, &st0), "stats");
+	e.what = R_DUP;
+	CHECK(!run_child(raw_evil, env, &e, 60), "hostile child");
+	CHECK(!case_stats(&x->p1, &st1), "stats");
+	CHECK(st1.st.notes_recv == st0.st.notes_recv + 1 &&
+		      st1.st.notes_dropped == st0.st.notes_dropped + 1,
+	      "rank 100's duplicate counted (%llu received, %llu dropped)",
+	      (unsigned long long)(st1.st.notes_recv - st0.st.notes_recv),
+	      (unsigned long long)(st1.st.notes_dropped -
+				   st0.st.notes_dropped));
+	CHECK(prod_cmd(&x->p1, C_WAIT, H_WIDE, 502, 300, &rep) == -ETIMEDOUT,
+	      "(WIDE, 502) released by one rank of 128");
 	return serve_good(env, x, &x->p1, env->addr0, NULL, 1);
 }
 
@@ -1079,7 +1134,8 @@ static struct h_prod *on_p2(struct ctx *x)
 static const struct h_case cases[] = {
 	{ "short and oversized blob lengths", case_lengths, on_p1 },
 	{ "slow blob and huge garbage blob", case_slow, on_p1 },
-	{ "notification replay after expiry and release", case_replay, on_p1 },
+	{ "notification replay after expiry and release, duplicates",
+	  case_replay, on_p1 },
 	{ "cross-engine id collision", case_cross, on_p1 },
 	{ "notification flood with random ids", case_flood, on_p1 },
 	{ "idle connections holding every slot of an address", case_idle,
