@@ -600,7 +600,10 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  * polls completions and, at most once per millisecond, reads the rdma_cm
  * channel without blocking; its cold paths (a producer accepting a consumer
  * rank, a connection failing or being torn down) register memory and create
- * or destroy queue pairs.
+ * or destroy queue pairs. What one call does is bounded whatever peers send:
+ * at most 256 completions, one accepted connection (one QP created), one
+ * received blob decoded and checked, 16 rdma_cm events, and a scan of the
+ * request table when a deadline passed.
  */
 
 typedef struct kvp_agent kvp_agent;

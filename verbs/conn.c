@@ -477,10 +477,14 @@ void kvp__cm_process(kvp_agent *a, int budget)
 		kvp__ack_event(ev);
 
 		if (type == RDMA_CM_EVENT_CONNECT_REQUEST) {
-			if (a->role == KVP_ROLE_PRODUCER && a->listening)
-				kvp__accept_conn(a, id, pdata, plen, rr);
-			else
+			if (a->role != KVP_ROLE_PRODUCER || !a->listening) {
 				kvp__destroy_id(id);
+				continue;
+			}
+			/* A QP's creation is the dearest thing a peer can
+			 * ask of a poll: one per call. Refusals are cheap. */
+			if (kvp__accept_conn(a, id, pdata, plen, rr))
+				return;
 			continue;
 		}
 		if (!id || !id->context)

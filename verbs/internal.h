@@ -532,9 +532,11 @@ KVP_HIDDEN int kvp__refusal_errno(int32_t err);
 KVP_HIDDEN int kvp__cm_errno(enum rdma_cm_event_type t);
 
 /* listen.c: the producer's connections */
-KVP_HIDDEN void kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
-				 const uint8_t *pdata, uint32_t plen,
-				 uint8_t responder_resources);
+/* Returns 1 when it set up a connection slot (a QP), 0 when it refused
+ * the request outright. */
+KVP_HIDDEN int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
+				const uint8_t *pdata, uint32_t plen,
+				uint8_t responder_resources);
 KVP_HIDDEN void kvp__producer_event(kvp_agent *a, struct kvp_conn *c,
 				    enum rdma_cm_event_type type);
 KVP_HIDDEN void kvp__producer_wc(kvp_agent *a, struct kvp_conn *c,

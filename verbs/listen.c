@@ -127,8 +127,8 @@ static struct kvp_conn *slot_for(kvp_agent *a, const uint8_t *src, int *err)
 	return *err ? NULL : free_slot;
 }
 
-void kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
-		      const uint8_t *pdata, uint32_t plen, uint8_t rr)
+int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
+		     const uint8_t *pdata, uint32_t plen, uint8_t rr)
 {
 	uint8_t pd[KVP_HELLO_ACCEPT_LEN], src[16];
 	struct rdma_conn_param param;
@@ -143,22 +143,22 @@ void kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 	    h.blob_len < KVP_META_MIN_LEN || h.blob_len > a->peer_blob_cap ||
 	    kvp__peer_addr(id, src)) {
 		reject(a, id, -EPROTO);
-		return;
+		return 0;
 	}
 	if (!a->secret != !(h.flags & KVP_HELLO_AUTH)) {
 		reject(a, id, -EPERM);
-		return;
+		return 0;
 	}
 	/* Refused while too many DISCONNECTED events wait to be polled:
 	 * that bounds the event queue. */
 	if (kvp__ev_room(a) <= (int)(a->max_inflight + a->max_peers)) {
 		reject(a, id, -EBUSY);
-		return;
+		return 0;
 	}
 	c = slot_for(a, src, &err);
 	if (!c) {
 		reject(a, id, err);
-		return;
+		return 0;
 	}
 	c->id = id;
 	c->rank = h.tp_rank;
@@ -205,13 +205,14 @@ void kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 	if (kvp__accept(id, &param))
 		goto err_conn;
 	c->drain_deadline = kvp__now_ns() + a->handshake_ns;
-	return;
+	return 1;
 
 err_conn:
 	/* kvp__conn_release() destroys the id with the rest. */
 	(void)kvp__reject(id, NULL, 0);
 	a->st.refused++;
 	kvp__conn_release(a, c);
+	return 1;
 }
 
 /* Answers a consumer it will not serve with a refusal instead of its blob
