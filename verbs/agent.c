@@ -248,6 +248,7 @@ void kvp_agent_close(kvp_agent *a)
 	kvp_plan_destroy(a->plan);
 	kvp__dereg_mr(a->blob_mr);
 	free(a->blob);
+	kvp__ctl_free(a); /* MRs before their PD */
 	kvp__destroy_cq(a->cq);
 	for (i = 0; i < a->li.nregions; i++)
 		kvp__dereg_mr(a->mrs[i]);
@@ -256,7 +257,6 @@ void kvp_agent_close(kvp_agent *a)
 	kvp__free_devices(a->devs);
 	kvp__destroy_event_channel(a->ech);
 	kvp_layout_destroy(a->layout);
-	kvp__ctl_free(a);
 	free(a->evq);
 	kvp__serve_free(a);
 	secret_free(a);
