@@ -106,6 +106,7 @@ unit: $(UNIT_BIN) build/header-check
 	for t in $(UNIT_BIN); do \
 		if $$t; then pass=$$((pass+1)); else fail=$$((fail+1)); echo "FAILED: $$t"; fi; \
 	done; \
+	if CC='$(CC)' sh tests/check_strerror.sh .; then pass=$$((pass+1)); else fail=$$((fail+1)); echo "FAILED: tests/check_strerror.sh"; fi; \
 	echo "unit programs: $$pass passed, $$fail failed"; test $$fail -eq 0
 
 check-tool: build/tools/kvpull-plan

@@ -160,9 +160,13 @@ KVP_API KVP_MUST_CHECK int kvp_shard_range(uint32_t total, uint32_t tp_size,
 					   uint32_t rank, uint32_t *start,
 					   uint32_t *len);
 
+/* The largest TP size a layout may have (a bound on the ranks a plan or a
+ * handshake ever walks, whatever a peer claims). */
+#define KVP_MAX_TP_SIZE 1024
+
 /* Creates an empty layout for one rank of an engine. Returns 0 and a layout
- * owned by the caller (kvp_layout_destroy()), -EINVAL if tp_rank >= tp_size
- * or tp_size is 0, -ENOMEM. */
+ * owned by the caller (kvp_layout_destroy()), -EINVAL if tp_rank >= tp_size,
+ * tp_size is 0 or tp_size > KVP_MAX_TP_SIZE, -ENOMEM. */
 KVP_API KVP_MUST_CHECK int kvp_layout_create(const struct kvp_layout_attr *attr,
 					     kvp_layout **out);
 
@@ -247,6 +251,13 @@ KVP_API KVP_MUST_CHECK int kvp_layout_get_region_key(const kvp_layout *layout,
 
 #define KVP_META_VERSION 1
 
+/* The length of the shortest blob kvp_meta_decode() can accept: a header
+ * (56 bytes) and one group (8), one region (24), one view (32) and one field
+ * (128) record, since a layout without a field is refused. kvp_meta_decode()
+ * refuses any shorter input with -EMSGSIZE before reading it; a transport
+ * may refuse a peer-declared length below it just as early. */
+#define KVP_META_MIN_LEN 248
+
 /* Encodes `layout` into buf[cap]. Returns 0 and the blob length in *len;
  * -EMSGSIZE when cap is too small (then *len receives the size needed and
  * buf is untouched); -EINVAL. buf may be NULL with cap 0 to query the size. */
@@ -255,8 +266,11 @@ KVP_API KVP_MUST_CHECK int kvp_meta_encode(const kvp_layout *layout, void *buf,
 
 /* Decodes a blob. Returns 0 and a new layout owned by the caller; -EPROTO
  * for anything malformed (bad magic, unknown version, a length that does not
- * add up, an invalid group, view or field, a hash that does not match);
- * -EMSGSIZE for a truncated blob; -ENOMEM. Never reads past buf[len]. */
+ * add up, a TP size above KVP_MAX_TP_SIZE or a rank not below it, no field,
+ * an invalid group, view or field, a hash that does not match); -EMSGSIZE
+ * for a truncated blob or any len below KVP_META_MIN_LEN; -ENOMEM. Never
+ * reads past buf[len]; time and memory are linear in len. A layout without
+ * a field encodes, but its blob does not decode. */
 KVP_API KVP_MUST_CHECK int kvp_meta_decode(const void *buf, size_t len,
 					   kvp_layout **out);
 
@@ -336,6 +350,11 @@ KVP_API KVP_MUST_CHECK int kvp_model_preset(const char *name,
 /* Name of the i-th preset, or NULL past the last. Static strings. */
 KVP_API const char *kvp_model_preset_name(uint32_t i);
 
+/* The most layers (m->layers + m->state_layers) kvp_layout_build() and
+ * spec files accept: far above any model's, low enough that a hostile spec
+ * cannot make a layout of millions of regions. */
+#define KVP_MAX_LAYERS 4096
+
 /* Builds the layout of one rank of an engine running model `m`.
  *
  * Groups, in order: full attention (or MLA) if any full layers, sliding
@@ -351,15 +370,19 @@ KVP_API const char *kvp_model_preset_name(uint32_t i);
  *
  * Returns 0 and a layout owned by the caller, -EINVAL when the numbers do
  * not make a layout (TP size neither dividing nor divided by the KV heads or
- * a sharded state dimension, kernel block size not dividing the block size,
- * zeros, sizes overflowing), -ENOMEM. */
+ * a sharded state dimension, or above KVP_MAX_TP_SIZE; kernel block size not
+ * dividing the block size; more than KVP_MAX_LAYERS layers; zeros; sizes
+ * overflowing), -ENOMEM. Time and memory are linear in the layers. */
 KVP_API KVP_MUST_CHECK int kvp_layout_build(const struct kvp_model *m,
 					    const struct kvp_engine_desc *e,
 					    kvp_layout **out);
 
 /* Builds a layout from a text spec (see README, "Spec files"). On failure
  * returns -EINVAL (or -ENOMEM, -ENOENT for an unknown preset) and, if `msg`
- * is not NULL, a one-line reason with the line number in msg[msglen]. */
+ * is not NULL, a one-line reason with the line number in msg[msglen]. The
+ * limits are kvp_layout_build()'s and the builders': tp_size at most
+ * KVP_MAX_TP_SIZE, layers + state_layers at most KVP_MAX_LAYERS. Time is
+ * linear in len and in the layers. */
 KVP_API KVP_MUST_CHECK int kvp_layout_parse(const char *text, size_t len,
 					    kvp_layout **out, char *msg,
 					    size_t msglen);

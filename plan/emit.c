@@ -217,7 +217,8 @@ static void emit_simple(struct live *v, const struct cursor *c,
 	const struct kvp_piece *q;
 	uint32_t k;
 
-	lids -= k0;
+	/* Local block k - k0 pairs with remote block k. Index rather than
+	 * move lids back by k0: a pointer before the array is undefined. */
 	if (pe - pc == 1) {
 		const uint64_t ro0 = rv->offset + pc->roff;
 		const uint64_t lo0 = lv->offset + pc->loff;
@@ -225,12 +226,13 @@ static void emit_simple(struct live *v, const struct cursor *c,
 
 		for (k = k0; k < k1; k++)
 			live_put(v, c, ro0 + (uint64_t)rids[k] * rs,
-				 lo0 + (uint64_t)lids[k] * ls, len, rreg, lreg);
+				 lo0 + (uint64_t)lids[k - k0] * ls, len, rreg,
+				 lreg);
 		return;
 	}
 	for (k = k0; k < k1; k++) {
 		uint64_t rb = rv->offset + (uint64_t)rids[k] * rs;
-		uint64_t lb = lv->offset + (uint64_t)lids[k] * ls;
+		uint64_t lb = lv->offset + (uint64_t)lids[k - k0] * ls;
 
 		for (q = pc; q < pe; q++)
 			live_put(v, c, rb + q->roff, lb + q->loff, q->len,

@@ -27,6 +27,12 @@ struct kvp_layout {
 	struct kvp_field *fields;
 	uint32_t ngroups, nregions, nviews, nfields;
 	uint32_t cap_groups, cap_regions, cap_views, cap_fields;
+	/* Open-addressed set of the fields' (group, layer, kind) keys, so a
+	 * duplicate is found in O(1) and a decode stays linear: slot = field
+	 * index + 1, 0 when free; nslots is 0 or a power of two above twice
+	 * nfields. */
+	uint32_t *fslots;
+	uint32_t nslots;
 };
 
 /* A piece template, relative to the pages of one period. */

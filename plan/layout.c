@@ -30,7 +30,7 @@ int kvp_layout_create(const struct kvp_layout_attr *attr, kvp_layout **out)
 	kvp_layout *l;
 
 	if (!attr || !out || attr->comp_mask || !attr->tp_size ||
-	    attr->tp_rank >= attr->tp_size || attr->tp_size > UINT16_MAX)
+	    attr->tp_rank >= attr->tp_size || attr->tp_size > KVP_MAX_TP_SIZE)
 		return -EINVAL;
 	l = calloc(1, sizeof(*l));
 	if (!l)
@@ -50,6 +50,7 @@ void kvp_layout_destroy(kvp_layout *l)
 	free(l->rkey);
 	free(l->views);
 	free(l->fields);
+	free(l->fslots);
 	free(l);
 }
 
@@ -86,7 +87,9 @@ int kvp_layout_clone(const kvp_layout *l, kvp_layout **out)
 	    dup_array((void **)&c->views, l->views, l->nviews,
 		      sizeof(*l->views)) ||
 	    dup_array((void **)&c->fields, l->fields, l->nfields,
-		      sizeof(*l->fields))) {
+		      sizeof(*l->fields)) ||
+	    dup_array((void **)&c->fslots, l->fslots, l->nslots,
+		      sizeof(*l->fslots))) {
 		kvp_layout_destroy(c);
 		return -ENOMEM;
 	}
@@ -94,6 +97,7 @@ int kvp_layout_clone(const kvp_layout *l, kvp_layout **out)
 	c->nregions = c->cap_regions = l->nregions;
 	c->nviews = c->cap_views = l->nviews;
 	c->nfields = c->cap_fields = l->nfields;
+	c->nslots = l->nslots;
 	*out = c;
 	return 0;
 }
@@ -207,6 +211,74 @@ static uint64_t field_extent(const struct kvp_field_desc *f)
 	return end;
 }
 
+/* ---- the (group, layer, kind) set of the fields ---- */
+
+static uint32_t field_hash(uint32_t group, uint32_t layer, uint32_t kind)
+{
+	uint64_t k = (uint64_t)layer << 32 | group << 8 | kind;
+
+	k ^= k >> 33;
+	k *= 0xff51afd7ed558ccdull;
+	k ^= k >> 33;
+	return (uint32_t)k;
+}
+
+static uint32_t field_slot_hash(const kvp_layout *l, uint32_t i)
+{
+	const struct kvp_view_desc *v = &l->views[l->fields[i].view];
+
+	return field_hash(v->group, v->layer, l->fields[i].d.kind);
+}
+
+/* Whether a field of (group, layer, kind) exists. Expected O(1). */
+static int field_find(const kvp_layout *l, uint32_t group, uint32_t layer,
+		      uint32_t kind)
+{
+	uint32_t mask = l->nslots - 1, h, s;
+
+	if (!l->nslots)
+		return 0;
+	for (h = field_hash(group, layer, kind) & mask; (s = l->fslots[h]);
+	     h = (h + 1) & mask) {
+		const struct kvp_field *f = &l->fields[s - 1];
+		const struct kvp_view_desc *v = &l->views[f->view];
+
+		if (v->group == group && v->layer == layer && f->d.kind == kind)
+			return 1;
+	}
+	return 0;
+}
+
+static void field_insert(uint32_t *slots, uint32_t nslots, uint32_t h,
+			 uint32_t i)
+{
+	for (h &= nslots - 1; slots[h]; h = (h + 1) & (nslots - 1))
+		;
+	slots[h] = i + 1;
+}
+
+/* Makes room in the set for field index l->nfields, keeping the load at
+ * most one half. Unchanged on failure. */
+static int field_index_grow(kvp_layout *l)
+{
+	uint32_t n, i, *slots;
+
+	if ((uint64_t)(l->nfields + 1) * 2 <= l->nslots)
+		return 0;
+	n = l->nslots ? l->nslots * 2 : 16;
+	if (!n || n > UINT32_MAX / 4)
+		return -ENOMEM;
+	slots = calloc(n, sizeof(*slots));
+	if (!slots)
+		return -ENOMEM;
+	for (i = 0; i < l->nfields; i++)
+		field_insert(slots, n, field_slot_hash(l, i), i);
+	free(l->fslots);
+	l->fslots = slots;
+	l->nslots = n;
+	return 0;
+}
+
 static int check_field(const kvp_layout *l, uint32_t view,
 		       const struct kvp_field_desc *f)
 {
@@ -253,13 +325,8 @@ static int check_field(const kvp_layout *l, uint32_t view,
 	if (__builtin_add_overflow(last, ext, &last) ||
 	    last > l->regions[v->region])
 		return -EINVAL;
-	for (i = 0; i < l->nfields; i++) {
-		const struct kvp_view_desc *o = &l->views[l->fields[i].view];
-
-		if (o->group == v->group && o->layer == v->layer &&
-		    l->fields[i].d.kind == f->kind)
-			return -EINVAL;
-	}
+	if (field_find(l, v->group, v->layer, f->kind))
+		return -EINVAL;
 	return 0;
 }
 
@@ -274,10 +341,13 @@ int kvp_layout_add_field(kvp_layout *l, uint32_t view,
 	if (err)
 		return err;
 	if (grow((void **)&l->fields, &l->cap_fields, l->nfields,
-		 sizeof(*l->fields)))
+		 sizeof(*l->fields)) ||
+	    field_index_grow(l))
 		return -ENOMEM;
 	l->fields[l->nfields].d = *f;
 	l->fields[l->nfields].view = view;
+	field_insert(l->fslots, l->nslots, field_slot_hash(l, l->nfields),
+		     l->nfields);
 	l->nfields++;
 	return 0;
 }

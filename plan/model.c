@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* Model presets and the layouts of the engines that run them. */
 #include <errno.h>
+#include <stdarg.h>
 #include <string.h>
 #include <strings.h>
 
@@ -181,26 +182,38 @@ static void kv_page_fields(uint32_t kv_layout, const struct geom *g,
 	}
 }
 
-/* Layer number of the k-th full (or sliding) layer: full layers are spread
- * evenly, layer i being full when floor((i + 1) * full / layers) steps up
- * (Gemma 3: every 6th; Gemma 2: every 2nd). */
-static uint32_t layer_of(const struct kvp_model *m, int sliding, uint32_t k)
+/* Whether layer i is a sliding-window one: full layers are spread evenly,
+ * layer i being full when floor((i + 1) * full / layers) steps up (Gemma 3:
+ * every 6th; Gemma 2: every 2nd). O(1), so building stays linear in the
+ * layers. */
+static int is_sliding(const struct kvp_model *m, uint32_t i)
 {
-	uint32_t full = m->layers - m->sliding_layers, i, seen = 0;
+	uint32_t full = m->layers - m->sliding_layers;
 
 	if (!m->sliding_layers || !full)
-		return k;
-	for (i = 0; i < m->layers; i++) {
-		int is_full = (uint64_t)(i + 1) * full / m->layers !=
-			      (uint64_t)i * full / m->layers;
-
-		if (is_full != sliding && seen++ == k)
-			return i;
-	}
-	return k;
+		return !full;
+	return (uint64_t)(i + 1) * full / m->layers ==
+	       (uint64_t)i * full / m->layers;
 }
 
 /* ---- state layers ---- */
+
+/* *out = the product of n u32 factors; 0 (out unspecified) when it does
+ * not fit 64 bits. */
+static int mul_ok(uint64_t *out, int n, ...)
+{
+	uint64_t v = 1;
+	va_list ap;
+	int ok = 1;
+
+	va_start(ap, n);
+	while (n--)
+		ok &= !__builtin_mul_overflow(v, (uint64_t)va_arg(ap, uint32_t),
+					      &v);
+	va_end(ap);
+	*out = v;
+	return ok;
+}
 
 struct sgeom {
 	uint32_t kind, K, e, se, conv_layout;
@@ -217,6 +230,7 @@ struct sgeom {
 static int state_geom(const struct kvp_model *m,
 		      const struct kvp_engine_desc *e, struct sgeom *s)
 {
+	uint64_t part, ssm;
 	uint32_t i, start;
 
 	memset(s, 0, sizeof(*s));
@@ -259,13 +273,20 @@ static int state_geom(const struct kvp_model *m,
 		if (kvp_shard_range(s->part_total[i], e->tp_size, e->tp_rank,
 				    &start, &s->part_len[i]))
 			return -EINVAL;
-		s->conv_local += s->part_len[i] * s->part_unit[i];
+		if (!mul_ok(&part, 2, s->part_len[i], s->part_unit[i]) ||
+		    __builtin_add_overflow(s->conv_local, part,
+					   &s->conv_local))
+			return -EINVAL;
 	}
 	if (kvp_shard_range(s->s_total, e->tp_size, e->tp_rank, &start,
 			    &s->s_len))
 		return -EINVAL;
-	s->conv_bytes = (uint64_t)s->conv_local * s->K * s->e;
-	s->bytes = s->conv_bytes + (uint64_t)s->s_len * s->s_a * s->s_b * s->se;
+	/* Sizes come from the caller (or a spec): a product that wraps
+	 * would pass the size checks with a wrong value. */
+	if (!mul_ok(&s->conv_bytes, 3, s->conv_local, s->K, s->e) ||
+	    !mul_ok(&ssm, 4, s->s_len, s->s_a, s->s_b, s->se) ||
+	    __builtin_add_overflow(s->conv_bytes, ssm, &s->bytes))
+		return -EINVAL;
 	return 0;
 }
 
@@ -397,13 +418,14 @@ static int build_layers(kvp_layout *l, const struct kvp_model *m,
 				       (uint32_t)(e->num_blocks / ratio), f, 4);
 		return err;
 	}
+	/* One pass over the layers per group, in layer order. */
 	for (gi = 0; gi < ng && !err; gi++) {
 		int sliding = l->groups[groups[gi]].kind == KVP_GROUP_SLIDING;
-		uint32_t count = sliding ? m->sliding_layers : full;
+		uint32_t layer;
 
-		for (i = 0; i < count && !err; i++) {
-			uint32_t layer = layer_of(m, sliding, i);
-
+		for (layer = 0; layer < m->layers && !err; layer++) {
+			if (is_sliding(m, layer) != sliding)
+				continue;
 			if (m->mla_latent) {
 				init_field(&f[0], KVP_FIELD_LATENT, g, 0);
 				push_tokens(&f[0], g, hd);
@@ -427,7 +449,7 @@ int kvp_layout_build(const struct kvp_model *m,
 	struct sgeom sg = { 0 };
 	kvp_layout *l;
 	uint32_t start;
-	uint64_t page;
+	uint64_t page, bytes;
 	int err;
 
 	if (!m || !e || !out || m->comp_mask || e->comp_mask ||
@@ -436,7 +458,9 @@ int kvp_layout_build(const struct kvp_model *m,
 	    m->sliding_layers > m->layers ||
 	    m->state_kind >= KVP_STATE_KIND_COUNT ||
 	    (m->state_kind == KVP_STATE_NONE) != (m->state_layers == 0) ||
-	    (!m->layers && !m->state_layers))
+	    (!m->layers && !m->state_layers) ||
+	    m->layers > KVP_MAX_LAYERS ||
+	    m->state_layers > KVP_MAX_LAYERS - m->layers)
 		return -EINVAL;
 	g.kb = e->kernel_block_tokens ? e->kernel_block_tokens :
 					e->block_tokens;
@@ -459,13 +483,16 @@ int kvp_layout_build(const struct kvp_model *m,
 	}
 	if (m->state_layers && state_geom(m, e, &sg))
 		return -EINVAL;
-	page = (uint64_t)g.H * g.kb * g.D * g.e;
+	if (!mul_ok(&page, 4, g.H, g.kb, g.D, g.e) || page > UINT32_MAX)
+		return -EINVAL;
 	if (!m->mla_latent && (m->state_layers ||
 			       e->kv_layout == KVP_KV_FLASHINFER ||
 			       e->kv_layout == KVP_KV_PACKED))
 		page *= 2;
-	if (page * g.r > UINT32_MAX || sg.bytes > UINT32_MAX ||
-	    page * g.r * e->num_blocks / e->num_blocks != page * g.r)
+	/* page * g.r < 2^32 and num_blocks < 2^32: the region size (their
+	 * product) fits 64 bits. */
+	if (__builtin_mul_overflow(page, g.r, &bytes) || bytes > UINT32_MAX ||
+	    sg.bytes > UINT32_MAX)
 		return -EINVAL;
 	g.kpage = page;
 

@@ -20,7 +20,8 @@
  *   flash_nhd), conv_layout (ds or sd; ds)
  * The layout is kvp_layout_build()'s. block_tokens and num_blocks are
  * required; without a preset so are dtype_bytes, layers (or state_layers)
- * and either mla_latent or kv_heads and head_dim.
+ * and either mla_latent or kv_heads and head_dim. layers + state_layers is
+ * at most KVP_MAX_LAYERS (4096), tp_size at most KVP_MAX_TP_SIZE (1024).
  *
  * Explicit form, one builder call per line, ids counting from 0 in order:
  *   engine tp_size=N tp_rank=R engine_id=E      first, once (1, 0, 0)
@@ -47,6 +48,8 @@
 #include "internal.h"
 
 #define MAX_PAIRS 8
+#define KVP_STR_(x) #x
+#define KVP_STR(x) KVP_STR_(x)
 #define TOK_SHOW 40 /* characters of a word quoted in a message */
 
 struct tok {
@@ -545,6 +548,23 @@ static int model_build(struct parser *ps, const struct model_spec *s,
 		if (err)
 			return err;
 	}
+	if (m.layers > KVP_MAX_LAYERS ||
+	    m.state_layers > KVP_MAX_LAYERS - m.layers) {
+		ps->line = s->line[mkey_index(mkey_set(s, "layers") ?
+						      "layers" :
+						      "state_layers")];
+		if (!ps->line)
+			ps->line = end;
+		return fail(ps, -EINVAL,
+			    "layers + state_layers is %llu, above the limit of %u",
+			    (unsigned long long)m.layers + m.state_layers,
+			    KVP_MAX_LAYERS);
+	}
+	if (e.tp_size > KVP_MAX_TP_SIZE) {
+		ps->line = s->line[mkey_index("tp_size")];
+		return fail(ps, -EINVAL, "tp_size %u above the limit of %u",
+			    e.tp_size, KVP_MAX_TP_SIZE);
+	}
 	ps->line = end;
 	err = kvp_layout_build(&m, &e, out);
 	if (err == -ENOMEM)
@@ -578,7 +598,8 @@ static int do_engine(struct parser *ps, const struct tok *v, kvp_layout **l)
 	err = kvp_layout_create(&a, l);
 	if (err)
 		return rejected(ps, err, "engine",
-				"tp_size must be 1..65535 and tp_rank below it");
+				"tp_size must be 1.." KVP_STR(KVP_MAX_TP_SIZE)
+				" and tp_rank below it");
 	return 0;
 }
 
@@ -653,10 +674,13 @@ static int do_view(struct parser *ps, const struct tok *v, kvp_layout *l)
 static int dims_val(struct parser *ps, const struct tok *v,
 		    struct kvp_field_desc *f)
 {
-	const char *p = v->p, *e = v->p + v->n;
+	const char *p, *e;
 
+	/* An unset value has p == NULL: no arithmetic on it. */
 	if (!v->p)
 		return fail(ps, -EINVAL, "missing key 'dims'");
+	p = v->p;
+	e = v->p + v->n;
 	for (;;) {
 		const char *c = memchr(p, ',', (size_t)(e - p));
 		const char *end = c ? c : e, *q = p;

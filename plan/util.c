@@ -9,6 +9,9 @@ uint32_t kvp_version(void)
 	       KVP_VERSION_PATCH;
 }
 
+/* Every code a kvp_ call returns has its own message here (never "unknown
+ * error"): tests/check_strerror.sh fails the unit tests when plan/, verbs/
+ * or the header use a code this switch does not name. */
 const char *kvp_strerror(int err)
 {
 	switch (err) {
@@ -48,6 +51,34 @@ const char *kvp_strerror(int err)
 		return "I/O error (work completion failed)";
 	case -EBUSY:
 		return "busy";
+	case -EACCES:
+		return "access refused (remote access or protection error)";
+	case -EISCONN:
+		return "already connected";
+	case -ENXIO:
+		return "memory regions not registered";
+	case -EADDRINUSE:
+		return "address already in use";
+	case -EHOSTUNREACH:
+		return "host unreachable";
+	case -ENETUNREACH:
+		return "network unreachable (no route through this device)";
+	case -EADDRNOTAVAIL:
+		return "address not available (cannot resolve it on this device)";
+	case -ECONNABORTED:
+		return "connection aborted (connect error)";
+	case -EFAULT:
+		return "bad address (memory registration failed)";
+	case -EPERM:
+		return "authentication failed: wrong or missing shared secret";
+	case -ENOTSUP:
+		return "operation not supported";
+	case -EOVERFLOW:
+		return "value too large (count or size overflow)";
+	case -EUSERS:
+		return "too many connections from this peer or source";
+	case -E2BIG:
+		return "argument list too long (too many ids, ranks or regions)";
 	default:
 		return "unknown error";
 	}

@@ -77,6 +77,10 @@
 #define FIELD_DIMS_OFF 32u
 #define FIELD_LEN (FIELD_DIMS_OFF + KVP_MAX_DIMS * DIM_LEN)
 
+_Static_assert(KVP_META_MIN_LEN ==
+		       HDR_LEN + GROUP_LEN + REGION_LEN + VIEW_LEN + FIELD_LEN,
+	       "KVP_META_MIN_LEN is one record of each kind");
+
 static const uint8_t meta_magic[4] = { 'K', 'V', 'P', 'M' };
 
 static void put16(uint8_t *p, uint16_t v)
@@ -326,15 +330,13 @@ int kvp_meta_decode(const void *buf, size_t len, kvp_layout **out)
 
 	if (!out || (!buf && len))
 		return -EINVAL;
-	/* Enough to tell a kvpull blob of a known version from anything
-	 * else; only then is a short buffer a truncation. */
-	if (len < 8)
+	/* Nothing shorter can hold a layout we accept: refuse it unread, so
+	 * a transport's early length check and ours agree. */
+	if (len < KVP_META_MIN_LEN)
 		return -EMSGSIZE;
 	if (memcmp(p, meta_magic, sizeof(meta_magic)) ||
 	    get16(p + 4) != KVP_META_VERSION || get16(p + 6) != HDR_LEN)
 		return -EPROTO;
-	if (len < HDR_LEN)
-		return -EMSGSIZE;
 	total = get32(p + 8);
 	if (total < HDR_LEN || get32(p + 12))
 		return -EPROTO;
@@ -344,7 +346,9 @@ int kvp_meta_decode(const void *buf, size_t len, kvp_layout **out)
 		return -EPROTO;
 	for (i = 0; i < 4; i++)
 		count[i] = get32(p + 40 + 4 * i);
-	if (blob_len(count[0], count[1], count[2], count[3]) != total)
+	/* A field needs a view, a view a group and a region. */
+	if (!count[3] ||
+	    blob_len(count[0], count[1], count[2], count[3]) != total)
 		return -EPROTO;
 
 	hash = get64(p + 16);

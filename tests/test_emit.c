@@ -424,6 +424,50 @@ static void test_hits_and_tokens(void **state)
 	fix_close(&f);
 }
 
+/* A full prefix hit with no local list at all (NULL, 0), the way a caller
+ * with nothing to fill passes it: nothing read, no pointer made from the
+ * NULL list, src_end still written. Equal block sizes (one block a period)
+ * and 4 remote per 8 local tokens (several blocks a period); then the tail
+ * of a prefix hit, where local block 0 pairs with a later remote block. */
+static void test_full_hit_null_local(void **state)
+{
+	static const uint32_t r[] = { 7, 8, 9, 10 }, l[] = { 5 };
+	static const uint32_t shape[][2] = { { 4, 4 }, { 4, 8 } };
+	struct kvp_ids ids;
+	struct fix f;
+	struct out o;
+	uint32_t i;
+	int err;
+
+	(void)state;
+	for (i = 0; i < 2; i++) {
+		fix_open(&f, 2, 1, 1, 0, HND, HND, shape[i][0], 0,
+			 shape[i][1], 1);
+		ids = mkids(NULL, 0, r, 4, 0);
+		assert_int_equal(emit(&f, &ids, &o), 0);
+		assert_int_equal(o.src_end[0], 0);
+		out_canary(&o);
+		assert_int_equal(kvp_plan_emit(f.plan, &ids, o.wr, CAP, o.sge,
+					       CAP, NULL),
+				 0);
+		out_untouched(&o);
+		assert_int_equal(kvp_plan_emit(f.plan, &ids, NULL, 0, NULL, 0,
+					       NULL),
+				 0);
+		ids = mkids(NULL, 0, r, 4, 13);
+		assert_int_equal(emit(&f, &ids, &o), 0);
+		/* the last local block only: remote 10 (and 9 with 8-token
+		 * local blocks, a head at a time), K and V */
+		ids = mkids(l, 1, r, 4, 0);
+		err = emit(&f, &ids, &o);
+		assert_int_equal(err, i ? 8 : 2);
+		assert_int_equal(o.src_end[0], err);
+		assert_int_equal(o.wr[0].offset, i ? 9 * 64 : 10 * 64);
+		assert_int_equal(o.sge[0].offset, 5 * 64 * (i + 1));
+		fix_close(&f);
+	}
+}
+
 /* ---- rejections --------------------------------------------------------- */
 
 /* P=2 -> D=1, HND, max_sge 2 (see test_exact_tp): 4 WRs of 2 SGEs. */
@@ -1075,6 +1119,7 @@ int main(void)
 		cmocka_unit_test(test_exact_tp),
 		cmocka_unit_test(test_exact_block_ratio),
 		cmocka_unit_test(test_hits_and_tokens),
+		cmocka_unit_test(test_full_hit_null_local),
 		cmocka_unit_test(test_rejects),
 		cmocka_unit_test(test_coalescing_bound),
 		cmocka_unit_test(test_emit_bound),

@@ -127,8 +127,12 @@ static void test_create_rejects(void **state)
 	assert_int_equal(kvp_layout_create(&b, &l), -EINVAL);
 	b = a, b.tp_rank = UINT32_MAX;
 	assert_int_equal(kvp_layout_create(&b, &l), -EINVAL);
-	/* ranks are 16-bit in plans and on the wire */
+	/* ranks are 16-bit in plans and on the wire, and capped below that */
 	b = a, b.tp_size = 65536;
+	assert_int_equal(kvp_layout_create(&b, &l), -EINVAL);
+	b = a, b.tp_size = 65535, b.tp_rank = 65534;
+	assert_int_equal(kvp_layout_create(&b, &l), -EINVAL);
+	b = a, b.tp_size = KVP_MAX_TP_SIZE + 1, b.tp_rank = 0;
 	assert_int_equal(kvp_layout_create(&b, &l), -EINVAL);
 	assert_ptr_equal(l, SENTINEL);
 
@@ -139,8 +143,10 @@ static void test_create_rejects(void **state)
 	assert_int_equal(li.tp_rank, 1);
 	assert_int_equal(li.ngroups + li.nregions + li.nviews + li.nfields, 0);
 	kvp_layout_destroy(l);
-	b = a, b.tp_size = 65535, b.tp_rank = 65534;
+	b = a, b.tp_size = KVP_MAX_TP_SIZE, b.tp_rank = KVP_MAX_TP_SIZE - 1;
 	assert_int_equal(kvp_layout_create(&b, &l), 0);
+	kvp_layout_get_info(l, &li);
+	assert_int_equal(li.tp_size, KVP_MAX_TP_SIZE);
 	kvp_layout_destroy(l);
 	kvp_layout_destroy(NULL);
 }
@@ -568,6 +574,8 @@ static void test_clone(void **state)
 	kvp_layout *l, *c = SENTINEL, *e, *ce;
 	struct kvp_layout_attr a = { .engine_id = 9, .tp_size = 2 };
 	struct kvp_layout_info li, ci;
+	struct kvp_field_desc f;
+	struct kvp_view_desc v;
 	struct snap s;
 	uint32_t i, id;
 
@@ -595,6 +603,17 @@ static void test_clone(void **state)
 	assert_int_equal(kvp_layout_set_region_key(c, 0, 1, 1), 0);
 	kvp_layout_get_info(c, &ci);
 	assert_int_equal(ci.ngroups, li.ngroups + 1);
+	/* ... and knows its fields: a kind already in (group, layer) is
+	 * refused in the clone too, a new (group, layer) is not */
+	assert_int_equal(kvp_layout_get_field(c, ci.nfields - 1, &id, &f), 0);
+	assert_int_equal(kvp_layout_get_view(c, id, &v), 0);
+	assert_int_equal(kvp_layout_add_field(c, id, &f), -EINVAL);
+	v.layer = 1000;
+	assert_int_equal(kvp_layout_add_view(c, &v, &id), 0);
+	assert_int_equal(kvp_layout_add_field(c, id, &f), 0);
+	assert_int_equal(kvp_layout_add_field(c, id, &f), -EINVAL);
+	kvp_layout_get_info(c, &ci);
+	assert_int_equal(ci.nfields, li.nfields + 1);
 	snap_same(l, &s);
 	kvp_layout_destroy(c);
 
@@ -778,9 +797,32 @@ static void test_build_rejects(void **state)
 	build_rejected(&m, &e0, "more sliding layers than layers");
 	m = m0, m.state_layers = 2;
 	build_rejected(&m, &e0, "state layers without a state kind");
-	/* sizes overflowing a 32-bit page */
+	/* sizes overflowing a 32-bit page, or 64 bits on the way */
 	m = m0, m.head_dim = 1u << 24, e = e0, e.tp_size = 1, e.tp_rank = 0;
 	build_rejected(&m, &e, "4 GiB page");
+	m = m0, m.kv_heads = 1, m.head_dim = 1u << 31, m.dtype_bytes = 1u << 31;
+	e = e0, e.tp_size = 1, e.tp_rank = 0, e.block_tokens = 1u << 2;
+	build_rejected(&m, &e, "page of 2^64 bytes (wraps to 0)");
+	m = m0, m.kv_heads = 1, m.head_dim = 1u << 30, m.dtype_bytes = 1u << 31;
+	e = e0, e.tp_size = 1, e.tp_rank = 0, e.block_tokens = 1u << 4;
+	build_rejected(&m, &e, "page of 2^65 bytes (wraps to 0)");
+	assert_int_equal(kvp_model_preset("nemotron-h-8b", &m), 0);
+	m.ssm_state = 1u << 31, m.ssm_head_dim = 1u << 31;
+	e = e0, e.tp_size = 1, e.tp_rank = 0;
+	build_rejected(&m, &e, "SSM state of 2^64+ bytes");
+	assert_int_equal(kvp_model_preset("nemotron-h-8b", &m), 0);
+	m.ssm_heads = 1u << 31, m.ssm_head_dim = 4;
+	build_rejected(&m, &e, "conv channels past 32 bits");
+	/* layers: at most KVP_MAX_LAYERS, state layers included */
+	m = m0, m.layers = KVP_MAX_LAYERS + 1;
+	build_rejected(&m, &e0, "too many layers");
+	m = m0, m.layers = UINT32_MAX, m.sliding_layers = 2;
+	build_rejected(&m, &e0, "2^32 - 1 layers");
+	assert_int_equal(kvp_model_preset("nemotron-h-8b", &m), 0);
+	m.state_layers = KVP_MAX_LAYERS - m.layers + 1;
+	build_rejected(&m, &e0, "too many layers with the state ones");
+	m.state_layers = UINT32_MAX;
+	build_rejected(&m, &e0, "2^32 - 1 state layers");
 
 	/* what does build: replicated heads, kernel blocks, kernel == block */
 	e = e0, e.tp_size = 16, e.tp_rank = 15;
@@ -795,6 +837,64 @@ static void test_build_rejects(void **state)
 	e = e0, e.tp_size = 3, e.tp_rank = 2;
 	assert_int_equal(kvp_layout_build(&mla, &e, &l), 0);
 	kvp_layout_destroy(l);
+}
+
+/* Which layers go to the full and the sliding group, in view order: full
+ * layers spread evenly (layer i full when floor((i + 1) * full / layers)
+ * steps up), at the largest layer count too. */
+static int is_full(const struct kvp_model *m, uint32_t full, uint32_t i)
+{
+	return (uint64_t)(i + 1) * full / m->layers !=
+	       (uint64_t)i * full / m->layers;
+}
+
+static void check_layers(const struct kvp_model *m)
+{
+	struct kvp_engine_desc e = { .tp_size = 1, .block_tokens = 16,
+				     .num_blocks = 2 };
+	uint32_t full = m->layers - m->sliding_layers, i, next[2] = { 0, 0 };
+	struct kvp_layout_info li;
+	struct kvp_group_desc g;
+	struct kvp_view_desc v;
+	kvp_layout *l;
+
+	assert_int_equal(kvp_layout_build(m, &e, &l), 0);
+	kvp_layout_get_info(l, &li);
+	/* FLASH_NHD: K and V views per layer */
+	assert_int_equal(li.nviews, 2 * m->layers);
+	for (i = 0; i < li.nviews; i++) {
+		int s;
+
+		assert_int_equal(kvp_layout_get_view(l, i, &v), 0);
+		assert_int_equal(kvp_layout_get_group(l, v.group, &g), 0);
+		s = g.kind == KVP_GROUP_SLIDING;
+		/* the next layer of this kind */
+		while (next[s] < m->layers && is_full(m, full, next[s]) == s)
+			next[s]++;
+		assert_int_equal(v.layer, next[s]);
+		if (i & 1)
+			next[s]++;
+	}
+	assert_int_equal(next[0] <= m->layers && next[1] <= m->layers, 1);
+	kvp_layout_destroy(l);
+}
+
+static void test_layers(void **state)
+{
+	struct kvp_model m;
+
+	(void)state;
+	assert_int_equal(kvp_model_preset("gemma-2-9b", &m), 0);
+	check_layers(&m);
+	assert_int_equal(kvp_model_preset("gemma-3-12b", &m), 0);
+	check_layers(&m);
+	/* a spec of 95 bytes asked for 655,353 layers: the build was
+	 * quadratic in them; now refused, and the largest count builds in
+	 * linear time */
+	m.layers = KVP_MAX_LAYERS, m.sliding_layers = 2;
+	check_layers(&m);
+	m.sliding_layers = KVP_MAX_LAYERS - 3;
+	check_layers(&m);
 }
 
 /* ---- presets ------------------------------------------------------------ */
@@ -887,6 +987,7 @@ int main(void)
 		cmocka_unit_test(test_clone),
 		cmocka_unit_test(test_compat_hash),
 		cmocka_unit_test(test_build_rejects),
+		cmocka_unit_test(test_layers),
 		cmocka_unit_test(test_presets),
 	};
 

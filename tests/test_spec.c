@@ -482,6 +482,25 @@ struct bad {
 
 static const struct bad bad[] = {
 	/* model form */
+	/* 95 bytes that asked for 655,353 layers: quadratic, minutes */
+	{ "model = gemma-2-9b\nlayers = 655353\nsliding_layers = 2\n"
+	  "block_tokens = 16\nnum_blocks = 1024\n",
+	  -EINVAL, "line 2: ",
+	  "layers + state_layers is 655353, above the limit of 4096" },
+	{ "block_tokens = 16\nnum_blocks = 4\nmodel = gemma-2-9b\n"
+	  "sliding_layers = 2\nlayers = 4294967295\n",
+	  -EINVAL, "line 5: ",
+	  "layers + state_layers is 4294967295, above the limit of 4096" },
+	{ "model = nemotron-h-8b\nblock_tokens = 16\nnum_blocks = 64\n"
+	  "state_layers = 4093\n",
+	  -EINVAL, "line 4: ",
+	  "layers + state_layers is 4097, above the limit of 4096" },
+	{ LLAMA "block_tokens = 16\nnum_blocks = 64\ntp_size = 1025\n",
+	  -EINVAL, "line 4: ", "tp_size 1025 above the limit of 1024" },
+	/* an SSM state of 2^64 bytes wrapped to 0: division by zero */
+	{ "model = nemotron-h-8b\nblock_tokens = 16\nnum_blocks = 64\n"
+	  "ssm_state = 2147483648\nssm_head_dim = 2147483648\n",
+	  -EINVAL, "line 5: ", "the numbers make no layout" },
 	{ "layers = 2\nfoo = 1\n", -EINVAL, "line 2: ", "unknown key 'foo'" },
 	{ LLAMA "num_blocks = 12x\nblock_tokens = 16\n", -EINVAL, "line 2: ",
 	  "bad number '12x'" },
@@ -558,6 +577,10 @@ static const struct bad bad[] = {
 	  "expected engine, group, region, view or field, not 'regoin'" },
 	{ ENGINE "layers = 2\n", -EINVAL, "line 2: ",
 	  "expected engine, group, region, view or field, not 'layers'" },
+	{ "engine tp_size=1025\n", -EINVAL, "line 1: ",
+	  "engine rejected: tp_size must be 1..1024 and tp_rank below it" },
+	{ "engine tp_size=65535 tp_rank=1\n", -EINVAL, "line 1: ",
+	  "engine rejected: tp_size must be 1..1024" },
 	{ ENGINE "group kind=full block_tokens=16 foo=1\n", -EINVAL,
 	  "line 2: ", "unknown key 'foo' for group" },
 	{ ENGINE "group kind=full block_tokens\n", -EINVAL, "line 2: ",
@@ -675,6 +698,37 @@ static void test_rejections(void **state)
 	}
 }
 
+/* A field line without dims= did pointer arithmetic on NULL (undefined;
+ * clang's UBSan stops there): refused with its line, nothing returned. */
+static void test_field_without_dims(void **state)
+{
+	static const char *const text[] = {
+		VIEW "field view=0 kind=k elem=2\n",
+		VIEW "field view=0 kind=k elem=2 shard=0 total=8 offset=64\n",
+		VIEW "field view=0 kind=k elem=2 dims=token:16:2\n"
+		     "\n# comment\nfield view=0 kind=v elem=2\n",
+	};
+	static const char *const want[] = {
+		"line 5: missing key 'dims'",
+		"line 5: missing key 'dims'",
+		"line 8: missing key 'dims'",
+	};
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(text) / sizeof(text[0]); i++) {
+		kvp_layout *out = SENTINEL;
+		char msg[128];
+
+		memset(msg, 'x', sizeof(msg));
+		assert_int_equal(kvp_layout_parse(text[i], strlen(text[i]),
+						  &out, msg, sizeof(msg)),
+				 -EINVAL);
+		assert_string_equal(msg, want[i]);
+		assert_ptr_equal(out, SENTINEL);
+	}
+}
+
 static void test_bad_arguments(void **state)
 {
 	kvp_layout *out = SENTINEL;
@@ -761,6 +815,7 @@ int main(void)
 		cmocka_unit_test(test_explicit_hybrid),
 		cmocka_unit_test(test_numbers),
 		cmocka_unit_test(test_rejections),
+		cmocka_unit_test(test_field_without_dims),
 		cmocka_unit_test(test_bad_arguments),
 		cmocka_unit_test(test_unterminated),
 	};
