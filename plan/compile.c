@@ -1324,31 +1324,208 @@ void kvp_plan_destroy(kvp_plan *p)
 	free(p);
 }
 
-/* Compiles every consumer rank's plan against the producer and counts the
- * ranks whose notify list names `producer`: the count agrees with what the
- * consumers will send by construction, and a pair no plan exists for is
- * refused here exactly as kvp_plan_compile() refuses it. D compilations of
- * tens of microseconds each, once per peer engine at handshake. */
+/*
+ * kvp_notify_expected(): how many consumer ranks name `producer` in their
+ * notify list, without a compilation per consumer rank.
+ *
+ * kvp_plan_compile() sees the consumer rank c only through the start of c's
+ * shard of each sharded local field (kvp_shard_range(total, D, c)) and the
+ * replica c reads a replicated remote field from (c % P for an unsharded
+ * remote field, c % (P / total) for a remote field of fewer indices than
+ * ranks); the notify cover is added after planning. Ranks equal in all of
+ * those compile the same plan up to the cover, or fail the same way, so one
+ * compilation per class of ranks decides refusal (in rank order, so the
+ * error is the first failing rank's) and which producers a rank reads from.
+ * The classes are few: the key takes at most min(D, total) values per field
+ * shape (kv heads, SSM heads), times the replica counts. Refusal does depend
+ * on the rank in corner cases (a rank whose range crosses one more producer
+ * boundary than its neighbours' and hits a limit), which is why one
+ * compilation is not enough.
+ */
+struct ne_class {
+	uint64_t hash;
+	uint32_t rank; /* representative: the first rank of the class */
+	uint8_t reads; /* its plan reads from the producer */
+};
+
+struct ne_work {
+	const kvp_layout *prod, *cons;
+	uint32_t *tot, ntot; /* distinct local shard totals */
+	uint32_t *mod, nmod; /* distinct replica counts */
+	uint32_t *key, *key2;
+	struct ne_class *cls;
+	uint32_t ncls, cap_cls;
+	uint32_t *slot, nslot; /* hash table of class indices + 1 */
+};
+
+static int u32_cmp(const void *x, const void *y)
+{
+	uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+
+	return a < b ? -1 : a > b;
+}
+
+static uint32_t sort_unique(uint32_t *v, uint32_t n)
+{
+	uint32_t i, m = 0;
+
+	qsort(v, n, sizeof(*v), u32_cmp);
+	for (i = 0; i < n; i++)
+		if (!m || v[m - 1] != v[i])
+			v[m++] = v[i];
+	return m;
+}
+
+/* Collects the key's parts: the local shard totals, the replica counts. */
+static int ne_parts(struct ne_work *w)
+{
+	const kvp_layout *l = w->cons, *r = w->prod;
+	uint32_t P = r->attr.tp_size, i, t;
+
+	w->tot = malloc(((size_t)l->nfields + 1) * sizeof(*w->tot));
+	w->mod = malloc(((size_t)r->nfields + 1) * sizeof(*w->mod));
+	if (!w->tot || !w->mod)
+		return -ENOMEM;
+	for (i = 0; i < l->nfields; i++)
+		if (l->fields[i].d.shard_dim != KVP_NO_SHARD)
+			w->tot[w->ntot++] = l->fields[i].d.shard_total;
+	for (i = 0; i < r->nfields; i++) {
+		if (r->fields[i].d.shard_dim == KVP_NO_SHARD) {
+			w->mod[w->nmod++] = P;
+			continue;
+		}
+		t = r->fields[i].d.shard_total;
+		if (t && t % P && P % t == 0)
+			w->mod[w->nmod++] = P / t;
+	}
+	w->ntot = sort_unique(w->tot, w->ntot);
+	w->nmod = sort_unique(w->mod, w->nmod);
+	w->key = malloc(((size_t)w->ntot + w->nmod + 1) * sizeof(*w->key));
+	w->key2 = malloc(((size_t)w->ntot + w->nmod + 1) * sizeof(*w->key2));
+	return w->key && w->key2 ? 0 : -ENOMEM;
+}
+
+/* Writes rank c's key into k; returns its hash. */
+static uint64_t ne_key(const struct ne_work *w, uint32_t c, uint32_t *k)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+	uint32_t i, n = 0, len;
+
+	for (i = 0; i < w->ntot; i++) {
+		/* A total D does not divide fails every rank alike. */
+		if (kvp_shard_range(w->tot[i], w->cons->attr.tp_size, c,
+				    &k[n], &len))
+			k[n] = 0;
+		n++;
+	}
+	for (i = 0; i < w->nmod; i++)
+		k[n++] = c % w->mod[i];
+	for (i = 0; i < n; i++)
+		h = (h ^ k[i]) * 0x100000001b3ull;
+	return h;
+}
+
+static int ne_grow(struct ne_work *w)
+{
+	uint32_t n = w->nslot ? w->nslot * 2 : 64, i, s;
+	uint32_t *slot = calloc(n, sizeof(*slot));
+	void *a;
+
+	if (!slot)
+		return -ENOMEM;
+	for (i = 0; i < w->ncls; i++) {
+		for (s = (uint32_t)w->cls[i].hash & (n - 1); slot[s];
+		     s = (s + 1) & (n - 1))
+			;
+		slot[s] = i + 1;
+	}
+	free(w->slot);
+	w->slot = slot;
+	w->nslot = n;
+	a = realloc(w->cls, (size_t)(n / 2) * sizeof(*w->cls));
+	if (!a)
+		return -ENOMEM;
+	w->cls = a;
+	w->cap_cls = n / 2;
+	return 0;
+}
+
+/* Finds rank c's class, or compiles c's plan and makes one. */
+static int ne_class_of(struct ne_work *w, uint32_t c, uint32_t producer,
+		       const struct ne_class **out)
+{
+	uint32_t n = w->ntot + w->nmod, s, i;
+	uint64_t h = ne_key(w, c, w->key);
+	struct kvp_layout tmp;
+	struct ne_class *k;
+	kvp_plan *plan;
+	int err;
+
+	if (w->ncls == w->cap_cls) {
+		err = ne_grow(w);
+		if (err)
+			return err;
+	}
+	for (s = (uint32_t)h & (w->nslot - 1); w->slot[s];
+	     s = (s + 1) & (w->nslot - 1)) {
+		k = &w->cls[w->slot[s] - 1];
+		if (k->hash != h)
+			continue;
+		ne_key(w, k->rank, w->key2);
+		if (!memcmp(w->key, w->key2, n * sizeof(*w->key))) {
+			*out = k;
+			return 0;
+		}
+	}
+	tmp = *w->cons; /* read only: a view of the same layout at rank c */
+	tmp.attr.tp_rank = c;
+	err = kvp_plan_compile(&tmp, w->prod, NULL, &plan, NULL, 0);
+	if (err)
+		return err;
+	k = &w->cls[w->ncls];
+	k->hash = h;
+	k->rank = c;
+	k->reads = 0;
+	for (i = 0; i < plan->nsrc; i++)
+		if (plan->src[i] == producer)
+			k->reads = 1;
+	kvp_plan_destroy(plan);
+	w->slot[s] = ++w->ncls;
+	*out = k;
+	return 0;
+}
+
+/* Counts the consumer ranks that read from `producer` or cover it. */
 int kvp_notify_expected(const kvp_layout *prod, const kvp_layout *cons,
 			uint32_t producer)
 {
-	struct kvp_layout tmp;
-	uint32_t c, i, count = 0;
-	kvp_plan *plan;
+	struct ne_work w;
+	const struct ne_class *k;
+	uint32_t c, lo, hi, count = 0;
 	int err;
 
 	if (!prod || !cons || producer >= prod->attr.tp_size)
 		return -EINVAL;
-	tmp = *cons; /* read only: a view of the same layout at rank c */
-	for (c = 0; c < cons->attr.tp_size; c++) {
-		tmp.attr.tp_rank = c;
-		err = kvp_plan_compile(&tmp, prod, NULL, &plan, NULL, 0);
+	memset(&w, 0, sizeof(w));
+	w.prod = prod;
+	w.cons = cons;
+	err = ne_parts(&w);
+	for (c = 0; !err && c < cons->attr.tp_size; c++) {
+		err = ne_class_of(&w, c, producer, &k);
 		if (err)
-			return err;
-		for (i = 0; i < plan->nnotify; i++)
-			if (plan->notify[i] == producer)
-				count++;
-		kvp_plan_destroy(plan);
+			break;
+		kvp__notify_cover(c, cons->attr.tp_size, prod->attr.tp_size,
+				  &lo, &hi);
+		if (k->reads || (producer >= lo && producer < hi))
+			count++;
 	}
-	return (int)count;
+	free(w.tot);
+	free(w.mod);
+	free(w.key);
+	free(w.key2);
+	free(w.cls);
+	free(w.slot);
+	if (err)
+		return err;
+	return count > INT32_MAX ? -EPROTO : (int)count;
 }
