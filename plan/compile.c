@@ -1423,8 +1423,13 @@ static int build_plan(struct work *w, uint32_t max_sge, kvp_plan **out)
 		p->groups[w->sets[w->streams[i].set].group].pieces +=
 			w->sets[w->streams[i].set].count;
 	}
-	memcpy(p->sets, w->sets, w->nsets * sizeof(*w->sets));
-	memcpy(p->pieces, w->pieces.p, w->pieces.n * sizeof(*w->pieces.p));
+	/* Empty arrays were never allocated: memcpy() from NULL is undefined
+	 * even for 0 bytes. */
+	if (w->nsets)
+		memcpy(p->sets, w->sets, w->nsets * sizeof(*w->sets));
+	if (w->pieces.n)
+		memcpy(p->pieces, w->pieces.p,
+		       w->pieces.n * sizeof(*w->pieces.p));
 	for (i = 0; i < l->nviews; i++) {
 		p->lviews[i].offset = l->views[i].offset;
 		p->lviews[i].region = l->views[i].region;

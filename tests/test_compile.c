@@ -868,6 +868,40 @@ static void test_notify_expected_rank_refusal(void **state)
 	kvp_layout_destroy(prod);
 }
 
+/*
+ * Layouts with a group and nothing in it (a peer may send one): the plan
+ * compiles with no sets and no pieces, and a request emits no WR. Found by
+ * fuzz_plan: the plan's empty arrays were copied from NULL (UBSan).
+ */
+static void test_empty_layouts(void **state)
+{
+	struct kvp_layout_attr a = { .tp_size = 2 };
+	struct kvp_group_desc g = { .kind = KVP_GROUP_FULL, .block_tokens = 16 };
+	struct kvp_ids ids = { 0 };
+	struct kvp_plan_info pi;
+	kvp_layout *l, *r;
+	kvp_plan *p;
+	uint32_t src_end[2];
+
+	(void)state;
+	assert_int_equal(kvp_layout_create(&a, &l), 0);
+	a.tp_size = 1;
+	assert_int_equal(kvp_layout_create(&a, &r), 0);
+	assert_int_equal(kvp_layout_add_group(l, &g, NULL), 0);
+	assert_int_equal(kvp_layout_add_group(r, &g, NULL), 0);
+	assert_int_equal(kvp_plan_compile(l, r, NULL, &p, NULL, 0), 0);
+	kvp_plan_get_info(p, &pi);
+	assert_int_equal(pi.nstreams, 0);
+	assert_int_equal(pi.npieces, 0);
+	assert_int_equal(pi.nsrc, 0);
+	assert_int_equal(pi.nnotify, 1);
+	assert_int_equal(kvp_plan_emit(p, &ids, NULL, 0, NULL, 0, src_end), 0);
+	kvp_plan_destroy(p);
+	assert_int_equal(kvp_notify_expected(r, l, 0), 2);
+	kvp_layout_destroy(l);
+	kvp_layout_destroy(r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest t[] = {
@@ -879,6 +913,7 @@ int main(void)
 		cmocka_unit_test(test_block_sizes),
 		cmocka_unit_test(test_notify_expected_matrix),
 		cmocka_unit_test(test_notify_expected_rank_refusal),
+		cmocka_unit_test(test_empty_layouts),
 	};
 
 	return cmocka_run_group_tests(t, NULL, NULL);
