@@ -145,14 +145,21 @@ FUZZ_CC ?= clang
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 
-fuzz: $(FUZZ_BIN)
+# build/fuzz/seeds DIR writes seed corpora from the presets (DIR/meta,
+# DIR/spec, DIR/plan); scripts/fuzz.sh runs every target for a bounded time.
 
-build/fuzz/%: tests/fuzz/%.c $(PLAN_SRC) $(wildcard include/*.h plan/*.h)
+fuzz: $(FUZZ_BIN) build/fuzz/seeds
+
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(PLAN_SRC) $(wildcard include/*.h plan/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -std=gnu11 $(WARN) -g -O1 -fno-omit-frame-pointer \
 		-fsanitize=fuzzer,address,undefined \
 		-fno-sanitize-recover=undefined -Iinclude -Iplan -o $@ $< \
 		$(PLAN_SRC)
+
+build/fuzz/seeds: tests/fuzz/seeds.c $(PLAN_SRC) $(wildcard include/*.h plan/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) -std=gnu11 $(WARN) -g -O1 -Iinclude -Iplan -o $@ $< $(PLAN_SRC)
 
 .PHONY: fuzz
 # --- end fuzz ---------------------------------------------------------------

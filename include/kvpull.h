@@ -541,8 +541,11 @@ KVP_API KVP_MUST_CHECK int kvp_plan_get_piece(const kvp_plan *plan, uint32_t i,
  * receive for a request before it frees its blocks, when the consumer engine
  * is `consumer_layout` (any rank's layout of each engine). Returns the count
  * (>= 1), -EPROTO exactly when kvp_plan_compile() refuses some consumer
- * rank's plan, -EINVAL, -ENOMEM. Costs one plan compilation per consumer
- * rank (handshake time, not the hot path). */
+ * rank's plan, -EINVAL, -ENOMEM. Costs one plan compilation per class of
+ * consumer ranks that compile alike (same shard starts and replica choices:
+ * at most the layout's shard totals times its replica counts, e.g. 8 for
+ * 8 KV heads at any consumer TP) plus O(D) arithmetic: handshake time, not
+ * the hot path. */
 KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout,
 					       const kvp_layout *consumer_layout,
 					       uint32_t producer);

@@ -78,37 +78,50 @@ static int field_key_cmp(const kvp_layout *a, uint32_t fa, const kvp_layout *b,
 	return 0;
 }
 
-static const kvp_layout *sort_layout;
+/* A field's sort key with its index: the comparison needs no context, so
+ * qsort() keeps compilation reentrant. */
+struct fkey {
+	uint32_t group, layer, kind, idx;
+};
 
-static int sort_cmp(const void *x, const void *y)
+static int fkey_cmp(const void *x, const void *y)
 {
-	return field_key_cmp(sort_layout, *(const uint32_t *)x, sort_layout,
-			     *(const uint32_t *)y);
+	const struct fkey *a = x, *b = y;
+
+	if (a->group != b->group)
+		return a->group < b->group ? -1 : 1;
+	if (a->layer != b->layer)
+		return a->layer < b->layer ? -1 : 1;
+	if (a->kind != b->kind)
+		return a->kind < b->kind ? -1 : 1;
+	return a->idx < b->idx ? -1 : a->idx > b->idx;
 }
 
-/* Remote field indices sorted by (group, layer, kind). qsort has no context
- * argument in C11; the static is only read inside this call. Compilation
- * therefore serialises on nothing but this sort, see the note in sources. */
+/* Field indices sorted by (group, layer, kind), in O(n log n) whatever the
+ * order a peer sends its fields in. */
 static uint32_t *sorted_fields(const kvp_layout *l)
 {
 	uint32_t *idx = malloc(((size_t)l->nfields + 1) * sizeof(*idx));
-	uint32_t i, j;
+	struct fkey *k = malloc(((size_t)l->nfields + 1) * sizeof(*k));
+	uint32_t i;
 
-	if (!idx)
+	if (!idx || !k) {
+		free(idx);
+		free(k);
 		return NULL;
-	for (i = 0; i < l->nfields; i++)
-		idx[i] = i;
-	/* Insertion sort keeps this reentrant; fields arrive nearly sorted
-	 * (builders add them layer by layer), so it is linear in practice. */
-	for (i = 1; i < l->nfields; i++) {
-		uint32_t v = idx[i];
-
-		for (j = i; j > 0 && field_key_cmp(l, idx[j - 1], l, v) > 0;
-		     j--)
-			idx[j] = idx[j - 1];
-		idx[j] = v;
 	}
-	(void)sort_cmp;
+	for (i = 0; i < l->nfields; i++) {
+		const struct kvp_view_desc *v = &l->views[l->fields[i].view];
+
+		k[i].group = v->group;
+		k[i].layer = v->layer;
+		k[i].kind = l->fields[i].d.kind;
+		k[i].idx = i;
+	}
+	qsort(k, l->nfields, sizeof(*k), fkey_cmp);
+	for (i = 0; i < l->nfields; i++)
+		idx[i] = k[i].idx;
+	free(k);
 	return idx;
 }
 
@@ -722,36 +735,153 @@ static void csr_free(struct csr *c)
 	free(c->list);
 }
 
-/* Views with the same group and the same fields share a shape id. */
+/* An open-addressing map from a 32-bit hash to indices, the caller's
+ * callback deciding equality: lookups in O(1) where a linear search over
+ * peer-declared views or shape pairs would make compilation quadratic. */
+struct imap {
+	uint32_t *slot; /* index + 1, 0 for empty */
+	uint32_t *hash;
+	uint32_t n, used;
+};
+
+/* Makes room for one more entry (load stays at most one half). */
+static int imap_reserve(struct imap *m)
+{
+	uint32_t n = m->n ? m->n * 2 : 64, i, s;
+	uint32_t *slot, *hash;
+
+	if ((m->used + 1) * 2 <= m->n)
+		return 0;
+	slot = calloc(n, sizeof(*slot));
+	hash = malloc(n * sizeof(*hash));
+	if (!slot || !hash) {
+		free(slot);
+		free(hash);
+		return -ENOMEM;
+	}
+	for (i = 0; i < m->n; i++) {
+		if (!m->slot[i])
+			continue;
+		for (s = m->hash[i] & (n - 1); slot[s]; s = (s + 1) & (n - 1))
+			;
+		slot[s] = m->slot[i];
+		hash[s] = m->hash[i];
+	}
+	free(m->slot);
+	free(m->hash);
+	m->slot = slot;
+	m->hash = hash;
+	m->n = n;
+	return 0;
+}
+
+/* The slot holding an index equal (by eq) to the key of hash h, or the
+ * empty slot where it goes. Call imap_reserve() first. */
+static uint32_t imap_probe(const struct imap *m, uint32_t h,
+			   int (*eq)(const void *ctx, uint32_t idx),
+			   const void *ctx)
+{
+	uint32_t s;
+
+	for (s = h & (m->n - 1); m->slot[s]; s = (s + 1) & (m->n - 1))
+		if (m->hash[s] == h && eq(ctx, m->slot[s] - 1))
+			break;
+	return s;
+}
+
+static void imap_put(struct imap *m, uint32_t s, uint32_t h, uint32_t idx)
+{
+	m->slot[s] = idx + 1;
+	m->hash[s] = h;
+	m->used++;
+}
+
+static void imap_free(struct imap *m)
+{
+	free(m->slot);
+	free(m->hash);
+}
+
+static uint32_t mix(uint32_t h, uint64_t v)
+{
+	h ^= (uint32_t)v + 0x9e3779b9u + (h << 6) + (h >> 2);
+	v >>= 32;
+	h ^= (uint32_t)v + 0x9e3779b9u + (h << 6) + (h >> 2);
+	return h;
+}
+
+static uint32_t field_hash(uint32_t h, const struct kvp_field_desc *f)
+{
+	uint32_t i;
+
+	h = mix(h, f->kind | (uint64_t)f->elem_size << 32);
+	h = mix(h, f->offset);
+	h = mix(h, f->ndim | (uint64_t)f->shard_dim << 32);
+	h = mix(h, f->shard_total);
+	for (i = 0; i < f->ndim && i < KVP_MAX_DIMS; i++) {
+		h = mix(h, f->dim[i].stride);
+		h = mix(h, f->dim[i].size | (uint64_t)f->dim[i].axis << 32);
+	}
+	return h;
+}
+
+/* A view being given its shape: compared with the shapes' representatives. */
+struct shape_ctx {
+	const kvp_layout *l;
+	const struct csr *c;
+	const uint32_t *rep;
+	uint32_t v;
+};
+
+static int shape_eq(const void *ctx, uint32_t k)
+{
+	const struct shape_ctx *x = ctx;
+	const kvp_layout *l = x->l;
+	const struct csr *c = x->c;
+	uint32_t v = x->v, w = x->rep[k], i;
+	uint32_t nf = c->first[v + 1] - c->first[v];
+
+	if (l->views[w].group != l->views[v].group ||
+	    c->first[w + 1] - c->first[w] != nf)
+		return 0;
+	for (i = 0; i < nf; i++)
+		if (!field_same(&l->fields[c->list[c->first[v] + i]].d,
+				&l->fields[c->list[c->first[w] + i]].d))
+			return 0;
+	return 1;
+}
+
+/* Views with the same group and the same fields share a shape id, numbered
+ * in order of first appearance. */
 static int view_shapes(const kvp_layout *l, const struct csr *c,
 		       uint32_t *shape)
 {
 	uint32_t *rep = malloc(((size_t)l->nviews + 1) * sizeof(*rep));
-	uint32_t v, w, i, k, nrep = 0;
+	struct shape_ctx x = { l, c, rep, 0 };
+	struct imap m = { 0 };
+	uint32_t v, i, h, s, nrep = 0;
+	int err = 0;
 
 	if (!rep)
 		return -ENOMEM;
 	for (v = 0; v < l->nviews; v++) {
-		uint32_t nf = c->first[v + 1] - c->first[v];
-
-		for (k = 0; k < nrep; k++) {
-			w = rep[k];
-			if (l->views[w].group != l->views[v].group ||
-			    c->first[w + 1] - c->first[w] != nf)
-				continue;
-			for (i = 0; i < nf; i++)
-				if (!field_same(&l->fields[c->list[c->first[v] + i]].d,
-						&l->fields[c->list[c->first[w] + i]].d))
-					break;
-			if (i == nf)
-				break;
-		}
-		if (k == nrep)
+		h = mix(0, l->views[v].group);
+		for (i = c->first[v]; i < c->first[v + 1]; i++)
+			h = field_hash(h, &l->fields[c->list[i]].d);
+		err = imap_reserve(&m);
+		if (err)
+			break;
+		x.v = v;
+		s = imap_probe(&m, h, shape_eq, &x);
+		if (!m.slot[s]) {
+			imap_put(&m, s, h, nrep);
 			rep[nrep++] = v;
-		shape[v] = k;
+		}
+		shape[v] = m.slot[s] - 1;
 	}
+	imap_free(&m);
 	free(rep);
-	return 0;
+	return err;
 }
 
 /* ---- compile ---------------------------------------------------------- */
@@ -759,6 +889,22 @@ static int view_shapes(const kvp_layout *l, const struct csr *c,
 struct set_key {
 	uint32_t lshape, rshape, rank;
 };
+
+/* A segment of the i-th field pair of a sub-list; `pos` orders the
+ * segments of one rank as they were generated. */
+struct rseg {
+	struct seg s;
+	uint32_t i, pos;
+};
+
+static int rseg_cmp(const void *x, const void *y)
+{
+	const struct rseg *a = x, *b = y;
+
+	if (a->s.rank != b->s.rank)
+		return a->s.rank < b->s.rank ? -1 : 1;
+	return a->pos < b->pos ? -1 : a->pos > b->pos;
+}
 
 struct work {
 	const kvp_layout *l, *r;
@@ -768,6 +914,9 @@ struct work {
 	struct csr lcsr, rcsr;
 	struct pair *pairs;
 	uint32_t npairs, cap_pairs;
+	struct imap pmap; /* (lshape, rshape) -> pair */
+	struct rseg *rs;  /* segments of the view being planned, by rank */
+	uint32_t nrs, cap_rs;
 	uint32_t *entries;
 	uint32_t nentries, cap_entries;
 	struct period per[MAX_GROUPS];
@@ -806,44 +955,31 @@ static int period_of(const kvp_layout *l, const kvp_layout *r, uint32_t g,
 	return 0;
 }
 
-static int find_or_make_set(struct work *w, uint32_t lv, uint32_t rv,
-			    uint32_t rank, uint32_t group,
-			    const struct match *m, uint32_t nm, uint32_t *set)
+/* Makes the piece set of one (local shape, remote shape, rank): the
+ * segments rs[n] of that rank. Each shape pair is planned once (find_pair()),
+ * so the set is new. */
+static int make_set(struct work *w, uint32_t lv, uint32_t rv, uint32_t group,
+		    const struct match *m, const struct rseg *rs, uint32_t n,
+		    uint32_t *set)
 {
 	const kvp_layout *l = w->l, *r = w->r;
-	struct set_key key = { w->lshape[lv], w->rshape[rv], rank };
-	struct seg segs[256];
-	uint32_t i, first = w->pieces.n, bytes = 0;
-	int err, n, k;
+	struct set_key key = { w->lshape[lv], w->rshape[rv], rs[0].s.rank };
+	uint32_t i, k, first = w->pieces.n, bytes = 0;
+	int err;
 
-	for (i = 0; i < w->nsets; i++) {
-		if (!memcmp(&w->keys[i], &key, sizeof(key))) {
-			*set = i;
-			return 0;
-		}
-	}
-	for (i = 0; i < nm; i++) {
-		const struct kvp_field_desc *lf = &l->fields[m[i].lf].d;
-		const struct kvp_field_desc *rf = &r->fields[m[i].rf].d;
+	for (k = 0; k < n; k++) {
+		const struct kvp_field_desc *lf = &l->fields[m[rs[k].i].lf].d;
+		const struct kvp_field_desc *rf = &r->fields[m[rs[k].i].rf].d;
 
-		n = segments(lf, l->attr.tp_size, l->attr.tp_rank, rf,
-			     r->attr.tp_size, segs, 256);
-		if (n < 0)
-			return n;
-		for (k = 0; k < n; k++) {
-			if (segs[k].rank != rank)
-				continue;
-			err = field_pieces(lf, l->attr.tp_size, l->attr.tp_rank,
-					   rf, r->attr.tp_size, &segs[k],
-					   &w->per[group], &w->pieces);
-			if (err == -EPROTO)
-				kvp__msg(w->msg, w->msglen,
-					 "group %u layer %u %s: the two layouts have no common refinement (dims do not nest, or a piece exceeds the plan's limits)",
-					 group, l->views[lv].layer,
-					 kind_name[lf->kind]);
-			if (err)
-				return err;
-		}
+		err = field_pieces(lf, l->attr.tp_size, l->attr.tp_rank, rf,
+				   r->attr.tp_size, &rs[k].s, &w->per[group],
+				   &w->pieces);
+		if (err == -EPROTO)
+			kvp__msg(w->msg, w->msglen,
+				 "group %u layer %u %s: the two layouts have no common refinement (dims do not nest, or a piece exceeds the plan's limits)",
+				 group, l->views[lv].layer, kind_name[lf->kind]);
+		if (err)
+			return err;
 	}
 	if (w->nsets == w->cap_sets) {
 		uint32_t cap = w->cap_sets ? w->cap_sets * 2 : 16;
@@ -902,22 +1038,61 @@ struct pair {
 	uint32_t lshape, rshape, first, n;
 };
 
-static int begin_pair(struct work *w, uint32_t lv, uint32_t rv)
-{
-	if (w->npairs == w->cap_pairs) {
-		uint32_t cap = w->cap_pairs ? w->cap_pairs * 2 : 16;
-		void *a = realloc(w->pairs, cap * sizeof(*w->pairs));
+struct pair_ctx {
+	const struct pair *pairs;
+	uint32_t lshape, rshape;
+};
 
-		if (!a)
-			return -ENOMEM;
-		w->pairs = a;
-		w->cap_pairs = cap;
+static int pair_eq(const void *ctx, uint32_t i)
+{
+	const struct pair_ctx *x = ctx;
+
+	return x->pairs[i].lshape == x->lshape &&
+	       x->pairs[i].rshape == x->rshape;
+}
+
+/* Pushes the streams of an already planned shape pair: returns 0 when it
+ * did, 1 when the pair is new (then it is begun: its sets follow with
+ * pair_entry()), or a negative errno. */
+static int find_pair(struct work *w, uint32_t lv, uint32_t rv, uint32_t group)
+{
+	struct pair_ctx x = { w->pairs, w->lshape[lv], w->rshape[rv] };
+	uint32_t h = mix(mix(0, x.lshape), x.rshape);
+	uint32_t k, s, P = w->r->attr.tp_size;
+	const struct pair *pr;
+	int err;
+
+	err = imap_reserve(&w->pmap);
+	if (err)
+		return err;
+	s = imap_probe(&w->pmap, h, pair_eq, &x);
+	if (!w->pmap.slot[s]) {
+		if (w->npairs == w->cap_pairs) {
+			uint32_t cap = w->cap_pairs ? w->cap_pairs * 2 : 16;
+			void *a = realloc(w->pairs, cap * sizeof(*w->pairs));
+
+			if (!a)
+				return -ENOMEM;
+			w->pairs = a;
+			w->cap_pairs = cap;
+		}
+		w->pairs[w->npairs].lshape = x.lshape;
+		w->pairs[w->npairs].rshape = x.rshape;
+		w->pairs[w->npairs].first = w->nentries;
+		w->pairs[w->npairs].n = 0;
+		imap_put(&w->pmap, s, h, w->npairs++);
+		return 1;
 	}
-	w->pairs[w->npairs].lshape = w->lshape[lv];
-	w->pairs[w->npairs].rshape = w->rshape[rv];
-	w->pairs[w->npairs].first = w->nentries;
-	w->pairs[w->npairs].n = 0;
-	w->npairs++;
+	pr = &w->pairs[w->pmap.slot[s] - 1];
+	for (k = 0; k < pr->n; k++) {
+		uint32_t set = w->entries[pr->first + k];
+		uint32_t rank = w->keys[set].rank;
+
+		err = push_stream(w, lv, rv, rank, set);
+		if (err)
+			return err;
+		w->gused[(size_t)group * P + rank] = 1;
+	}
 	return 0;
 }
 
@@ -936,30 +1111,39 @@ static int pair_entry(struct work *w, uint32_t set)
 	return 0;
 }
 
-/* Pushes the streams of an already planned shape pair: returns 0 when it
- * did, 1 when the pair is new, or a negative errno. */
-static int find_pair(struct work *w, uint32_t lv, uint32_t rv, uint32_t group)
+/* Segments of every field pair of a sub-list, sorted by rank (ties in
+ * generation order), into w->rs[w->nrs]. */
+static int sub_segments(struct work *w, const struct match *sub, uint32_t nsub)
 {
-	uint32_t i, k, P = w->r->attr.tp_size;
-	int err;
+	const kvp_layout *l = w->l, *r = w->r;
+	struct seg segs[256];
+	uint32_t i;
+	int n, k;
 
-	for (i = 0; i < w->npairs; i++) {
-		const struct pair *pr = &w->pairs[i];
+	w->nrs = 0;
+	for (i = 0; i < nsub; i++) {
+		n = segments(&l->fields[sub[i].lf].d, l->attr.tp_size,
+			     l->attr.tp_rank, &r->fields[sub[i].rf].d,
+			     r->attr.tp_size, segs, 256);
+		if (n < 0)
+			return n;
+		if (w->nrs + (uint32_t)n > w->cap_rs) {
+			uint32_t cap = (w->nrs + (uint32_t)n) * 2;
+			void *a = realloc(w->rs, cap * sizeof(*w->rs));
 
-		if (pr->lshape != w->lshape[lv] || pr->rshape != w->rshape[rv])
-			continue;
-		for (k = 0; k < pr->n; k++) {
-			uint32_t set = w->entries[pr->first + k];
-			uint32_t rank = w->keys[set].rank;
-
-			err = push_stream(w, lv, rv, rank, set);
-			if (err)
-				return err;
-			w->gused[(size_t)group * P + rank] = 1;
+			if (!a)
+				return -ENOMEM;
+			w->rs = a;
+			w->cap_rs = cap;
 		}
-		return 0;
+		for (k = 0; k < n; k++, w->nrs++) {
+			w->rs[w->nrs].s = segs[k];
+			w->rs[w->nrs].i = i;
+			w->rs[w->nrs].pos = w->nrs;
+		}
 	}
-	return 1;
+	qsort(w->rs, w->nrs, sizeof(*w->rs), rseg_cmp);
+	return 0;
 }
 
 /* Plans one local view: its fields grouped by remote view, then by rank. */
@@ -967,8 +1151,7 @@ static int plan_view(struct work *w, uint32_t lv, struct match *m)
 {
 	const kvp_layout *l = w->l, *r = w->r;
 	uint32_t group = l->views[lv].group, nm = 0, i, j, f, done = 0;
-	struct seg segs[256];
-	int err, n, k;
+	int err;
 
 	for (f = w->lcsr.first[lv]; f < w->lcsr.first[lv + 1]; f++) {
 		int rf;
@@ -1010,38 +1193,29 @@ static int plan_view(struct work *w, uint32_t lv, struct match *m)
 			return err;
 		if (!err)
 			continue;
-		err = begin_pair(w, lv, rv);
+		/* The ranks this sub-list reads from, ascending: one set each,
+		 * from that rank's segments only (linear in the segments, not
+		 * in the remote TP size). */
+		err = sub_segments(w, sub, nsub);
 		if (err)
 			return err;
-		/* Ranks this sub-list reads from, ascending. */
-		for (i = 0; i < r->attr.tp_size; i++)
-			w->used[i] = 0;
-		for (i = 0; i < nsub; i++) {
-			n = segments(&l->fields[sub[i].lf].d, l->attr.tp_size,
-				     l->attr.tp_rank, &r->fields[sub[i].rf].d,
-				     r->attr.tp_size, segs, 256);
-			if (n < 0)
-				return n;
-			for (k = 0; k < n; k++)
-				w->used[segs[k].rank] = 1;
-		}
-		for (j = 0; j < r->attr.tp_size; j++) {
-			uint32_t set;
+		for (i = 0; i < w->nrs; i = j) {
+			uint32_t set, rank = w->rs[i].s.rank;
 
-			if (!w->used[j])
-				continue;
-			err = find_or_make_set(w, lv, rv, j, group, sub, nsub,
-					       &set);
+			for (j = i; j < w->nrs && w->rs[j].s.rank == rank; j++)
+				;
+			err = make_set(w, lv, rv, group, sub, w->rs + i, j - i,
+				       &set);
 			if (err)
 				return err;
 			if (!w->sets[set].count)
 				continue;
 			w->pairs[w->npairs - 1].n++;
 			err = pair_entry(w, set);
-			err = err ?: push_stream(w, lv, rv, j, set);
+			err = err ?: push_stream(w, lv, rv, rank, set);
 			if (err)
 				return err;
-			w->gused[(size_t)group * r->attr.tp_size + j] = 1;
+			w->gused[(size_t)group * r->attr.tp_size + rank] = 1;
 		}
 	}
 	return 0;
@@ -1145,6 +1319,8 @@ static void work_free(struct work *w)
 	free(w->keys);
 	free(w->streams);
 	free(w->pairs);
+	imap_free(&w->pmap);
+	free(w->rs);
 	free(w->entries);
 	free(w->used);
 	free(w->gused);
@@ -1247,8 +1423,13 @@ static int build_plan(struct work *w, uint32_t max_sge, kvp_plan **out)
 		p->groups[w->sets[w->streams[i].set].group].pieces +=
 			w->sets[w->streams[i].set].count;
 	}
-	memcpy(p->sets, w->sets, w->nsets * sizeof(*w->sets));
-	memcpy(p->pieces, w->pieces.p, w->pieces.n * sizeof(*w->pieces.p));
+	/* Empty arrays were never allocated: memcpy() from NULL is undefined
+	 * even for 0 bytes. */
+	if (w->nsets)
+		memcpy(p->sets, w->sets, w->nsets * sizeof(*w->sets));
+	if (w->pieces.n)
+		memcpy(p->pieces, w->pieces.p,
+		       w->pieces.n * sizeof(*w->pieces.p));
 	for (i = 0; i < l->nviews; i++) {
 		p->lviews[i].offset = l->views[i].offset;
 		p->lviews[i].region = l->views[i].region;
@@ -1324,31 +1505,208 @@ void kvp_plan_destroy(kvp_plan *p)
 	free(p);
 }
 
-/* Compiles every consumer rank's plan against the producer and counts the
- * ranks whose notify list names `producer`: the count agrees with what the
- * consumers will send by construction, and a pair no plan exists for is
- * refused here exactly as kvp_plan_compile() refuses it. D compilations of
- * tens of microseconds each, once per peer engine at handshake. */
+/*
+ * kvp_notify_expected(): how many consumer ranks name `producer` in their
+ * notify list, without a compilation per consumer rank.
+ *
+ * kvp_plan_compile() sees the consumer rank c only through the start of c's
+ * shard of each sharded local field (kvp_shard_range(total, D, c)) and the
+ * replica c reads a replicated remote field from (c % P for an unsharded
+ * remote field, c % (P / total) for a remote field of fewer indices than
+ * ranks); the notify cover is added after planning. Ranks equal in all of
+ * those compile the same plan up to the cover, or fail the same way, so one
+ * compilation per class of ranks decides refusal (in rank order, so the
+ * error is the first failing rank's) and which producers a rank reads from.
+ * The classes are few: the key takes at most min(D, total) values per field
+ * shape (kv heads, SSM heads), times the replica counts. Refusal does depend
+ * on the rank in corner cases (a rank whose range crosses one more producer
+ * boundary than its neighbours' and hits a limit), which is why one
+ * compilation is not enough.
+ */
+struct ne_class {
+	uint64_t hash;
+	uint32_t rank; /* representative: the first rank of the class */
+	uint8_t reads; /* its plan reads from the producer */
+};
+
+struct ne_work {
+	const kvp_layout *prod, *cons;
+	uint32_t *tot, ntot; /* distinct local shard totals */
+	uint32_t *mod, nmod; /* distinct replica counts */
+	uint32_t *key, *key2;
+	struct ne_class *cls;
+	uint32_t ncls, cap_cls;
+	uint32_t *slot, nslot; /* hash table of class indices + 1 */
+};
+
+static int u32_cmp(const void *x, const void *y)
+{
+	uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+
+	return a < b ? -1 : a > b;
+}
+
+static uint32_t sort_unique(uint32_t *v, uint32_t n)
+{
+	uint32_t i, m = 0;
+
+	qsort(v, n, sizeof(*v), u32_cmp);
+	for (i = 0; i < n; i++)
+		if (!m || v[m - 1] != v[i])
+			v[m++] = v[i];
+	return m;
+}
+
+/* Collects the key's parts: the local shard totals, the replica counts. */
+static int ne_parts(struct ne_work *w)
+{
+	const kvp_layout *l = w->cons, *r = w->prod;
+	uint32_t P = r->attr.tp_size, i, t;
+
+	w->tot = malloc(((size_t)l->nfields + 1) * sizeof(*w->tot));
+	w->mod = malloc(((size_t)r->nfields + 1) * sizeof(*w->mod));
+	if (!w->tot || !w->mod)
+		return -ENOMEM;
+	for (i = 0; i < l->nfields; i++)
+		if (l->fields[i].d.shard_dim != KVP_NO_SHARD)
+			w->tot[w->ntot++] = l->fields[i].d.shard_total;
+	for (i = 0; i < r->nfields; i++) {
+		if (r->fields[i].d.shard_dim == KVP_NO_SHARD) {
+			w->mod[w->nmod++] = P;
+			continue;
+		}
+		t = r->fields[i].d.shard_total;
+		if (t && t % P && P % t == 0)
+			w->mod[w->nmod++] = P / t;
+	}
+	w->ntot = sort_unique(w->tot, w->ntot);
+	w->nmod = sort_unique(w->mod, w->nmod);
+	w->key = malloc(((size_t)w->ntot + w->nmod + 1) * sizeof(*w->key));
+	w->key2 = malloc(((size_t)w->ntot + w->nmod + 1) * sizeof(*w->key2));
+	return w->key && w->key2 ? 0 : -ENOMEM;
+}
+
+/* Writes rank c's key into k; returns its hash. */
+static uint64_t ne_key(const struct ne_work *w, uint32_t c, uint32_t *k)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+	uint32_t i, n = 0, len;
+
+	for (i = 0; i < w->ntot; i++) {
+		/* A total D does not divide fails every rank alike. */
+		if (kvp_shard_range(w->tot[i], w->cons->attr.tp_size, c,
+				    &k[n], &len))
+			k[n] = 0;
+		n++;
+	}
+	for (i = 0; i < w->nmod; i++)
+		k[n++] = c % w->mod[i];
+	for (i = 0; i < n; i++)
+		h = (h ^ k[i]) * 0x100000001b3ull;
+	return h;
+}
+
+static int ne_grow(struct ne_work *w)
+{
+	uint32_t n = w->nslot ? w->nslot * 2 : 64, i, s;
+	uint32_t *slot = calloc(n, sizeof(*slot));
+	void *a;
+
+	if (!slot)
+		return -ENOMEM;
+	for (i = 0; i < w->ncls; i++) {
+		for (s = (uint32_t)w->cls[i].hash & (n - 1); slot[s];
+		     s = (s + 1) & (n - 1))
+			;
+		slot[s] = i + 1;
+	}
+	free(w->slot);
+	w->slot = slot;
+	w->nslot = n;
+	a = realloc(w->cls, (size_t)(n / 2) * sizeof(*w->cls));
+	if (!a)
+		return -ENOMEM;
+	w->cls = a;
+	w->cap_cls = n / 2;
+	return 0;
+}
+
+/* Finds rank c's class, or compiles c's plan and makes one. */
+static int ne_class_of(struct ne_work *w, uint32_t c, uint32_t producer,
+		       const struct ne_class **out)
+{
+	uint32_t n = w->ntot + w->nmod, s, i;
+	uint64_t h = ne_key(w, c, w->key);
+	struct kvp_layout tmp;
+	struct ne_class *k;
+	kvp_plan *plan;
+	int err;
+
+	if (w->ncls == w->cap_cls) {
+		err = ne_grow(w);
+		if (err)
+			return err;
+	}
+	for (s = (uint32_t)h & (w->nslot - 1); w->slot[s];
+	     s = (s + 1) & (w->nslot - 1)) {
+		k = &w->cls[w->slot[s] - 1];
+		if (k->hash != h)
+			continue;
+		ne_key(w, k->rank, w->key2);
+		if (!memcmp(w->key, w->key2, n * sizeof(*w->key))) {
+			*out = k;
+			return 0;
+		}
+	}
+	tmp = *w->cons; /* read only: a view of the same layout at rank c */
+	tmp.attr.tp_rank = c;
+	err = kvp_plan_compile(&tmp, w->prod, NULL, &plan, NULL, 0);
+	if (err)
+		return err;
+	k = &w->cls[w->ncls];
+	k->hash = h;
+	k->rank = c;
+	k->reads = 0;
+	for (i = 0; i < plan->nsrc; i++)
+		if (plan->src[i] == producer)
+			k->reads = 1;
+	kvp_plan_destroy(plan);
+	w->slot[s] = ++w->ncls;
+	*out = k;
+	return 0;
+}
+
+/* Counts the consumer ranks that read from `producer` or cover it. */
 int kvp_notify_expected(const kvp_layout *prod, const kvp_layout *cons,
 			uint32_t producer)
 {
-	struct kvp_layout tmp;
-	uint32_t c, i, count = 0;
-	kvp_plan *plan;
+	struct ne_work w;
+	const struct ne_class *k;
+	uint32_t c, lo, hi, count = 0;
 	int err;
 
 	if (!prod || !cons || producer >= prod->attr.tp_size)
 		return -EINVAL;
-	tmp = *cons; /* read only: a view of the same layout at rank c */
-	for (c = 0; c < cons->attr.tp_size; c++) {
-		tmp.attr.tp_rank = c;
-		err = kvp_plan_compile(&tmp, prod, NULL, &plan, NULL, 0);
+	memset(&w, 0, sizeof(w));
+	w.prod = prod;
+	w.cons = cons;
+	err = ne_parts(&w);
+	for (c = 0; !err && c < cons->attr.tp_size; c++) {
+		err = ne_class_of(&w, c, producer, &k);
 		if (err)
-			return err;
-		for (i = 0; i < plan->nnotify; i++)
-			if (plan->notify[i] == producer)
-				count++;
-		kvp_plan_destroy(plan);
+			break;
+		kvp__notify_cover(c, cons->attr.tp_size, prod->attr.tp_size,
+				  &lo, &hi);
+		if (k->reads || (producer >= lo && producer < hi))
+			count++;
 	}
-	return (int)count;
+	free(w.tot);
+	free(w.mod);
+	free(w.key);
+	free(w.key2);
+	free(w.cls);
+	free(w.slot);
+	if (err)
+		return err;
+	return count > INT32_MAX ? -EPROTO : (int)count;
 }

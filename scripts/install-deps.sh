@@ -9,8 +9,8 @@
 set -euo pipefail
 
 PKGS=(
-	# build
-	build-essential gcc clang make pkg-config binutils
+	# build; libclang-rt: clang's sanitizer and libFuzzer runtimes
+	build-essential gcc clang libclang-rt-14-dev make pkg-config binutils
 	# libraries and unit tests
 	libcmocka-dev libibverbs-dev librdmacm-dev ibverbs-providers rdma-core
 	# RDMA tools used in the VM and in direct mode

@@ -3,11 +3,14 @@
 #   bash scripts/test.sh
 # Installs what it needs (scripts/install-deps.sh), then builds with gcc and
 # clang (-Werror), runs the unit tests (cmocka), the tool tests, the unit
-# tests again under ASan+UBSan, and the RDMA loopback tests on soft-RoCE in
-# a VM (scripts/rxe-vm.sh; directly on a machine with an RDMA device).
+# tests again under ASan+UBSan with gcc and with clang (their sanitizers
+# catch different bugs), the libFuzzer targets for a bounded time each
+# (scripts/fuzz.sh; KVP_FUZZ_SECONDS per target, 50 here), and the
+# RDMA loopback tests on soft-RoCE in a VM (scripts/rxe-vm.sh; directly on a
+# machine with an RDMA device).
 # The last line counts test cases: "N passed, N failed".
-# KVP_SKIP_SANITIZE=1 / KVP_SKIP_RDMA=1 leave out those stages (for quick
-# local runs; CI runs everything).
+# KVP_SKIP_SANITIZE=1 / KVP_SKIP_FUZZ=1 / KVP_SKIP_RDMA=1 leave out those
+# stages (for quick local runs; CI runs everything).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,6 +54,11 @@ fi
 stage "build with clang (-Werror)" bash -c 'make clean && make CC=clang CXX=clang++ WERROR=1 all tests'
 if [[ ${KVP_SKIP_SANITIZE:-0} != 1 ]]; then
 	stage "unit tests under ASan+UBSan" bash -c 'make clean && make SANITIZE=1 unit'
+	stage "unit tests under clang ASan+UBSan" bash -c 'make clean && make CC=clang CXX=clang++ SANITIZE=1 unit'
+fi
+if [[ ${KVP_SKIP_FUZZ:-0} != 1 ]]; then
+	# 3 targets x 50 s plus the build: about 3 minutes
+	stage "fuzz (libFuzzer, bounded)" env KVP_FUZZ_SECONDS="${KVP_FUZZ_SECONDS:-50}" bash scripts/fuzz.sh
 fi
 if [[ ${KVP_SKIP_RDMA:-0} != 1 ]] && grep -q '^check-rdma:' Makefile; then
 	stage "RDMA loopback tests (soft-RoCE)" bash -c 'make clean && make WERROR=1 check-rdma'

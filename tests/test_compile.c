@@ -690,6 +690,218 @@ static void test_block_sizes(void **state)
 	assert_int_equal(checks, 4 * 363);
 }
 
+/* ---- kvp_notify_expected() against its definition ---------------------- */
+
+/* A copy of layout `l` as rank `rank` of its engine (public API only). */
+static kvp_layout *kvt_with_rank(const kvp_layout *l, uint32_t rank)
+{
+	struct kvp_layout_info li;
+	struct kvp_layout_attr a = { 0 };
+	struct kvp_group_desc g;
+	struct kvp_view_desc v;
+	struct kvp_field_desc f;
+	kvp_layout *out;
+	uint64_t size;
+	uint32_t i, view;
+
+	kvp_layout_get_info(l, &li);
+	a.engine_id = li.engine_id;
+	a.tp_size = li.tp_size;
+	a.tp_rank = rank;
+	assert_int_equal(kvp_layout_create(&a, &out), 0);
+	for (i = 0; i < li.ngroups; i++) {
+		assert_int_equal(kvp_layout_get_group(l, i, &g), 0);
+		assert_int_equal(kvp_layout_add_group(out, &g, NULL), 0);
+	}
+	for (i = 0; i < li.nregions; i++) {
+		assert_int_equal(kvp_layout_get_region(l, i, &size), 0);
+		assert_int_equal(kvp_layout_add_region(out, size, NULL), 0);
+	}
+	for (i = 0; i < li.nviews; i++) {
+		assert_int_equal(kvp_layout_get_view(l, i, &v), 0);
+		assert_int_equal(kvp_layout_add_view(out, &v, NULL), 0);
+	}
+	for (i = 0; i < li.nfields; i++) {
+		assert_int_equal(kvp_layout_get_field(l, i, &view, &f), 0);
+		assert_int_equal(kvp_layout_add_field(out, view, &f), 0);
+	}
+	return out;
+}
+
+/*
+ * The definition: compile every consumer rank's plan and count, for each
+ * producer rank, the notify lists naming it (what kvp_notify_expected()
+ * computed before it grouped ranks into classes). Fills count[P], or
+ * returns the first failing rank's error.
+ */
+static int notify_reference(const kvp_layout *prod, const kvp_layout *cons,
+			    uint32_t *count)
+{
+	struct kvp_layout_info pi, ci;
+	kvp_layout *tmp;
+	uint32_t c, i;
+	int err = 0;
+
+	kvp_layout_get_info(prod, &pi);
+	kvp_layout_get_info(cons, &ci);
+	memset(count, 0, pi.tp_size * sizeof(*count));
+	for (c = 0; !err && c < ci.tp_size; c++) {
+		struct kvp_plan_info info;
+		kvp_plan *plan;
+
+		tmp = kvt_with_rank(cons, c);
+		err = kvp_plan_compile(tmp, prod, NULL, &plan, NULL, 0);
+		kvp_layout_destroy(tmp);
+		if (err)
+			break;
+		kvp_plan_get_info(plan, &info);
+		for (i = 0; i < info.nnotify; i++)
+			count[kvp_plan_notify(plan, i)]++;
+		kvp_plan_destroy(plan);
+	}
+	return err;
+}
+
+/* Both definitions agree for every producer rank; returns 1 if the pair
+ * compiles. */
+static int notify_agree(const struct kvp_model *m, uint32_t P, uint32_t D,
+			uint32_t play, uint32_t clay)
+{
+	kvp_layout *prod = kvt_build(m, P, P - 1, 4, 0, 8, play);
+	kvp_layout *cons = kvt_build(m, D, 0, 4, 0, 8, clay);
+	uint32_t *count = calloc(P, sizeof(*count)), p;
+	int ref, got;
+
+	assert_non_null(count);
+	if (!prod || !cons) {
+		ref = -1;
+		goto out;
+	}
+	ref = notify_reference(prod, cons, count);
+	for (p = 0; p < P; p++) {
+		got = kvp_notify_expected(prod, cons, p);
+		if (got != (ref ? ref : (int)count[p]))
+			fail_msg("%s P %u D %u layouts %u/%u producer %u: %d, want %d",
+				 m->name, P, D, play, clay, p, got,
+				 ref ? ref : (int)count[p]);
+	}
+out:
+	free(count);
+	kvp_layout_destroy(prod);
+	kvp_layout_destroy(cons);
+	return ref == 0;
+}
+
+static const struct kvp_model ne_models[] = {
+	{ .name = "gqa-12", .layers = 2, .kv_heads = 12, .head_dim = 4,
+	  .dtype_bytes = 2 },
+	{ .name = "gqa-8", .layers = 2, .kv_heads = 8, .head_dim = 4,
+	  .dtype_bytes = 2, .sliding_layers = 1 },
+	{ .name = "mla", .layers = 2, .head_dim = 8, .dtype_bytes = 2,
+	  .mla_latent = 8 },
+	{ .name = "mamba2-12", .layers = 1, .kv_heads = 6, .head_dim = 4,
+	  .dtype_bytes = 2, .state_kind = KVP_STATE_MAMBA2, .state_layers = 2,
+	  .conv_kernel = 4, .ssm_heads = 12, .ssm_head_dim = 2, .ssm_state = 4,
+	  .ssm_groups = 3, .state_dtype_bytes = 2 },
+	{ .name = "gdn-8", .layers = 1, .kv_heads = 2, .head_dim = 4,
+	  .dtype_bytes = 2, .state_kind = KVP_STATE_GDN, .state_layers = 2,
+	  .conv_kernel = 4, .ssm_heads = 8, .ssm_head_dim = 2, .ssm_state = 2,
+	  .ssm_groups = 4, .state_dtype_bytes = 2 },
+};
+
+/*
+ * Every TP pair of {1, 2, 3, 4, 6, 8, 12, 16, 24, 48} for GQA, MLA and
+ * hybrid models (pairs the model does not fit are skipped), and producer /
+ * consumer layouts apart: the class-based count equals the per-rank
+ * definition for every producer rank.
+ */
+static void test_notify_expected_matrix(void **state)
+{
+	static const uint32_t tp[] = { 1, 2, 3, 4, 6, 8, 12, 16, 24, 48 };
+	uint32_t mi, a, b, pairs = 0, per_model;
+
+	(void)state;
+	for (mi = 0; mi < sizeof(ne_models) / sizeof(ne_models[0]); mi++) {
+		per_model = 0;
+		for (a = 0; a < 10; a++)
+			for (b = 0; b < 10; b++)
+				per_model += (uint32_t)notify_agree(
+					&ne_models[mi], tp[a], tp[b],
+					(a + b) % KVP_KV_LAYOUT_COUNT,
+					(a * 3 + b) % KVP_KV_LAYOUT_COUNT);
+		print_message("notify_expected: %s: %u TP pairs agree\n",
+			      ne_models[mi].name, per_model);
+		assert_true(per_model >= 16);
+		pairs += per_model;
+	}
+	assert_true(pairs >= 200);
+}
+
+/*
+ * Refusal that depends on the consumer rank: 2301 heads, producer TP 767
+ * (3 heads each), consumer TP 3 (767 heads each). Consumer ranks 0 and 2
+ * read from 256 producer ranks, rank 1 from 257, one more than a plan's
+ * per-field limit: one compilation (of rank 0) would accept the pair.
+ */
+static void test_notify_expected_rank_refusal(void **state)
+{
+	struct kvp_model m = { .name = "wide", .layers = 1, .kv_heads = 2301,
+			       .head_dim = 1, .dtype_bytes = 2 };
+	kvp_layout *prod = kvt_build(&m, 767, 0, 4, 0, 2, KVP_KV_FLASH_HND);
+	kvp_layout *cons = kvt_build(&m, 3, 0, 4, 0, 2, KVP_KV_FLASH_HND);
+	kvp_layout *c1 = NULL;
+	uint32_t count[767];
+	kvp_plan *p;
+
+	(void)state;
+	assert_non_null(prod);
+	assert_non_null(cons);
+	assert_int_equal(kvp_plan_compile(cons, prod, NULL, &p, NULL, 0), 0);
+	kvp_plan_destroy(p);
+	c1 = kvt_with_rank(cons, 1);
+	assert_int_equal(kvp_plan_compile(c1, prod, NULL, &p, NULL, 0), -EPROTO);
+	assert_int_equal(notify_reference(prod, cons, count), -EPROTO);
+	assert_int_equal(kvp_notify_expected(prod, cons, 0), -EPROTO);
+	assert_int_equal(kvp_notify_expected(prod, c1, 766), -EPROTO);
+	kvp_layout_destroy(c1);
+	kvp_layout_destroy(cons);
+	kvp_layout_destroy(prod);
+}
+
+/*
+ * Layouts with a group and nothing in it (a peer may send one): the plan
+ * compiles with no sets and no pieces, and a request emits no WR. Found by
+ * fuzz_plan: the plan's empty arrays were copied from NULL (UBSan).
+ */
+static void test_empty_layouts(void **state)
+{
+	struct kvp_layout_attr a = { .tp_size = 2 };
+	struct kvp_group_desc g = { .kind = KVP_GROUP_FULL, .block_tokens = 16 };
+	struct kvp_ids ids = { 0 };
+	struct kvp_plan_info pi;
+	kvp_layout *l, *r;
+	kvp_plan *p;
+	uint32_t src_end[2];
+
+	(void)state;
+	assert_int_equal(kvp_layout_create(&a, &l), 0);
+	a.tp_size = 1;
+	assert_int_equal(kvp_layout_create(&a, &r), 0);
+	assert_int_equal(kvp_layout_add_group(l, &g, NULL), 0);
+	assert_int_equal(kvp_layout_add_group(r, &g, NULL), 0);
+	assert_int_equal(kvp_plan_compile(l, r, NULL, &p, NULL, 0), 0);
+	kvp_plan_get_info(p, &pi);
+	assert_int_equal(pi.nstreams, 0);
+	assert_int_equal(pi.npieces, 0);
+	assert_int_equal(pi.nsrc, 0);
+	assert_int_equal(pi.nnotify, 1);
+	assert_int_equal(kvp_plan_emit(p, &ids, NULL, 0, NULL, 0, src_end), 0);
+	kvp_plan_destroy(p);
+	assert_int_equal(kvp_notify_expected(r, l, 0), 2);
+	kvp_layout_destroy(l);
+	kvp_layout_destroy(r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest t[] = {
@@ -699,6 +911,9 @@ int main(void)
 		cmocka_unit_test(test_sources),
 		cmocka_unit_test(test_exhaustive_tp),
 		cmocka_unit_test(test_block_sizes),
+		cmocka_unit_test(test_notify_expected_matrix),
+		cmocka_unit_test(test_notify_expected_rank_refusal),
+		cmocka_unit_test(test_empty_layouts),
 	};
 
 	return cmocka_run_group_tests(t, NULL, NULL);
