@@ -26,9 +26,6 @@
 #include "rdma/harness.h"
 #include "../verbs/hmac.c"
 
-#ifndef KVP_META_MIN_LEN
-#define KVP_META_MIN_LEN 64u
-#endif
 #define H_BLOCKS 64
 #define H_NREQ 24	      /* request i reads remote blocks 2i, 2i+1 */
 #define H_REQ0 7000

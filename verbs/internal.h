@@ -205,12 +205,8 @@ KVP_HIDDEN void kvp__auth_mac(const kvp_agent *a, char label,
 #define KVP_META_MAX (16u << 20)
 #define KVP_PEER_BLOB_SLACK 8u
 #define KVP_PEER_BLOB_FLOOR (64u << 10)
-/* Largest TP size a peer may declare. */
-#define KVP_PEER_TP_MAX 1024u
-#ifndef KVP_META_MIN_LEN
-#define KVP_META_MIN_LEN 64u /* until the header defines it */
-#endif
-#define KVP_BM_WORDS (KVP_PEER_TP_MAX / 64)
+/* A request's rank bitmap: one bit per consumer rank a peer may declare. */
+#define KVP_BM_WORDS (KVP_MAX_TP_SIZE / 64)
 
 static inline void kvp__put32(uint8_t *p, uint32_t v)
 {

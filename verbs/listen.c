@@ -139,7 +139,7 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 
 	/* Everything in the hello is checked before anything is set up. */
 	if (kvp__hello_get(pdata, plen, &h) || h.role != KVP_ROLE_CONSUMER ||
-	    id->verbs != a->ctx || h.tp_size > KVP_PEER_TP_MAX ||
+	    id->verbs != a->ctx || h.tp_size > KVP_MAX_TP_SIZE ||
 	    h.blob_len < KVP_META_MIN_LEN || h.blob_len > a->peer_blob_cap ||
 	    kvp__peer_addr(id, src)) {
 		reject(a, id, -EPROTO);

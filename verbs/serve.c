@@ -7,7 +7,7 @@
  * notifications never count for another's request of the same id. Its
  * notification count is frozen when first known (at kvp_agent_expect() if
  * a rank of that engine is connected, else at its first notification) and
- * each consumer rank counts once (a bitmap over ranks < KVP_PEER_TP_MAX).
+ * each consumer rank counts once (a bitmap over ranks < KVP_MAX_TP_SIZE).
  * Reported requests stay as GONE tombstones for KVP_LINGER: a notification
  * for them (late, or replayed) is dropped, and an expect() of the same key
  * is refused with -EALREADY until then. Notifications ahead of expect()
@@ -268,7 +268,7 @@ void kvp__note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 	engine = kvp__get64(m + 16);
 	/* Foreign: another engine or rank than this connection's. */
 	if (engine != c->engine_id || rank != c->rank ||
-	    rank >= KVP_PEER_TP_MAX)
+	    rank >= KVP_MAX_TP_SIZE)
 		goto drop;
 	e = tab_find(a, engine, id);
 	if (e && e->state == EN_GONE)
