@@ -570,6 +570,30 @@ static void test_min_len(void **state)
 	free(b.p);
 }
 
+/* A peer's field whose token dims multiply to block_tokens only modulo
+ * 2^64: 16 (2^31 + 1)^2 (2^31 - 1)^2, strides 0. Refused as malformed. */
+static void test_token_wrap(void **state)
+{
+	kvp_layout *l = build_minimal(1, 0);
+	size_t f0, d;
+	struct blob b;
+
+	(void)state;
+	encode(l, &b);
+	f0 = off_field(&b, 0);
+	wr32(b.p + f0 + 12, 6);
+	for (d = 2; d < 6; d++) {
+		uint8_t *q = b.p + f0 + 32 + 16 * d;
+
+		wr64(q, 0);
+		wr32(q + 8, d & 1 ? (1u << 31) - 1 : (1u << 31) + 1);
+		wr32(q + 12, KVP_AXIS_TOKEN);
+	}
+	expect_decode(&b, b.len, -EPROTO);
+	kvp_layout_destroy(l);
+	free(b.p);
+}
+
 /* TP sizes above KVP_MAX_TP_SIZE are refused, also from a peer. The field is
  * replicated, so only the cap can tell 1024 from 1025. */
 static void test_tp_cap(void **state)
@@ -971,6 +995,7 @@ int main(void)
 		cmocka_unit_test(test_no_field_refused),
 		cmocka_unit_test(test_min_len),
 		cmocka_unit_test(test_tp_cap),
+		cmocka_unit_test(test_token_wrap),
 		cmocka_unit_test(test_big_blob),
 		cmocka_unit_test(test_encode_errors),
 		cmocka_unit_test(test_decode_args),
