@@ -466,7 +466,9 @@ KVP_API void kvp_plan_emit_bound(const kvp_plan *plan, uint32_t max_ids,
  * -ENOSPC when wr_cap or sge_cap is below this request's bound (one WR and
  * one SGE per piece template per period the request walks, before any
  * coalescing; kvp_plan_emit_bound() with the request's largest id count is
- * always enough). Every check runs before anything is written: on error
+ * always enough), -EOVERFLOW when that bound exceeds INT_MAX (the count
+ * could not be returned: split the request). Every check runs before
+ * anything is written: on error
  * wr, sge and src_end are untouched. Allocation-free and thread-safe. If
  * src_end is not NULL, src_end[s] receives one past the last WR of source s
  * (kvp_plan_info.nsrc entries). */

@@ -5,6 +5,7 @@
  * vary per piece are the period-edge filter and the merge test.
  */
 #include <errno.h>
+#include <limits.h>
 #include <string.h>
 
 #include "internal.h"
@@ -336,6 +337,10 @@ int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
 	for (g = 0; g < p->ngroups; g++)
 		bound += p->groups[g].pieces *
 			 stream_periods(&p->groups[g], &need[g]);
+	/* The count is returned as an int: a caller whose caps allow more
+	 * would read a wrapped, negative "error". */
+	if (bound > INT_MAX)
+		return -EOVERFLOW;
 	if (bound > wr_cap || bound > sge_cap)
 		return -ENOSPC;
 	memset(&c, 0, sizeof(c));

@@ -293,8 +293,11 @@ static int check_field(const kvp_layout *l, uint32_t view,
 	for (i = 0; i < f->ndim; i++) {
 		if (!f->dim[i].size || f->dim[i].axis >= KVP_AXIS_COUNT)
 			return -EINVAL;
+		/* A product that wraps could land on block_tokens. */
 		if (f->dim[i].axis == KVP_AXIS_TOKEN) {
-			tokens *= f->dim[i].size;
+			if (__builtin_mul_overflow(tokens, f->dim[i].size,
+						   &tokens))
+				return -EINVAL;
 			ntok++;
 		}
 	}

@@ -468,6 +468,48 @@ static void test_full_hit_null_local(void **state)
 	}
 }
 
+/* A request of more than INT_MAX WRs: 4096 layers, K and V regions, one
+ * piece per block each (8192 a period), 2^18 blocks. Refused before
+ * anything is written, even with caps that would allow it (the arrays
+ * here are far smaller: a write would be caught by ASan). */
+static void test_count_overflow(void **state)
+{
+	struct kvp_model m = tiny(1);
+	struct kvp_plan_attr attr = { .max_sge = 1 };
+	const uint32_t n = 1u << 18;
+	kvp_layout *lay;
+	kvp_plan *plan;
+	struct kvp_ids ids;
+	struct out o;
+	uint32_t *zeros, end = 0xdeadbeefu;
+
+	(void)state;
+	m.layers = KVP_MAX_LAYERS;
+	lay = kvt_build(&m, 1, 0, 4, 0, 2, HND);
+	assert_non_null(lay);
+	assert_int_equal(kvp_plan_compile(lay, lay, &attr, &plan, NULL, 0), 0);
+	zeros = calloc(n, sizeof(*zeros));
+	assert_non_null(zeros);
+	/* 2^31 - 8192 WRs still fit an int: the caps decide */
+	ids = mkids(zeros, n - 1, zeros, n - 1, 0);
+	out_canary(&o);
+	assert_int_equal(kvp_plan_emit(plan, &ids, o.wr, CAP, o.sge, CAP,
+				       &end),
+			 -ENOSPC);
+	ids = mkids(zeros, n, zeros, n, 0);
+	assert_int_equal(kvp_plan_emit(plan, &ids, o.wr, UINT32_MAX, o.sge,
+				       UINT32_MAX, &end),
+			 -EOVERFLOW);
+	assert_int_equal(kvp_plan_emit(plan, &ids, o.wr, CAP, o.sge, CAP,
+				       &end),
+			 -EOVERFLOW);
+	out_untouched(&o);
+	assert_int_equal(end, 0xdeadbeefu);
+	free(zeros);
+	kvp_plan_destroy(plan);
+	kvp_layout_destroy(lay);
+}
+
 /* ---- rejections --------------------------------------------------------- */
 
 /* P=2 -> D=1, HND, max_sge 2 (see test_exact_tp): 4 WRs of 2 SGEs. */
@@ -1120,6 +1162,7 @@ int main(void)
 		cmocka_unit_test(test_exact_block_ratio),
 		cmocka_unit_test(test_hits_and_tokens),
 		cmocka_unit_test(test_full_hit_null_local),
+		cmocka_unit_test(test_count_overflow),
 		cmocka_unit_test(test_rejects),
 		cmocka_unit_test(test_coalescing_bound),
 		cmocka_unit_test(test_emit_bound),

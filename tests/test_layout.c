@@ -275,6 +275,15 @@ static void test_add_field_rejects(void **state)
 	f.dim[1].size = 2, f.dim[1].stride = 32;
 	f.dim[3] = (struct kvp_dim){ 16, 4, KVP_AXIS_TOKEN };
 	field_rejected(l, 0, &f, "2 x 4 token dims in a 4-token block");
+	/* 4 (2^31 + 1)^2 (2^31 - 1)^2 = 4 (2^62 - 1)^2 is 4 modulo 2^64: the
+	 * product wrapped onto block_tokens (stride 0 keeps the extent in
+	 * the page) */
+	f = k_field(), f.ndim = 6;
+	f.dim[2] = (struct kvp_dim){ 0, (1u << 31) + 1, KVP_AXIS_TOKEN };
+	f.dim[3] = (struct kvp_dim){ 0, (1u << 31) - 1, KVP_AXIS_TOKEN };
+	f.dim[4] = f.dim[2];
+	f.dim[5] = f.dim[3];
+	field_rejected(l, 0, &f, "2^126 tokens wrapping to 4");
 	/* a token axis in a STATE group */
 	f = ssm_field(), f.dim[1].axis = KVP_AXIS_TOKEN;
 	field_rejected(l, 1, &f, "token axis in a STATE group");

@@ -512,10 +512,13 @@ static kvp_layout *build_minimal(uint32_t tp, uint32_t rank)
 					.tp_rank = rank };
 	struct kvp_group_desc g = { .kind = KVP_GROUP_MLA,
 				    .block_tokens = 16 };
-	struct kvp_view_desc v = { .num_blocks = 4, .stride = 1024 };
+	struct kvp_view_desc v;
 	struct kvp_field_desc f;
 	kvp_layout *l;
 
+	memset(&v, 0, sizeof(v));
+	v.num_blocks = 4;
+	v.stride = 1024;
 	memset(&f, 0, sizeof(f));
 	f.kind = KVP_FIELD_LATENT;
 	f.elem_size = 2;
@@ -563,6 +566,30 @@ static void test_min_len(void **state)
 	t.p = junk;
 	expect_decode(&t, KVP_META_MIN_LEN, -EPROTO);
 	free(junk);
+	kvp_layout_destroy(l);
+	free(b.p);
+}
+
+/* A peer's field whose token dims multiply to block_tokens only modulo
+ * 2^64: 16 (2^31 + 1)^2 (2^31 - 1)^2, strides 0. Refused as malformed. */
+static void test_token_wrap(void **state)
+{
+	kvp_layout *l = build_minimal(1, 0);
+	size_t f0, d;
+	struct blob b;
+
+	(void)state;
+	encode(l, &b);
+	f0 = off_field(&b, 0);
+	wr32(b.p + f0 + 12, 6);
+	for (d = 2; d < 6; d++) {
+		uint8_t *q = b.p + f0 + 32 + 16 * d;
+
+		wr64(q, 0);
+		wr32(q + 8, d & 1 ? (1u << 31) - 1 : (1u << 31) + 1);
+		wr32(q + 12, KVP_AXIS_TOKEN);
+	}
+	expect_decode(&b, b.len, -EPROTO);
 	kvp_layout_destroy(l);
 	free(b.p);
 }
@@ -616,9 +643,13 @@ static void test_big_blob(void **state)
 	assert_int_equal(kvp_layout_add_group(l, &g, NULL), 0);
 	assert_int_equal(kvp_layout_add_region(l, 1 << 20, NULL), 0);
 	for (i = 0; i < BIG_VIEWS; i++) {
-		struct kvp_view_desc v = { .layer = i, .num_blocks = 4,
-					   .stride = 4096 };
+		struct kvp_view_desc v;
 
+		/* padding too: the layouts are compared bytewise */
+		memset(&v, 0, sizeof(v));
+		v.layer = i;
+		v.num_blocks = 4;
+		v.stride = 4096;
 		assert_int_equal(kvp_layout_add_view(l, &v, &view), 0);
 		for (k = 0; k < 2; k++) {
 			memset(&f, 0, sizeof(f));
@@ -964,6 +995,7 @@ int main(void)
 		cmocka_unit_test(test_no_field_refused),
 		cmocka_unit_test(test_min_len),
 		cmocka_unit_test(test_tp_cap),
+		cmocka_unit_test(test_token_wrap),
 		cmocka_unit_test(test_big_blob),
 		cmocka_unit_test(test_encode_errors),
 		cmocka_unit_test(test_decode_args),
