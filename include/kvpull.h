@@ -786,8 +786,9 @@ struct kvp_peer {
  * never compared in-band. Ranks without a carried blob are checked as in
  * the handshake above.
  *
- * Returns 0; -EINVAL (not a consumer, bad arguments, a NULL address, meta
- * NULL with meta_len > 0 or meta_len 0 with meta set); -EISCONN when
+ * Returns 0; -EINVAL (not a consumer, bad arguments, n of 0 or above
+ * KVP_MAX_TP_SIZE, a NULL address, meta NULL with meta_len > 0 or meta_len
+ * 0 with meta set); -EISCONN when
  * already connected; -ENXIO when a region is not registered; -EPROTO when
  * a producer's metadata, carried or in-band, is malformed (a truncated or
  * corrupt blob, larger than 16 MiB) or does not match (engine id, TP size

@@ -1252,13 +1252,17 @@ static int sort_streams(struct work *w)
 static void group_bounds(const kvp_layout *l, uint32_t g, uint32_t *nb)
 {
 	uint32_t v;
+	int seen = 0;
 
-	*nb = UINT32_MAX;
-	for (v = 0; v < l->nviews; v++)
-		if (l->views[v].group == g && l->views[v].num_blocks < *nb)
+	/* No sentinel: UINT32_MAX blocks is a legal view size. */
+	*nb = 0;
+	for (v = 0; v < l->nviews; v++) {
+		if (l->views[v].group == g &&
+		    (!seen || l->views[v].num_blocks < *nb)) {
 			*nb = l->views[v].num_blocks;
-	if (*nb == UINT32_MAX)
-		*nb = 0;
+			seen = 1;
+		}
+	}
 }
 
 /* Whether any block id < num_blocks keeps `end` bytes of its page inside the

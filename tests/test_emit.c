@@ -510,6 +510,41 @@ static void test_count_overflow(void **state)
 	kvp_layout_destroy(lay);
 }
 
+/* num_blocks = 4294967295 is a legal size: block 0 and block 2^32 - 2 are
+ * in range, 2^32 - 1 is not (the planner once used UINT32_MAX as "no view
+ * yet", which turned every id out of range). */
+static void test_max_blocks(void **state)
+{
+	struct kvp_model m = tiny(1);
+	kvp_layout *lay;
+	kvp_plan *plan;
+	struct kvp_plan_group pg;
+	uint32_t ids0[1] = { 0 }, top[1] = { UINT32_MAX - 1 },
+		 past[1] = { UINT32_MAX };
+	struct kvp_ids ids;
+	struct out o;
+
+	(void)state;
+	lay = kvt_build(&m, 1, 0, 4, 0, UINT32_MAX, HND);
+	assert_non_null(lay);
+	assert_int_equal(kvp_plan_compile(lay, lay, NULL, &plan, NULL, 0), 0);
+	assert_int_equal(kvp_plan_get_group(plan, 0, &pg), 0);
+	assert_int_equal(pg.local_blocks, UINT32_MAX);
+	assert_int_equal(pg.remote_blocks, UINT32_MAX);
+	ids = mkids(ids0, 1, ids0, 1, 0);
+	assert_true(kvp_plan_emit(plan, &ids, o.wr, CAP, o.sge, CAP, NULL) > 0);
+	ids = mkids(top, 1, top, 1, 0);
+	assert_true(kvp_plan_emit(plan, &ids, o.wr, CAP, o.sge, CAP, NULL) > 0);
+	ids = mkids(past, 1, past, 1, 0);
+	out_canary(&o);
+	assert_int_equal(kvp_plan_emit(plan, &ids, o.wr, CAP, o.sge, CAP,
+				       NULL),
+			 -ERANGE);
+	out_untouched(&o);
+	kvp_plan_destroy(plan);
+	kvp_layout_destroy(lay);
+}
+
 /* ---- rejections --------------------------------------------------------- */
 
 /* P=2 -> D=1, HND, max_sge 2 (see test_exact_tp): 4 WRs of 2 SGEs. */
@@ -1163,6 +1198,7 @@ int main(void)
 		cmocka_unit_test(test_hits_and_tokens),
 		cmocka_unit_test(test_full_hit_null_local),
 		cmocka_unit_test(test_count_overflow),
+		cmocka_unit_test(test_max_blocks),
 		cmocka_unit_test(test_rejects),
 		cmocka_unit_test(test_coalescing_bound),
 		cmocka_unit_test(test_emit_bound),

@@ -472,7 +472,7 @@ int kvp_agent_connect(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
 	int err, r;
 
 	if (!a || a->role != KVP_ROLE_CONSUMER || !ranks || !n ||
-	    n > 0xffff || timeout_ms <= 0)
+	    n > KVP_MAX_TP_SIZE || timeout_ms <= 0)
 		return -EINVAL;
 	if (a->connected)
 		return -EISCONN;
