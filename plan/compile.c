@@ -98,25 +98,43 @@ static int fkey_cmp(const void *x, const void *y)
 }
 
 /* Field indices sorted by (group, layer, kind), in O(n log n) whatever the
- * order a peer sends its fields in. */
+ * order a peer sends its fields in. Builders add fields layer by layer, so
+ * an insertion sort, linear on nearly sorted input, runs first; past a
+ * budget of moves (input far from sorted) qsort() finishes the job. */
 static uint32_t *sorted_fields(const kvp_layout *l)
 {
 	uint32_t *idx = malloc(((size_t)l->nfields + 1) * sizeof(*idx));
-	struct fkey *k = malloc(((size_t)l->nfields + 1) * sizeof(*k));
-	uint32_t i;
+	uint64_t budget = 8 * (uint64_t)l->nfields;
+	struct fkey *k;
+	uint32_t i, j;
 
-	if (!idx || !k) {
+	if (!idx)
+		return NULL;
+	for (i = 0; i < l->nfields; i++)
+		idx[i] = i;
+	for (i = 1; i < l->nfields && budget; i++) {
+		uint32_t v = idx[i];
+
+		for (j = i; j > 0 && budget &&
+			    field_key_cmp(l, idx[j - 1], l, v) > 0;
+		     j--, budget--)
+			idx[j] = idx[j - 1];
+		idx[j] = v;
+	}
+	if (budget)
+		return idx;
+	k = malloc(((size_t)l->nfields + 1) * sizeof(*k));
+	if (!k) {
 		free(idx);
-		free(k);
 		return NULL;
 	}
 	for (i = 0; i < l->nfields; i++) {
-		const struct kvp_view_desc *v = &l->views[l->fields[i].view];
+		const struct kvp_field *f = &l->fields[idx[i]];
 
-		k[i].group = v->group;
-		k[i].layer = v->layer;
-		k[i].kind = l->fields[i].d.kind;
-		k[i].idx = i;
+		k[i].group = l->views[f->view].group;
+		k[i].layer = l->views[f->view].layer;
+		k[i].kind = f->d.kind;
+		k[i].idx = idx[i];
 	}
 	qsort(k, l->nfields, sizeof(*k), fkey_cmp);
 	for (i = 0; i < l->nfields; i++)
@@ -859,25 +877,36 @@ static int view_shapes(const kvp_layout *l, const struct csr *c,
 	uint32_t *rep = malloc(((size_t)l->nviews + 1) * sizeof(*rep));
 	struct shape_ctx x = { l, c, rep, 0 };
 	struct imap m = { 0 };
-	uint32_t v, i, h, s, nrep = 0;
+	uint32_t v, i, h, s, nrep = 0, recent[4] = { 0 };
 	int err = 0;
 
 	if (!rep)
 		return -ENOMEM;
 	for (v = 0; v < l->nviews; v++) {
+		/* Fast path: layers repeat the last few shapes (K and V views
+		 * alternate); the map is for the rest. */
+		x.v = v;
+		for (i = 0; i < 4 && i < nrep; i++)
+			if (shape_eq(&x, recent[i]))
+				break;
+		if (i < 4 && i < nrep) {
+			shape[v] = recent[i];
+			continue;
+		}
 		h = mix(0, l->views[v].group);
 		for (i = c->first[v]; i < c->first[v + 1]; i++)
 			h = field_hash(h, &l->fields[c->list[i]].d);
 		err = imap_reserve(&m);
 		if (err)
 			break;
-		x.v = v;
 		s = imap_probe(&m, h, shape_eq, &x);
 		if (!m.slot[s]) {
 			imap_put(&m, s, h, nrep);
 			rep[nrep++] = v;
 		}
 		shape[v] = m.slot[s] - 1;
+		memmove(recent + 1, recent, sizeof(recent) - sizeof(*recent));
+		recent[0] = shape[v];
 	}
 	imap_free(&m);
 	free(rep);
