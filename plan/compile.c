@@ -919,6 +919,11 @@ struct set_key {
 	uint32_t lshape, rshape, rank;
 };
 
+/* Where a set's farthest piece ends in a page, on each side. */
+struct set_end {
+	uint64_t l, r;
+};
+
 /* A segment of the i-th field pair of a sub-list; `pos` orders the
  * segments of one rank as they were generated. */
 struct rseg {
@@ -952,6 +957,7 @@ struct work {
 	struct pvec pieces;
 	struct kvp_pset *sets;
 	struct set_key *keys;
+	struct set_end *ends;
 	uint32_t nsets, cap_sets;
 	struct kvp_pstream *streams; /* src holds the rank until the end */
 	uint32_t nstreams, cap_streams;
@@ -1021,6 +1027,10 @@ static int make_set(struct work *w, uint32_t lv, uint32_t rv, uint32_t group,
 		if (!a)
 			return -ENOMEM;
 		w->keys = a;
+		a = realloc(w->ends, cap * sizeof(*w->ends));
+		if (!a)
+			return -ENOMEM;
+		w->ends = a;
 		w->cap_sets = cap;
 	}
 	if (w->nsets >= UINT16_MAX) {
@@ -1029,8 +1039,16 @@ static int make_set(struct work *w, uint32_t lv, uint32_t rv, uint32_t group,
 	}
 	w->pieces.n = first +
 		      merge_pieces(w->pieces.p + first, w->pieces.n - first);
-	for (i = first; i < w->pieces.n; i++)
-		bytes += w->pieces.p[i].len;
+	w->ends[w->nsets].l = w->ends[w->nsets].r = 0;
+	for (i = first; i < w->pieces.n; i++) {
+		const struct kvp_piece *p = &w->pieces.p[i];
+
+		bytes += p->len;
+		if (p->loff + (uint64_t)p->len > w->ends[w->nsets].l)
+			w->ends[w->nsets].l = p->loff + (uint64_t)p->len;
+		if (p->roff + (uint64_t)p->len > w->ends[w->nsets].r)
+			w->ends[w->nsets].r = p->roff + (uint64_t)p->len;
+	}
 	w->sets[w->nsets].first = first;
 	w->sets[w->nsets].count = w->pieces.n - first;
 	w->sets[w->nsets].group = group;
@@ -1300,33 +1318,27 @@ static int view_fits(const struct kvp_view_desc *v, uint64_t region,
 }
 
 /* Checks every stream's farthest piece against both regions: a piece lies
- * inside one page, so the last page bounds it whatever the block id. */
+ * inside one page, so the last page bounds it whatever the block id. The
+ * farthest piece of each set was found when the set was made, so this is
+ * linear in the streams, not streams times pieces. */
 static int check_bounds(struct work *w)
 {
-	uint32_t i, k;
+	uint32_t i;
 
 	for (i = 0; i < w->nstreams; i++) {
 		const struct kvp_pstream *s = &w->streams[i];
-		const struct kvp_pset *set = &w->sets[s->set];
 		const struct kvp_view_desc *lv = &w->l->views[s->lview];
 		const struct kvp_view_desc *rv = &w->r->views[s->rview];
-		uint64_t lend = 0, rend = 0;
 
-		for (k = set->first; k < set->first + set->count; k++) {
-			const struct kvp_piece *p = &w->pieces.p[k];
-
-			if (p->loff + (uint64_t)p->len > lend)
-				lend = p->loff + (uint64_t)p->len;
-			if (p->roff + (uint64_t)p->len > rend)
-				rend = p->roff + (uint64_t)p->len;
-		}
-		if (!view_fits(lv, w->l->regions[lv->region], lend)) {
+		if (!view_fits(lv, w->l->regions[lv->region],
+			       w->ends[s->set].l)) {
 			kvp__msg(w->msg, w->msglen,
 				 "layer %u: a planned write runs past local region %u",
 				 lv->layer, lv->region);
 			return -EPROTO;
 		}
-		if (!view_fits(rv, w->r->regions[rv->region], rend)) {
+		if (!view_fits(rv, w->r->regions[rv->region],
+			       w->ends[s->set].r)) {
 			kvp__msg(w->msg, w->msglen,
 				 "layer %u: a planned read runs past remote region %u",
 				 rv->layer, rv->region);
@@ -1346,6 +1358,7 @@ static void work_free(struct work *w)
 	free(w->pieces.p);
 	free(w->sets);
 	free(w->keys);
+	free(w->ends);
 	free(w->streams);
 	free(w->pairs);
 	imap_free(&w->pmap);
