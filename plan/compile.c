@@ -1617,8 +1617,9 @@ static int ne_parts(struct ne_work *w)
 			w->mod[w->nmod++] = P;
 			continue;
 		}
+		/* as segments() picks a replica (P % t != 0 fails anyway) */
 		t = r->fields[i].d.shard_total;
-		if (t && t % P && P % t == 0)
+		if (t && t % P)
 			w->mod[w->nmod++] = P / t;
 	}
 	w->ntot = sort_unique(w->tot, w->ntot);
