@@ -544,10 +544,10 @@ KVP_API KVP_MUST_CHECK int kvp_plan_get_piece(const kvp_plan *plan, uint32_t i,
  * is `consumer_layout` (any rank's layout of each engine). Returns the count
  * (>= 1), -EPROTO exactly when kvp_plan_compile() refuses some consumer
  * rank's plan, -EINVAL, -ENOMEM. Costs one plan compilation per class of
- * consumer ranks that compile alike (same shard starts and replica choices:
- * at most the layout's shard totals times its replica counts, e.g. 8 for
- * 8 KV heads at any consumer TP) plus O(D) arithmetic: handshake time, not
- * the hot path. */
+ * consumer ranks whose plans are alike up to a shift of producer ranks
+ * (same ranges relative to their shards: a few, e.g. 16 for 128 SSM heads
+ * on 8 producer ranks, whatever the consumer TP size D) plus work linear in
+ * D times the segments a rank reads: handshake time, not the hot path. */
 KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout,
 					       const kvp_layout *consumer_layout,
 					       uint32_t producer);

@@ -7,6 +7,7 @@
  * common index space. Pieces of identical geometry are shared by all layers.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,25 +99,43 @@ static int fkey_cmp(const void *x, const void *y)
 }
 
 /* Field indices sorted by (group, layer, kind), in O(n log n) whatever the
- * order a peer sends its fields in. */
+ * order a peer sends its fields in. Builders add fields layer by layer, so
+ * an insertion sort, linear on nearly sorted input, runs first; past a
+ * budget of moves (input far from sorted) qsort() finishes the job. */
 static uint32_t *sorted_fields(const kvp_layout *l)
 {
 	uint32_t *idx = malloc(((size_t)l->nfields + 1) * sizeof(*idx));
-	struct fkey *k = malloc(((size_t)l->nfields + 1) * sizeof(*k));
-	uint32_t i;
+	uint64_t budget = 8 * (uint64_t)l->nfields;
+	struct fkey *k;
+	uint32_t i, j;
 
-	if (!idx || !k) {
+	if (!idx)
+		return NULL;
+	for (i = 0; i < l->nfields; i++)
+		idx[i] = i;
+	for (i = 1; i < l->nfields && budget; i++) {
+		uint32_t v = idx[i];
+
+		for (j = i; j > 0 && budget &&
+			    field_key_cmp(l, idx[j - 1], l, v) > 0;
+		     j--, budget--)
+			idx[j] = idx[j - 1];
+		idx[j] = v;
+	}
+	if (budget)
+		return idx;
+	k = malloc(((size_t)l->nfields + 1) * sizeof(*k));
+	if (!k) {
 		free(idx);
-		free(k);
 		return NULL;
 	}
 	for (i = 0; i < l->nfields; i++) {
-		const struct kvp_view_desc *v = &l->views[l->fields[i].view];
+		const struct kvp_field *f = &l->fields[idx[i]];
 
-		k[i].group = v->group;
-		k[i].layer = v->layer;
-		k[i].kind = l->fields[i].d.kind;
-		k[i].idx = i;
+		k[i].group = l->views[f->view].group;
+		k[i].layer = l->views[f->view].layer;
+		k[i].kind = f->d.kind;
+		k[i].idx = idx[i];
 	}
 	qsort(k, l->nfields, sizeof(*k), fkey_cmp);
 	for (i = 0; i < l->nfields; i++)
@@ -859,25 +878,36 @@ static int view_shapes(const kvp_layout *l, const struct csr *c,
 	uint32_t *rep = malloc(((size_t)l->nviews + 1) * sizeof(*rep));
 	struct shape_ctx x = { l, c, rep, 0 };
 	struct imap m = { 0 };
-	uint32_t v, i, h, s, nrep = 0;
+	uint32_t v, i, h, s, nrep = 0, recent[4] = { 0 };
 	int err = 0;
 
 	if (!rep)
 		return -ENOMEM;
 	for (v = 0; v < l->nviews; v++) {
+		/* Fast path: layers repeat the last few shapes (K and V views
+		 * alternate); the map is for the rest. */
+		x.v = v;
+		for (i = 0; i < 4 && i < nrep; i++)
+			if (shape_eq(&x, recent[i]))
+				break;
+		if (i < 4 && i < nrep) {
+			shape[v] = recent[i];
+			continue;
+		}
 		h = mix(0, l->views[v].group);
 		for (i = c->first[v]; i < c->first[v + 1]; i++)
 			h = field_hash(h, &l->fields[c->list[i]].d);
 		err = imap_reserve(&m);
 		if (err)
 			break;
-		x.v = v;
 		s = imap_probe(&m, h, shape_eq, &x);
 		if (!m.slot[s]) {
 			imap_put(&m, s, h, nrep);
 			rep[nrep++] = v;
 		}
 		shape[v] = m.slot[s] - 1;
+		memmove(recent + 1, recent, sizeof(recent) - sizeof(*recent));
+		recent[0] = shape[v];
 	}
 	imap_free(&m);
 	free(rep);
@@ -888,6 +918,11 @@ static int view_shapes(const kvp_layout *l, const struct csr *c,
 
 struct set_key {
 	uint32_t lshape, rshape, rank;
+};
+
+/* Where a set's farthest piece ends in a page, on each side. */
+struct set_end {
+	uint64_t l, r;
 };
 
 /* A segment of the i-th field pair of a sub-list; `pos` orders the
@@ -923,6 +958,7 @@ struct work {
 	struct pvec pieces;
 	struct kvp_pset *sets;
 	struct set_key *keys;
+	struct set_end *ends;
 	uint32_t nsets, cap_sets;
 	struct kvp_pstream *streams; /* src holds the rank until the end */
 	uint32_t nstreams, cap_streams;
@@ -992,6 +1028,10 @@ static int make_set(struct work *w, uint32_t lv, uint32_t rv, uint32_t group,
 		if (!a)
 			return -ENOMEM;
 		w->keys = a;
+		a = realloc(w->ends, cap * sizeof(*w->ends));
+		if (!a)
+			return -ENOMEM;
+		w->ends = a;
 		w->cap_sets = cap;
 	}
 	if (w->nsets >= UINT16_MAX) {
@@ -1000,8 +1040,16 @@ static int make_set(struct work *w, uint32_t lv, uint32_t rv, uint32_t group,
 	}
 	w->pieces.n = first +
 		      merge_pieces(w->pieces.p + first, w->pieces.n - first);
-	for (i = first; i < w->pieces.n; i++)
-		bytes += w->pieces.p[i].len;
+	w->ends[w->nsets].l = w->ends[w->nsets].r = 0;
+	for (i = first; i < w->pieces.n; i++) {
+		const struct kvp_piece *p = &w->pieces.p[i];
+
+		bytes += p->len;
+		if (p->loff + (uint64_t)p->len > w->ends[w->nsets].l)
+			w->ends[w->nsets].l = p->loff + (uint64_t)p->len;
+		if (p->roff + (uint64_t)p->len > w->ends[w->nsets].r)
+			w->ends[w->nsets].r = p->roff + (uint64_t)p->len;
+	}
 	w->sets[w->nsets].first = first;
 	w->sets[w->nsets].count = w->pieces.n - first;
 	w->sets[w->nsets].group = group;
@@ -1275,33 +1323,27 @@ static int view_fits(const struct kvp_view_desc *v, uint64_t region,
 }
 
 /* Checks every stream's farthest piece against both regions: a piece lies
- * inside one page, so the last page bounds it whatever the block id. */
+ * inside one page, so the last page bounds it whatever the block id. The
+ * farthest piece of each set was found when the set was made, so this is
+ * linear in the streams, not streams times pieces. */
 static int check_bounds(struct work *w)
 {
-	uint32_t i, k;
+	uint32_t i;
 
 	for (i = 0; i < w->nstreams; i++) {
 		const struct kvp_pstream *s = &w->streams[i];
-		const struct kvp_pset *set = &w->sets[s->set];
 		const struct kvp_view_desc *lv = &w->l->views[s->lview];
 		const struct kvp_view_desc *rv = &w->r->views[s->rview];
-		uint64_t lend = 0, rend = 0;
 
-		for (k = set->first; k < set->first + set->count; k++) {
-			const struct kvp_piece *p = &w->pieces.p[k];
-
-			if (p->loff + (uint64_t)p->len > lend)
-				lend = p->loff + (uint64_t)p->len;
-			if (p->roff + (uint64_t)p->len > rend)
-				rend = p->roff + (uint64_t)p->len;
-		}
-		if (!view_fits(lv, w->l->regions[lv->region], lend)) {
+		if (!view_fits(lv, w->l->regions[lv->region],
+			       w->ends[s->set].l)) {
 			kvp__msg(w->msg, w->msglen,
 				 "layer %u: a planned write runs past local region %u",
 				 lv->layer, lv->region);
 			return -EPROTO;
 		}
-		if (!view_fits(rv, w->r->regions[rv->region], rend)) {
+		if (!view_fits(rv, w->r->regions[rv->region],
+			       w->ends[s->set].r)) {
 			kvp__msg(w->msg, w->msglen,
 				 "layer %u: a planned read runs past remote region %u",
 				 rv->layer, rv->region);
@@ -1321,6 +1363,7 @@ static void work_free(struct work *w)
 	free(w->pieces.p);
 	free(w->sets);
 	free(w->keys);
+	free(w->ends);
 	free(w->streams);
 	free(w->pairs);
 	imap_free(&w->pmap);
@@ -1513,100 +1556,162 @@ void kvp_plan_destroy(kvp_plan *p)
  * kvp_notify_expected(): how many consumer ranks name `producer` in their
  * notify list, without a compilation per consumer rank.
  *
- * kvp_plan_compile() sees the consumer rank c only through the start of c's
- * shard of each sharded local field (kvp_shard_range(total, D, c)) and the
- * replica c reads a replicated remote field from (c % P for an unsharded
- * remote field, c % (P / total) for a remote field of fewer indices than
- * ranks); the notify cover is added after planning. Ranks equal in all of
- * those compile the same plan up to the cover, or fail the same way, so one
- * compilation per class of ranks decides refusal (in rank order, so the
- * error is the first failing rank's) and which producers a rank reads from.
- * The classes are few: the key takes at most min(D, total) values per field
- * shape (kv heads, SSM heads), times the replica counts. Refusal does depend
- * on the rank in corner cases (a rank whose range crosses one more producer
- * boundary than its neighbours' and hits a limit), which is why one
- * compilation is not enough.
+ * kvp_plan_compile() sees the consumer rank c only through segments(): for
+ * each matched field pair, which producer ranks c reads which index ranges
+ * of the sharded axis from, and through the start of c's shard on the
+ * local sharded axis where the producer does not shard it. Pieces depend on
+ * a segment's range relative to c's shard and to the producer rank's shard
+ * (every producer rank has the same layout up to its shard), and on ranks
+ * only through their order. So two consumer ranks whose segments are the
+ * same relative ranges, from ranks that differ by one shift, compile the
+ * same plan with its sources shifted, or fail alike; the notify cover is
+ * added after planning. One compilation per class of such ranks decides
+ * refusal (in rank order: the error is the first failing rank's) and which
+ * producers each rank reads from. Classes are few: ranks spaced by D/P
+ * (or by replica counts) look alike, e.g. 16 for a hybrid model of 128 SSM
+ * heads at P 8 and any D. Refusal itself can depend on the rank (one rank's
+ * range crosses one more producer boundary than its neighbours' and hits a
+ * limit), which is why one compilation is not enough.
  */
+
+/* A kind of field pair as segments() sees it; lf, rf: a representative. */
+struct ne_pair {
+	uint32_t lax, ltot, rax, rtot; /* sharded axis (or COUNT), total */
+	uint32_t llen[KVP_AXIS_COUNT];  /* local shard extent per axis */
+	uint32_t lf, rf;
+};
+
+#define NE_PAIR_KEY offsetof(struct ne_pair, lf)
+#define NE_SEGS 256 /* segments()'s limit in kvp_plan_compile() */
+
 struct ne_class {
 	uint64_t hash;
-	uint32_t rank; /* representative: the first rank of the class */
-	uint8_t reads; /* its plan reads from the producer */
+	uint32_t rank, base; /* representative and its lowest source */
+	uint32_t src, nsrc;  /* its plan's sources: w->src[src .. + nsrc) */
 };
 
 struct ne_work {
 	const kvp_layout *prod, *cons;
-	uint32_t *tot, ntot; /* distinct local shard totals */
-	uint32_t *mod, nmod; /* distinct replica counts */
+	struct ne_pair *pair;
+	uint32_t npair;
+	struct seg *seg;    /* NE_SEGS per pair */
+	int *nseg;          /* per pair: count, or < 0 when segments() fails */
 	uint32_t *key, *key2;
 	struct ne_class *cls;
 	uint32_t ncls, cap_cls;
 	uint32_t *slot, nslot; /* hash table of class indices + 1 */
+	uint32_t *src, nsrc, cap_src;
 };
 
-static int u32_cmp(const void *x, const void *y)
+static int ne_pair_cmp(const void *x, const void *y)
 {
-	uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
-
-	return a < b ? -1 : a > b;
+	return memcmp(x, y, NE_PAIR_KEY);
 }
 
-static uint32_t sort_unique(uint32_t *v, uint32_t n)
-{
-	uint32_t i, m = 0;
-
-	qsort(v, n, sizeof(*v), u32_cmp);
-	for (i = 0; i < n; i++)
-		if (!m || v[m - 1] != v[i])
-			v[m++] = v[i];
-	return m;
-}
-
-/* Collects the key's parts: the local shard totals, the replica counts. */
-static int ne_parts(struct ne_work *w)
+/* The distinct kinds of matched field pairs (the pair matches: rank 0's
+ * plan compiled). */
+static int ne_pairs(struct ne_work *w)
 {
 	const kvp_layout *l = w->cons, *r = w->prod;
-	uint32_t P = r->attr.tp_size, i, t;
+	uint32_t *ridx = sorted_fields(r), i, n = 0;
+	struct axes a;
 
-	w->tot = malloc(((size_t)l->nfields + 1) * sizeof(*w->tot));
-	w->mod = malloc(((size_t)r->nfields + 1) * sizeof(*w->mod));
-	if (!w->tot || !w->mod)
+	w->pair = malloc(((size_t)l->nfields + 1) * sizeof(*w->pair));
+	if (!ridx || !w->pair) {
+		free(ridx);
 		return -ENOMEM;
-	for (i = 0; i < l->nfields; i++)
-		if (l->fields[i].d.shard_dim != KVP_NO_SHARD)
-			w->tot[w->ntot++] = l->fields[i].d.shard_total;
-	for (i = 0; i < r->nfields; i++) {
-		if (r->fields[i].d.shard_dim == KVP_NO_SHARD) {
-			w->mod[w->nmod++] = P;
-			continue;
-		}
-		t = r->fields[i].d.shard_total;
-		if (t && t % P && P % t == 0)
-			w->mod[w->nmod++] = P / t;
 	}
-	w->ntot = sort_unique(w->tot, w->ntot);
-	w->nmod = sort_unique(w->mod, w->nmod);
-	w->key = malloc(((size_t)w->ntot + w->nmod + 1) * sizeof(*w->key));
-	w->key2 = malloc(((size_t)w->ntot + w->nmod + 1) * sizeof(*w->key2));
-	return w->key && w->key2 ? 0 : -ENOMEM;
-}
+	for (i = 0; i < l->nfields; i++) {
+		const struct kvp_field_desc *lf = &l->fields[i].d, *rf;
+		struct ne_pair *p = &w->pair[n];
+		int k = find_field(r, ridx, l, i);
 
-/* Writes rank c's key into k; returns its hash. */
-static uint64_t ne_key(const struct ne_work *w, uint32_t c, uint32_t *k)
-{
-	uint64_t h = 0xcbf29ce484222325ull;
-	uint32_t i, n = 0, len;
-
-	for (i = 0; i < w->ntot; i++) {
-		/* A total D does not divide fails every rank alike. */
-		if (kvp_shard_range(w->tot[i], w->cons->attr.tp_size, c,
-				    &k[n], &len))
-			k[n] = 0;
+		if (k < 0 || field_axes(lf, l->attr.tp_size, 0, &a)) {
+			free(ridx);
+			return -EPROTO; /* not after a compiled plan */
+		}
+		rf = &r->fields[k].d;
+		memset(p, 0, sizeof(*p));
+		p->lax = lf->shard_dim == KVP_NO_SHARD ?
+				 KVP_AXIS_COUNT :
+				 lf->dim[lf->shard_dim].axis;
+		p->ltot = lf->shard_dim == KVP_NO_SHARD ? 0 : lf->shard_total;
+		p->rax = rf->shard_dim == KVP_NO_SHARD ?
+				 KVP_AXIS_COUNT :
+				 rf->dim[rf->shard_dim].axis;
+		p->rtot = rf->shard_dim == KVP_NO_SHARD ? 0 : rf->shard_total;
+		memcpy(p->llen, a.len, sizeof(p->llen));
+		p->lf = i;
+		p->rf = (uint32_t)k;
 		n++;
 	}
-	for (i = 0; i < w->nmod; i++)
-		k[n++] = c % w->mod[i];
-	for (i = 0; i < n; i++)
+	free(ridx);
+	qsort(w->pair, n, sizeof(*w->pair), ne_pair_cmp);
+	for (i = 0, w->npair = 0; i < n; i++)
+		if (!w->npair || ne_pair_cmp(&w->pair[w->npair - 1],
+					     &w->pair[i]))
+			w->pair[w->npair++] = w->pair[i];
+	w->seg = malloc(((size_t)w->npair * NE_SEGS + 1) * sizeof(*w->seg));
+	w->nseg = malloc(((size_t)w->npair + 1) * sizeof(*w->nseg));
+	w->key = malloc(((size_t)w->npair * (2 + 4 * NE_SEGS) + 1) *
+			sizeof(*w->key));
+	w->key2 = malloc(((size_t)w->npair * (2 + 4 * NE_SEGS) + 1) *
+			 sizeof(*w->key2));
+	return w->seg && w->nseg && w->key && w->key2 ? 0 : -ENOMEM;
+}
+
+/* Writes rank c's key (its segments relative to its shard, the producer
+ * ranks' shards and its lowest source) into k[*n]; returns its hash and
+ * the lowest source in *base. */
+static uint64_t ne_key(struct ne_work *w, uint32_t c, uint32_t *k,
+		       uint32_t *n, uint32_t *base)
+{
+	const kvp_layout *l = w->cons, *r = w->prod;
+	uint32_t D = l->attr.tp_size, P = r->attr.tp_size, i, j, m = 0;
+	uint64_t h = 0xcbf29ce484222325ull;
+	struct axes la;
+
+	*base = UINT32_MAX;
+	for (i = 0; i < w->npair; i++) {
+		struct seg *sg = w->seg + (size_t)i * NE_SEGS;
+
+		w->nseg[i] = segments(&l->fields[w->pair[i].lf].d, D, c,
+				      &r->fields[w->pair[i].rf].d, P, sg,
+				      NE_SEGS);
+		for (j = 0; w->nseg[i] > 0 && j < (uint32_t)w->nseg[i]; j++)
+			if (sg[j].rank < *base)
+				*base = sg[j].rank;
+	}
+	if (*base == UINT32_MAX)
+		*base = 0;
+	for (i = 0; i < w->npair; i++) {
+		const struct ne_pair *p = &w->pair[i];
+		const struct seg *sg = w->seg + (size_t)i * NE_SEGS;
+		uint32_t start, len;
+
+		k[m++] = (uint32_t)w->nseg[i]; /* < 0: refused, a class alone */
+		if (w->nseg[i] < 0 ||
+		    field_axes(&l->fields[p->lf].d, D, c, &la))
+			continue;
+		/* the producer does not shard c's sharded axis: c's range
+		 * lands at its absolute place in the producer's field */
+		if (p->lax != KVP_AXIS_COUNT && p->lax != p->rax)
+			k[m++] = la.start[p->lax];
+		for (j = 0; j < (uint32_t)w->nseg[i]; j++) {
+			k[m++] = sg[j].rank - *base;
+			if (sg[j].axis == KVP_AXIS_COUNT)
+				continue;
+			if (kvp_shard_range(p->rtot, P, sg[j].rank, &start,
+					    &len))
+				start = 0;
+			k[m++] = sg[j].lo - la.start[sg[j].axis];
+			k[m++] = sg[j].lo - start;
+			k[m++] = sg[j].hi - sg[j].lo;
+		}
+	}
+	for (i = 0; i < m; i++)
 		h = (h ^ k[i]) * 0x100000001b3ull;
+	*n = m;
 	return h;
 }
 
@@ -1635,12 +1740,13 @@ static int ne_grow(struct ne_work *w)
 	return 0;
 }
 
-/* Finds rank c's class, or compiles c's plan and makes one. */
-static int ne_class_of(struct ne_work *w, uint32_t c, uint32_t producer,
-		       const struct ne_class **out)
+/* Finds rank c's class, or compiles c's plan and makes one; *base receives
+ * c's lowest source. */
+static int ne_class_of(struct ne_work *w, uint32_t c,
+		       const struct ne_class **out, uint32_t *base)
 {
-	uint32_t n = w->ntot + w->nmod, s, i;
-	uint64_t h = ne_key(w, c, w->key);
+	uint32_t n, n2, b2, s, i;
+	uint64_t h = ne_key(w, c, w->key, &n, base);
 	struct kvp_layout tmp;
 	struct ne_class *k;
 	kvp_plan *plan;
@@ -1656,8 +1762,8 @@ static int ne_class_of(struct ne_work *w, uint32_t c, uint32_t producer,
 		k = &w->cls[w->slot[s] - 1];
 		if (k->hash != h)
 			continue;
-		ne_key(w, k->rank, w->key2);
-		if (!memcmp(w->key, w->key2, n * sizeof(*w->key))) {
+		ne_key(w, k->rank, w->key2, &n2, &b2);
+		if (n == n2 && !memcmp(w->key, w->key2, n * sizeof(*w->key))) {
 			*out = k;
 			return 0;
 		}
@@ -1667,16 +1773,49 @@ static int ne_class_of(struct ne_work *w, uint32_t c, uint32_t producer,
 	err = kvp_plan_compile(&tmp, w->prod, NULL, &plan, NULL, 0);
 	if (err)
 		return err;
+	if (w->nsrc + plan->nsrc > w->cap_src) {
+		uint32_t cap = (w->nsrc + plan->nsrc) * 2;
+		void *a = realloc(w->src, cap * sizeof(*w->src));
+
+		if (!a) {
+			kvp_plan_destroy(plan);
+			return -ENOMEM;
+		}
+		w->src = a;
+		w->cap_src = cap;
+	}
 	k = &w->cls[w->ncls];
 	k->hash = h;
 	k->rank = c;
-	k->reads = 0;
+	k->base = *base;
+	k->src = w->nsrc;
+	k->nsrc = plan->nsrc;
 	for (i = 0; i < plan->nsrc; i++)
-		if (plan->src[i] == producer)
-			k->reads = 1;
+		w->src[w->nsrc++] = plan->src[i];
 	kvp_plan_destroy(plan);
 	w->slot[s] = ++w->ncls;
 	*out = k;
+	return 0;
+}
+
+/* Whether a rank of class k with lowest source `base` reads from p: the
+ * class's sources, shifted (they ascend). */
+static int ne_reads(const struct ne_work *w, const struct ne_class *k,
+		    uint32_t base, uint32_t p)
+{
+	int64_t want = (int64_t)p - base + k->base;
+	uint32_t lo = k->src, hi = k->src + k->nsrc;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (w->src[mid] == want)
+			return 1;
+		if (w->src[mid] < want)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
 	return 0;
 }
 
@@ -1685,31 +1824,43 @@ int kvp_notify_expected(const kvp_layout *prod, const kvp_layout *cons,
 			uint32_t producer)
 {
 	struct ne_work w;
+	struct kvp_layout tmp;
 	const struct ne_class *k;
-	uint32_t c, lo, hi, count = 0;
+	uint32_t c, lo, hi, base, count = 0;
+	kvp_plan *plan;
 	int err;
 
 	if (!prod || !cons || producer >= prod->attr.tp_size)
 		return -EINVAL;
+	/* Rank 0 first: a pair that cannot be matched at all fails here. */
+	tmp = *cons;
+	tmp.attr.tp_rank = 0;
+	err = kvp_plan_compile(&tmp, prod, NULL, &plan, NULL, 0);
+	if (err)
+		return err;
+	kvp_plan_destroy(plan);
 	memset(&w, 0, sizeof(w));
 	w.prod = prod;
 	w.cons = cons;
-	err = ne_parts(&w);
+	err = ne_pairs(&w);
 	for (c = 0; !err && c < cons->attr.tp_size; c++) {
-		err = ne_class_of(&w, c, producer, &k);
+		err = ne_class_of(&w, c, &k, &base);
 		if (err)
 			break;
 		kvp__notify_cover(c, cons->attr.tp_size, prod->attr.tp_size,
 				  &lo, &hi);
-		if (k->reads || (producer >= lo && producer < hi))
+		if ((producer >= lo && producer < hi) ||
+		    ne_reads(&w, k, base, producer))
 			count++;
 	}
-	free(w.tot);
-	free(w.mod);
+	free(w.pair);
+	free(w.seg);
+	free(w.nseg);
 	free(w.key);
 	free(w.key2);
 	free(w.cls);
 	free(w.slot);
+	free(w.src);
 	if (err)
 		return err;
 	return count > INT32_MAX ? -EPROTO : (int)count;

@@ -24,7 +24,9 @@
  * SGEs lie inside the local regions and add up to its length, at most
  * max_sge of them, SGE ranges lie inside what was written, WRs are ordered
  * by source and src_end is monotone and ends at the WR count, and nothing
- * past the written WRs and SGEs changes.
+ * past the written WRs and SGEs changes. For consumer engines of TP <= 64,
+ * kvp_notify_expected() equals its definition (one plan per consumer rank,
+ * notify lists counted), refusal included.
  *
  *   make fuzz && build/fuzz/seeds corpus
  *   build/fuzz/fuzz_plan -max_total_time=60 corpus/plan
@@ -34,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal.h" /* struct kvp_layout: the reference count's ranks */
 #include "kvpull.h"
 
 #define HDR 16u
@@ -338,6 +341,30 @@ static void emit(const kvp_plan *plan, const kvp_layout *local,
 	free(idbuf);
 }
 
+/* kvp_notify_expected()'s definition: every consumer rank's plan compiled,
+ * the notify lists naming `prod` counted (or the first refusal). */
+static int notify_reference(const kvp_layout *local, const kvp_layout *remote,
+			    uint32_t prod)
+{
+	struct kvp_layout tmp = *local; /* read only: the same layout, rank c */
+	struct kvp_plan_info pi;
+	uint32_t c, i;
+	kvp_plan *plan;
+	int err, count = 0;
+
+	for (c = 0; c < local->attr.tp_size; c++) {
+		tmp.attr.tp_rank = c;
+		err = kvp_plan_compile(&tmp, remote, NULL, &plan, NULL, 0);
+		if (err)
+			return err;
+		kvp_plan_get_info(plan, &pi);
+		for (i = 0; i < pi.nnotify; i++)
+			count += kvp_plan_notify(plan, i) == (int)prod;
+		kvp_plan_destroy(plan);
+	}
+	return count;
+}
+
 static kvp_layout *decode(const uint8_t *in, size_t n)
 {
 	kvp_layout *l = NULL;
@@ -386,14 +413,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	r.e = data + size;
 	emit(plan, local, remote, &r, data[10]);
 	kvp_plan_destroy(plan);
-	/* The producer's count, for consumer engines of a bounded size (the
-	 * cost is linear in the consumer's TP size). */
+	/* The producer's count, for small consumer engines only: it may
+	 * compile one plan per consumer rank, and a mutated layout's plan can
+	 * take milliseconds (the fuzzer's time limit is per input). */
 	kvp_layout_get_info(local, &li);
 	kvp_layout_get_info(remote, &ri);
-	if (li.tp_size <= 1024) {
-		err = kvp_notify_expected(remote, local, data[11] % ri.tp_size);
+	if (li.tp_size <= 64) {
+		uint32_t prod = data[11] % ri.tp_size;
+
+		err = kvp_notify_expected(remote, local, prod);
 		if (err == 0 ||
 		    (err < 0 && err != -EPROTO && err != -ENOMEM))
+			abort();
+		if (err != -ENOMEM && err != notify_reference(local, remote,
+							      prod))
 			abort();
 	}
 out:
