@@ -1,0 +1,60 @@
+# mk/docs.mk: examples and man pages. Included by the Makefile
+# (-include mk/*.mk). Targets:
+#   examples              build/examples/{plan,producer,consumer}
+#   check-examples        tests/check_examples.sh: every example built as
+#                         C and C++ (gcc, clang), plan run, README quotes
+#   check-examples-rdma   producer and consumer in the soft-RoCE VM
+#   check-man             tests/check_man.sh: mandoc -Tlint, one page or
+#                         link per exported symbol
+#   check-docs            check-examples and check-man
+#   install-man, uninstall-man (prerequisites of install and uninstall)
+# Variables: MANDIR (default $(PREFIX)/share/man).
+
+# Keep the Makefile's default goal whatever the include's position.
+docs_goal := $(.DEFAULT_GOAL)
+
+MANDIR ?= $(PREFIX)/share/man
+MAN_PAGES := $(sort $(wildcard man/man1/*.1 man/man3/*.3 man/man7/*.7))
+EXAMPLE_SRC := $(sort $(wildcard examples/*.c))
+EXAMPLE_BIN := $(EXAMPLE_SRC:examples/%.c=build/examples/%)
+EXAMPLES_VM_TIMEOUT ?= 300
+# The pair without, then with a shared secret (32 bytes).
+EXAMPLES_PAIR = $(CURDIR)/examples/run-pair.sh $(CURDIR)/build/examples/producer $(CURDIR)/build/examples/consumer
+
+build/examples/%: examples/%.c $(wildcard examples/*.h) include/kvpull.h build/libkvpull.a
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude $(CFLAGS) $(LDFLAGS) \
+		-o $@ $< build/libkvpull.a -lrdmacm -libverbs -lpthread
+
+examples: $(EXAMPLE_BIN)
+
+check-examples: build/libkvpull.a
+	sh tests/check_examples.sh build
+
+check-examples-rdma: build/examples/producer build/examples/consumer
+	scripts/rxe-vm.sh --timeout $(EXAMPLES_VM_TIMEOUT) $(RDMA_VM_FLAGS) \
+		--files "$(CURDIR)/build/examples $(CURDIR)/examples/run-pair.sh" \
+		-- "$(EXAMPLES_PAIR)" \
+		'KVPULL_SECRET=kvpull-example-secret-32-bytes!! $(EXAMPLES_PAIR) "$$KVP_ADDR0" 18901'
+
+check-man:
+	sh tests/check_man.sh man
+
+check-docs: check-examples check-man
+
+install-man:
+	install -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man7
+	for p in $(MAN_PAGES); do \
+		install -m 644 $$p $(DESTDIR)$(MANDIR)/$$(basename $$(dirname $$p))/ || exit 1; \
+	done
+
+uninstall-man:
+	rm -f $(addprefix $(DESTDIR)$(MANDIR)/,$(MAN_PAGES:man/%=%))
+
+install: install-man
+uninstall: uninstall-man
+
+.PHONY: examples check-examples check-examples-rdma check-man check-docs \
+	install-man uninstall-man
+
+.DEFAULT_GOAL := $(if $(docs_goal),$(docs_goal),all)
