@@ -42,14 +42,27 @@ check-man:
 
 check-docs: check-examples check-man
 
+# Each page's other names (its .Nm lines) become symbolic links to it, as
+# liburing installs its pages: kvp_layout_destroy.3 -> kvp_layout_create.3.
 install-man:
 	install -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man7
 	for p in $(MAN_PAGES); do \
-		install -m 644 $$p $(DESTDIR)$(MANDIR)/$$(basename $$(dirname $$p))/ || exit 1; \
+		s=$$(basename $$(dirname $$p)); b=$$(basename $$p); \
+		install -m 644 $$p $(DESTDIR)$(MANDIR)/$$s/ || exit 1; \
+		for n in $$(sed -n 's/^\.Nm \([A-Za-z0-9_.-]*\).*/\1/p' $$p); do \
+			[ "$$n.$${s#man}" = "$$b" ] || \
+			ln -sf $$b $(DESTDIR)$(MANDIR)/$$s/$$n.$${s#man} || exit 1; \
+		done; \
 	done
 
 uninstall-man:
-	rm -f $(addprefix $(DESTDIR)$(MANDIR)/,$(MAN_PAGES:man/%=%))
+	for p in $(MAN_PAGES); do \
+		s=$$(basename $$(dirname $$p)); \
+		for n in $$(sed -n 's/^\.Nm \([A-Za-z0-9_.-]*\).*/\1/p' $$p); do \
+			rm -f $(DESTDIR)$(MANDIR)/$$s/$$n.$${s#man}; \
+		done; \
+		rm -f $(DESTDIR)$(MANDIR)/$$s/$$(basename $$p); \
+	done
 
 install: install-man
 uninstall: uninstall-man
