@@ -37,8 +37,8 @@ check-examples-rdma: build/examples/producer build/examples/consumer
 		-- "$(EXAMPLES_PAIR)" \
 		'KVPULL_SECRET=kvpull-example-secret-32-bytes!! $(EXAMPLES_PAIR) "$$KVP_ADDR0" 18901'
 
-check-man:
-	sh tests/check_man.sh man
+check-man: build/libkvpull.so
+	sh tests/check_man.sh man build/libkvpull.so
 
 check-docs: check-examples check-man
 

@@ -49,7 +49,7 @@ declared=$(tr '\n' ' ' <include/kvpull.h | grep -o 'KVP_API[^;{]*(' |
 # 2. every symbol has a page
 syms=$declared
 if [ -n "$lib" ]; then
-	exported=$(nm -D --defined-only "$lib" | awk '$3 ~ /^kvp_/ { print $3 }' | sort -u)
+	exported=$(nm -D --defined-only "$lib" | awk '$3 ~ /^kvp_/ { sub(/@.*/, "", $3); print $3 }' | sort -u)
 	[ -n "$exported" ] || ko "$lib exports no kvp_ symbol"
 	syms=$(printf '%s\n%s\n' "$declared" "$exported" | sort -u)
 fi
