@@ -91,6 +91,25 @@ has deepseek_json out '"local_ids": [2, 3, 4, 5, 6, 7]'
 n=$(grep -c '^      {"group": [0-9]*, "src": ' "$tmp/deepseek_json.out")
 if [ "$n" -eq 61 ]; then ok; else bad "deepseek_json: $n READs, want 61"; fi
 
+# The documents follow tools/kvpull-plan.schema.json (the file --help names
+# once installed), when python3 has jsonschema.
+schema_ok() {
+	[ "$have_python" = 1 ] || return 0
+	python3 -c 'import jsonschema' 2>/dev/null || return 0
+	if python3 -c 'import json, sys, jsonschema
+jsonschema.validate(json.load(open(sys.argv[1])), json.load(open(sys.argv[2])))' \
+		"$tmp/$1.out" "$top/tools/kvpull-plan.schema.json" \
+		2>"$tmp/$1.serr"; then
+		ok
+	else
+		bad "$1: not valid by the schema: $(tail -1 "$tmp/$1.serr")"
+	fi
+}
+schema_ok llama_json
+schema_ok deepseek_json
+run hybrid_json 0 --model nemotron-h-8b --remote-tp 2 --request 2 --json
+schema_ok hybrid_json
+
 # Output is deterministic without timing.
 run again 0 --model deepseek-v3 --remote-tp 4 --local-tp 2 \
 	--request 8 --hit 2 --json
@@ -115,6 +134,7 @@ EOF
 run spec 0 --local-spec "$tmp/local.spec" --remote-spec "$tmp/remote.spec" \
 	--request 4 --json
 run preset 0 --model llama-3.1-8b --remote-tp 2 --request 4 --json
+schema_ok spec
 sed -n '/^  "plan"/,$p' "$tmp/spec.out" >"$tmp/spec.plan"
 sed -n '/^  "plan"/,$p' "$tmp/preset.out" >"$tmp/preset.plan"
 if [ -s "$tmp/spec.plan" ] && cmp -s "$tmp/spec.plan" "$tmp/preset.plan"; then
@@ -173,7 +193,9 @@ run hdim0 2 --model llama-3.1-8b --head-dim 0
 exact hdim0 "kvpull-plan: --head-dim 0: head_dim must be at least 1"
 # Rules between numbers: the library's message, the side and the model.
 run no_layout 1 --model llama-3.1-8b --local-tp 3
-exact no_layout "kvpull-plan: local layout: TP 3 does not divide and is not divided by 8 KV heads (llama-3.1-8b)"
+exact no_layout "kvpull-plan: --local-tp 3: TP 3 does not divide and is not divided by 8 KV heads (llama-3.1-8b)"
+run no_layout_gdn 1 --model qwen3-next-80b-a3b --remote-tp 64 --kv-heads 3
+exact no_layout_gdn "kvpull-plan: --remote-tp 64: TP 64 does not divide and is not divided by 3 KV heads (qwen3-next-80b-a3b)"
 run no_layout_ssm 1 --model nemotron-h-8b --num-blocks 4
 exact no_layout_ssm "kvpull-plan: local layout: num_blocks 4 is below the 33 attention pages one state page spans (nemotron-h-8b)"
 run no_layout_size 1 --model llama-3.1-8b --head-dim 16777216

@@ -446,6 +446,23 @@ static void check_side(const struct opts *o, const struct side *s)
 		usage_error("--head-dim 0: head_dim must be at least 1");
 }
 
+/* Whether the layout the library refused builds on one GPU: then the TP
+ * size is what is wrong (TP against the heads), and its option is named. */
+static int tp_to_blame(const struct side *s)
+{
+	struct kvp_engine_desc e = s->e;
+	kvp_layout *l;
+
+	if (e.tp_size == 1)
+		return 0;
+	e.tp_size = 1;
+	e.tp_rank = 0;
+	if (kvp_layout_build(&s->m, &e, &l))
+		return 0;
+	kvp_layout_destroy(l);
+	return 1;
+}
+
 static void build_side(struct opts *o, struct side *s)
 {
 	char msg[256] = "";
@@ -495,6 +512,9 @@ static void build_side(struct opts *o, struct side *s)
 	s->e.num_blocks = o->have_nblocks ? o->nblocks : DEFAULT_NUM_BLOCKS;
 	check_side(o, s);
 	err = kvp_layout_build_msg(&s->m, &s->e, &s->l, msg, sizeof(msg));
+	if (err && err != -ENOMEM && tp_to_blame(s))
+		die("--%s-tp %u: %s (%s)", s->what, s->e.tp_size, msg,
+		    s->m.name);
 	if (err)
 		die("%s layout: %s (%s)", s->what,
 		    msg[0] ? msg : kvp_strerror(err), s->m.name);
