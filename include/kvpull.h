@@ -377,6 +377,18 @@ KVP_API KVP_MUST_CHECK int kvp_layout_build(const struct kvp_model *m,
 					    const struct kvp_engine_desc *e,
 					    kvp_layout **out);
 
+/* kvp_layout_build(), and on failure, if `msg` is not NULL, a one-line
+ * reason naming the rule broken and its numbers in msg[msglen] (truncated
+ * to fit, always NUL-terminated when msglen > 0), e.g. "TP 3 does not
+ * divide and is not divided by 8 KV heads", "kernel block 5 does not divide
+ * the block size 16", "TP size must be at least 1". The numbers are checked
+ * in the order of the list above; the reason names the first rule broken.
+ * On success msg is untouched. -ENOMEM leaves msg untouched too. */
+KVP_API KVP_MUST_CHECK int kvp_layout_build_msg(const struct kvp_model *m,
+						const struct kvp_engine_desc *e,
+						kvp_layout **out, char *msg,
+						size_t msglen);
+
 /* Builds a layout from a text spec (see README, "Spec files"). On failure
  * returns -EINVAL (or -ENOMEM, -ENOENT for an unknown preset) and, if `msg`
  * is not NULL, a one-line reason with the line number in msg[msglen]. The

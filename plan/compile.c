@@ -180,8 +180,9 @@ static int check_groups(const kvp_layout *l, const kvp_layout *r, char *msg,
 	for (g = 0; g < l->ngroups; g++) {
 		if (l->groups[g].kind != r->groups[g].kind) {
 			kvp__msg(msg, msglen,
-				 "group %u kind differs: local %u, remote %u",
-				 g, l->groups[g].kind, r->groups[g].kind);
+				 "group %u kind differs: local %s, remote %s",
+				 g, kvp__group_name(l->groups[g].kind),
+				 kvp__group_name(r->groups[g].kind));
 			return -EPROTO;
 		}
 	}

@@ -4,6 +4,7 @@
 #define KVP_PLAN_INTERNAL_H
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kvpull.h"
@@ -86,6 +87,19 @@ struct kvp_plan {
 /* Formats a message into msg[msglen] if msg is not NULL. */
 KVP_HIDDEN void kvp__msg(char *msg, size_t msglen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+
+/* kvp_layout_build_msg(), and in *key (if not NULL) the name of the struct
+ * kvp_model or kvp_engine_desc member most to blame for a failure, as the
+ * spec's model form spells it, or NULL when no one member is (spec.c points
+ * at that key's line). */
+KVP_HIDDEN int kvp__layout_build(const struct kvp_model *m,
+				 const struct kvp_engine_desc *e,
+				 kvp_layout **out, char *msg, size_t msglen,
+				 const char **key);
+
+/* The spec name of a group kind ("full", "sliding", "mla", "state"), or
+ * "?" out of range. */
+KVP_HIDDEN const char *kvp__group_name(uint32_t kind);
 
 /* Producer ranks [lo, hi) that consumer rank c of D notifies to cover all
  * P producers. */

@@ -2,6 +2,7 @@
 /* Model presets and the layouts of the engines that run them. */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
@@ -227,9 +228,58 @@ struct sgeom {
 	uint64_t conv_bytes, bytes;
 };
 
-static int state_geom(const struct kvp_model *m,
-		      const struct kvp_engine_desc *e, struct sgeom *s)
+/* Why a build failed: the message, and the name of the struct member most to
+ * blame (a key of the spec's model form), for the caller to point at. */
+struct why {
+	char *msg;
+	size_t msglen;
+	const char *key;
+};
+
+__attribute__((format(printf, 3, 4))) static int bad(struct why *w,
+						     const char *key,
+						     const char *fmt, ...)
 {
+	va_list ap;
+
+	w->key = key;
+	if (w->msg && w->msglen) {
+		va_start(ap, fmt);
+		vsnprintf(w->msg, w->msglen, fmt, ap);
+		va_end(ap);
+	}
+	return -EINVAL;
+}
+
+/* "TP 3 does not divide and is not divided by 8 KV heads": the rule of
+ * kvp_shard_range(), checked by the caller. */
+static int tp_bad(struct why *w, uint32_t tp, uint32_t total, const char *what)
+{
+	return bad(w, "tp_size",
+		   "TP %u does not divide and is not divided by %u %s", tp,
+		   total, what);
+}
+
+static int state_geom(const struct kvp_model *m,
+		      const struct kvp_engine_desc *e, struct sgeom *s,
+		      struct why *w)
+{
+	static const char *const part_what[2][3] = {
+		{ "SSM heads (ssm_heads)", "SSM groups (ssm_groups)",
+		  "SSM groups (ssm_groups)" },
+		{ "key heads (ssm_groups)", "key heads (ssm_groups)",
+		  "value heads (ssm_heads)" },
+	};
+	/* the member giving each conv part's channels per head */
+	static const char *const unit_key[2][3] = {
+		{ "ssm_head_dim", "ssm_state", "ssm_state" },
+		{ "ssm_state", "ssm_state", "ssm_head_dim" },
+	};
+	static const char *const nonzero_key[4] = { "ssm_heads",
+						    "ssm_head_dim", "ssm_state",
+						    "ssm_groups" };
+	const uint32_t nonzero[4] = { m->ssm_heads, m->ssm_head_dim,
+				      m->ssm_state, m->ssm_groups };
 	uint64_t part, ssm;
 	uint32_t i, start;
 
@@ -239,10 +289,18 @@ static int state_geom(const struct kvp_model *m,
 	s->e = m->dtype_bytes;
 	s->se = m->state_dtype_bytes ? m->state_dtype_bytes : m->dtype_bytes;
 	s->conv_layout = e->conv_layout;
-	if (!m->conv_kernel || m->conv_kernel < 2 || !m->ssm_heads ||
-	    !m->ssm_head_dim || !m->ssm_state || !m->ssm_groups ||
-	    e->conv_layout >= KVP_CONV_LAYOUT_COUNT)
-		return -EINVAL;
+	if (m->conv_kernel < 2)
+		return bad(w, "conv_kernel",
+			   "conv_kernel %u: a conv state needs a kernel of at least 2",
+			   m->conv_kernel);
+	for (i = 0; i < 4; i++)
+		if (!nonzero[i])
+			return bad(w, nonzero_key[i], "%s must be at least 1",
+				   nonzero_key[i]);
+	if (e->conv_layout >= KVP_CONV_LAYOUT_COUNT)
+		return bad(w, "conv_layout",
+			   "conv_layout %u is none of ds (0), sd (1)",
+			   e->conv_layout);
 	s->nparts = 3;
 	if (m->state_kind == KVP_STATE_MAMBA2) {
 		/* x: heads x head_dim; B, C: groups x d_state */
@@ -272,21 +330,30 @@ static int state_geom(const struct kvp_model *m,
 	for (i = 0; i < 3; i++) {
 		if (kvp_shard_range(s->part_total[i], e->tp_size, e->tp_rank,
 				    &start, &s->part_len[i]))
-			return -EINVAL;
+			return tp_bad(w, e->tp_size, s->part_total[i],
+				      part_what[m->state_kind != KVP_STATE_MAMBA2]
+					       [i]);
 		if (!mul_ok(&part, 2, s->part_len[i], s->part_unit[i]) ||
 		    __builtin_add_overflow(s->conv_local, part,
 					   &s->conv_local))
-			return -EINVAL;
+			return bad(w, unit_key[m->state_kind != KVP_STATE_MAMBA2]
+					      [i],
+				   "the conv state's channels (%u x %u and more) do not fit 32 bits",
+				   s->part_len[i], s->part_unit[i]);
 	}
 	if (kvp_shard_range(s->s_total, e->tp_size, e->tp_rank, &start,
 			    &s->s_len))
-		return -EINVAL;
+		return tp_bad(w, e->tp_size, s->s_total,
+			      m->state_kind == KVP_STATE_MAMBA2 ?
+				      "SSM heads (ssm_heads)" :
+				      "value heads (ssm_heads)");
 	/* Sizes come from the caller (or a spec): a product that wraps
 	 * would pass the size checks with a wrong value. */
 	if (!mul_ok(&s->conv_bytes, 3, s->conv_local, s->K, s->e) ||
 	    !mul_ok(&ssm, 4, s->s_len, s->s_a, s->s_b, s->se) ||
 	    __builtin_add_overflow(s->conv_bytes, ssm, &s->bytes))
-		return -EINVAL;
+		return bad(w, "ssm_state",
+			   "the state page's size overflows 64 bits");
 	return 0;
 }
 
@@ -364,7 +431,7 @@ static int attn_fields_separate(kvp_layout *l, const struct kvp_engine_desc *e,
 
 static int build_layers(kvp_layout *l, const struct kvp_model *m,
 			const struct kvp_engine_desc *e, const struct geom *g,
-			const struct sgeom *sg)
+			const struct sgeom *sg, struct why *w)
 {
 	struct kvp_group_desc gd = { 0 };
 	struct kvp_field_desc f[4];
@@ -400,9 +467,18 @@ static int build_layers(kvp_layout *l, const struct kvp_model *m,
 		uint64_t ratio = (sg->bytes + page - 1) / page;
 		uint32_t region, sgroup = groups[ng - 1];
 
-		if (m->mla_latent || m->sliding_layers ||
-		    e->num_blocks < ratio)
-			return -EINVAL;
+		if (m->mla_latent)
+			return bad(w, "mla_latent",
+				   "a model with state layers cannot have MLA (mla_latent %u)",
+				   m->mla_latent);
+		if (m->sliding_layers)
+			return bad(w, "sliding_layers",
+				   "a model with state layers cannot have sliding layers (%u)",
+				   m->sliding_layers);
+		if (e->num_blocks < ratio)
+			return bad(w, "num_blocks",
+				   "num_blocks %u is below the %llu attention pages one state page spans",
+				   e->num_blocks, (unsigned long long)ratio);
 		kv_page_fields(e->kv_layout, g, f);
 		for (i = 0; i < n && !err; i++) {
 			err = kvp_layout_add_region(l, page * e->num_blocks,
@@ -441,8 +517,80 @@ static int build_layers(kvp_layout *l, const struct kvp_model *m,
 	return err;
 }
 
-int kvp_layout_build(const struct kvp_model *m,
-		     const struct kvp_engine_desc *e, kvp_layout **out)
+/* Checks the numbers one rule at a time, so that the message names the
+ * first rule broken and its numbers. */
+static int check_numbers(const struct kvp_model *m,
+			 const struct kvp_engine_desc *e, struct why *w)
+{
+	uint32_t kb;
+
+	if (m->comp_mask)
+		return bad(w, NULL, "model comp_mask is 0x%x, must be 0",
+			   m->comp_mask);
+	if (e->comp_mask)
+		return bad(w, NULL, "engine comp_mask is 0x%x, must be 0",
+			   e->comp_mask);
+	if (!e->tp_size)
+		return bad(w, "tp_size", "TP size must be at least 1");
+	if (e->tp_size > KVP_MAX_TP_SIZE)
+		return bad(w, "tp_size", "TP size %u is above the limit of %u",
+			   e->tp_size, KVP_MAX_TP_SIZE);
+	if (e->tp_rank >= e->tp_size)
+		return bad(w, "tp_rank", "rank %u is not below the TP size %u",
+			   e->tp_rank, e->tp_size);
+	if (!e->block_tokens)
+		return bad(w, "block_tokens",
+			   "block size must be at least 1 token");
+	kb = e->kernel_block_tokens ? e->kernel_block_tokens : e->block_tokens;
+	if (e->block_tokens % kb)
+		return bad(w, "kernel_block_tokens",
+			   "kernel block %u does not divide the block size %u",
+			   kb, e->block_tokens);
+	if (!e->num_blocks)
+		return bad(w, "num_blocks", "num_blocks must be at least 1");
+	if (!m->dtype_bytes)
+		return bad(w, "dtype_bytes", "dtype_bytes must be at least 1");
+	if (m->state_kind >= KVP_STATE_KIND_COUNT)
+		return bad(w, "state_kind",
+			   "state_kind %u is none of none (0), mamba2 (1), gdn (2)",
+			   m->state_kind);
+	if (m->state_kind == KVP_STATE_NONE && m->state_layers)
+		return bad(w, "state_layers",
+			   "%u state layers need a state_kind (mamba2 or gdn)",
+			   m->state_layers);
+	if (m->state_kind != KVP_STATE_NONE && !m->state_layers)
+		return bad(w, "state_kind",
+			   "state_kind %s needs state_layers of at least 1",
+			   m->state_kind == KVP_STATE_MAMBA2 ? "mamba2" : "gdn");
+	if (!m->layers && !m->state_layers)
+		return bad(w, "layers",
+			   "the model has no layers (layers and state_layers are 0)");
+	if (m->layers > KVP_MAX_LAYERS ||
+	    m->state_layers > KVP_MAX_LAYERS - m->layers)
+		return bad(w, m->layers > KVP_MAX_LAYERS ? "layers" :
+							   "state_layers",
+			   "layers + state_layers is %llu, above the limit of %u",
+			   (unsigned long long)m->layers + m->state_layers,
+			   KVP_MAX_LAYERS);
+	if (m->sliding_layers > m->layers)
+		return bad(w, "sliding_layers",
+			   "sliding_layers %u is above layers %u",
+			   m->sliding_layers, m->layers);
+	if (m->mla_latent)
+		return 0;
+	if (!m->kv_heads)
+		return bad(w, "kv_heads", "kv_heads must be at least 1");
+	if (!m->head_dim)
+		return bad(w, "head_dim", "head_dim must be at least 1");
+	if (e->kv_layout >= KVP_KV_LAYOUT_COUNT)
+		return bad(w, "kv_layout",
+			   "kv_layout %u is none of flash_nhd (0), flash_hnd (1), flashinfer (2), packed (3)",
+			   e->kv_layout);
+	return 0;
+}
+
+static int build(const struct kvp_model *m, const struct kvp_engine_desc *e,
+		 kvp_layout **out, struct why *w)
 {
 	struct kvp_layout_attr attr = { 0 };
 	struct geom g = { 0 };
@@ -452,48 +600,48 @@ int kvp_layout_build(const struct kvp_model *m,
 	uint64_t page, bytes;
 	int err;
 
-	if (!m || !e || !out || m->comp_mask || e->comp_mask ||
-	    !m->dtype_bytes || !e->block_tokens || !e->num_blocks ||
-	    !e->tp_size || e->tp_rank >= e->tp_size ||
-	    m->sliding_layers > m->layers ||
-	    m->state_kind >= KVP_STATE_KIND_COUNT ||
-	    (m->state_kind == KVP_STATE_NONE) != (m->state_layers == 0) ||
-	    (!m->layers && !m->state_layers) ||
-	    m->layers > KVP_MAX_LAYERS ||
-	    m->state_layers > KVP_MAX_LAYERS - m->layers)
-		return -EINVAL;
+	if (!m || !e || !out)
+		return bad(w, NULL, "a NULL model, engine or output");
+	err = check_numbers(m, e, w);
+	if (err)
+		return err;
 	g.kb = e->kernel_block_tokens ? e->kernel_block_tokens :
 					e->block_tokens;
-	if (e->block_tokens % g.kb)
-		return -EINVAL;
 	g.r = e->block_tokens / g.kb;
 	g.e = m->dtype_bytes;
 	if (m->mla_latent) {
 		g.H = g.Htot = 1;
 		g.D = m->mla_latent;
 	} else {
-		if (!m->kv_heads || !m->head_dim ||
-		    e->kv_layout >= KVP_KV_LAYOUT_COUNT)
-			return -EINVAL;
 		g.Htot = m->kv_heads;
 		g.D = m->head_dim;
 		if (kvp_shard_range(g.Htot, e->tp_size, e->tp_rank, &start,
 				    &g.H))
-			return -EINVAL;
+			return tp_bad(w, e->tp_size, g.Htot, "KV heads");
 	}
-	if (m->state_layers && state_geom(m, e, &sg))
-		return -EINVAL;
+	if (m->state_layers) {
+		err = state_geom(m, e, &sg, w);
+		if (err)
+			return err;
+	}
 	if (!mul_ok(&page, 4, g.H, g.kb, g.D, g.e) || page > UINT32_MAX)
-		return -EINVAL;
+		return bad(w, "head_dim",
+			   "a kernel page of %u heads x %u tokens x %u x %u bytes is 4 GiB or more",
+			   g.H, g.kb, g.D, g.e);
 	if (!m->mla_latent && (m->state_layers ||
 			       e->kv_layout == KVP_KV_FLASHINFER ||
 			       e->kv_layout == KVP_KV_PACKED))
 		page *= 2;
 	/* page * g.r < 2^32 and num_blocks < 2^32: the region size (their
 	 * product) fits 64 bits. */
-	if (__builtin_mul_overflow(page, g.r, &bytes) || bytes > UINT32_MAX ||
-	    sg.bytes > UINT32_MAX)
-		return -EINVAL;
+	if (__builtin_mul_overflow(page, g.r, &bytes) || bytes > UINT32_MAX)
+		return bad(w, "block_tokens",
+			   "a page of a %u-token block is 4 GiB or more",
+			   e->block_tokens);
+	if (sg.bytes > UINT32_MAX)
+		return bad(w, "ssm_state",
+			   "a state page of %llu bytes is 4 GiB or more",
+			   (unsigned long long)sg.bytes);
 	g.kpage = page;
 
 	attr.engine_id = e->engine_id;
@@ -501,12 +649,47 @@ int kvp_layout_build(const struct kvp_model *m,
 	attr.tp_rank = e->tp_rank;
 	err = kvp_layout_create(&attr, &l);
 	if (err)
-		return err;
-	err = build_layers(l, m, e, &g, &sg);
+		return err == -ENOMEM ? err :
+					bad(w, "tp_size",
+					    "TP %u rank %u makes no layout",
+					    e->tp_size, e->tp_rank);
+	err = build_layers(l, m, e, &g, &sg, w);
 	if (err) {
 		kvp_layout_destroy(l);
+		if (err == -EINVAL && !w->key)
+			return bad(w, "num_blocks",
+				   "the layout's sizes exceed the library's limits");
 		return err;
 	}
 	*out = l;
 	return 0;
+}
+
+int kvp__layout_build(const struct kvp_model *m,
+		      const struct kvp_engine_desc *e, kvp_layout **out,
+		      char *msg, size_t msglen, const char **key)
+{
+	struct why w = { msg, msglen, NULL };
+	int err = build(m, e, out, &w);
+
+	if (key)
+		*key = w.key;
+	return err;
+}
+
+int kvp_layout_build_msg(const struct kvp_model *m,
+			 const struct kvp_engine_desc *e, kvp_layout **out,
+			 char *msg, size_t msglen)
+{
+	struct why w = { msg, msglen, NULL };
+
+	return build(m, e, out, &w);
+}
+
+int kvp_layout_build(const struct kvp_model *m,
+		     const struct kvp_engine_desc *e, kvp_layout **out)
+{
+	struct why w = { NULL, 0, NULL };
+
+	return build(m, e, out, &w);
 }

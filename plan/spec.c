@@ -330,6 +330,11 @@ static const char *const group_names[KVP_GROUP_KIND_COUNT] = {
 	"state",
 };
 
+const char *kvp__group_name(uint32_t kind)
+{
+	return kind < KVP_GROUP_KIND_COUNT ? group_names[kind] : "?";
+}
+
 static const char *const field_names[KVP_FIELD_KIND_COUNT] = {
 	"k",	  "v",	 "latent", "conv_x", "conv_b",
 	"conv_c", "ssm", "conv_q", "conv_k", "conv_v",
@@ -504,6 +509,8 @@ static int model_build(struct parser *ps, const struct model_spec *s,
 	struct kvp_engine_desc e = { 0 };
 	struct kvp_model m = { 0 };
 	uint32_t end = ps->line, i;
+	const char *key = NULL;
+	char why[200] = "";
 	int err;
 
 	if (mkey_set(s, "model")) {
@@ -512,12 +519,12 @@ static int model_build(struct parser *ps, const struct model_spec *s,
 
 		ps->line = s->line[mkey_index("model")];
 		if (t->n >= sizeof(name))
-			return fail(ps, -ENOENT, "unknown model preset '%.*s'",
+			return fail(ps, -ENOENT, "unknown preset '%.*s'",
 				    show_len(t), t->p);
 		memcpy(name, t->p, t->n);
 		name[t->n] = 0;
 		if (kvp_model_preset(name, &m))
-			return fail(ps, -ENOENT, "unknown model preset '%s'",
+			return fail(ps, -ENOENT, "unknown preset '%s'",
 				    name);
 		ps->line = end;
 	} else {
@@ -566,12 +573,20 @@ static int model_build(struct parser *ps, const struct model_spec *s,
 			    e.tp_size, KVP_MAX_TP_SIZE);
 	}
 	ps->line = end;
-	err = kvp_layout_build(&m, &e, out);
+	err = kvp__layout_build(&m, &e, out, why, sizeof(why), &key);
 	if (err == -ENOMEM)
 		return fail(ps, err, "out of memory building the layout");
-	if (err)
-		return fail(ps, -EINVAL,
-			    "the numbers make no layout (a zero, tp_rank >= tp_size, tp_size vs kv_heads or state heads, kernel_block_tokens not dividing block_tokens, or sizes too large)");
+	if (err) {
+		/* The line of the key to blame; the preset's line when the
+		 * number is the preset's; else the last line. */
+		int k = key ? mkey_index(key) : -1;
+
+		if (k >= 0 && s->val[k].p)
+			ps->line = s->line[k];
+		else if (k >= 0 && mkey_set(s, "model") && !mkeys[k].engine)
+			ps->line = s->line[mkey_index("model")];
+		return fail(ps, -EINVAL, "%s", why);
+	}
 	return 0;
 }
 

@@ -728,14 +728,30 @@ static void test_compat_hash(void **state)
 
 /* ---- kvp_layout_build --------------------------------------------------- */
 
+/* Both builders refuse with -EINVAL and leave *out alone; the message one
+ * says exactly `want`. */
 static void build_rejected(const struct kvp_model *m,
-			   const struct kvp_engine_desc *e, const char *what)
+			   const struct kvp_engine_desc *e, const char *want)
 {
 	kvp_layout *l = SENTINEL;
+	char msg[200];
 	int err = kvp_layout_build(m, e, &l);
 
 	if (err != -EINVAL)
-		fail_msg("%s: got %d, want -EINVAL", what, err);
+		fail_msg("%s: got %d, want -EINVAL", want, err);
+	assert_ptr_equal(l, SENTINEL);
+	memset(msg, 'x', sizeof(msg));
+	err = kvp_layout_build_msg(m, e, &l, msg, sizeof(msg));
+	if (err != -EINVAL || strcmp(msg, want))
+		fail_msg("got %d '%.*s', want -EINVAL '%s'", err,
+			 (int)sizeof(msg), msg, want);
+	assert_ptr_equal(l, SENTINEL);
+	/* A short buffer is truncated and terminated; NULL is fine. */
+	memset(msg, 'x', sizeof(msg));
+	assert_int_equal(kvp_layout_build_msg(m, e, &l, msg, 4), -EINVAL);
+	assert_int_equal(msg[3], 0);
+	assert_int_equal(msg[4], 'x');
+	assert_int_equal(kvp_layout_build_msg(m, e, &l, NULL, 0), -EINVAL);
 	assert_ptr_equal(l, SENTINEL);
 }
 
@@ -760,78 +776,132 @@ static void test_build_rejects(void **state)
 
 	/* TP neither dividing nor divided by the KV heads */
 	e = e0, e.tp_size = 3;
-	build_rejected(&m0, &e, "8 kv heads at TP 3");
+	build_rejected(&m0, &e, "TP 3 does not divide and is not divided by 8 KV heads");
 	e = e0, e.tp_size = 6, e.tp_rank = 5;
-	build_rejected(&m0, &e, "8 kv heads at TP 6");
+	build_rejected(&m0, &e, "TP 6 does not divide and is not divided by 8 KV heads");
 	m = m0, m.kv_heads = 6, e = e0, e.tp_size = 4;
-	build_rejected(&m, &e, "6 kv heads at TP 4");
+	build_rejected(&m, &e, "TP 4 does not divide and is not divided by 6 KV heads");
 	m = m0, m.kv_heads = 4, e = e0, e.tp_size = 6;
-	build_rejected(&m, &e, "4 kv heads at TP 6");
+	build_rejected(&m, &e, "TP 6 does not divide and is not divided by 4 KV heads");
 	m = m0, m.kv_heads = 3, e = e0, e.tp_size = 2;
-	build_rejected(&m, &e, "3 kv heads at TP 2");
+	build_rejected(&m, &e, "TP 2 does not divide and is not divided by 3 KV heads");
 	/* kernel block size not dividing the block size */
 	e = e0, e.kernel_block_tokens = 12;
-	build_rejected(&m0, &e, "kernel 12 in block 16");
+	build_rejected(&m0, &e, "kernel block 12 does not divide the block size 16");
 	e = e0, e.kernel_block_tokens = 32;
-	build_rejected(&m0, &e, "kernel 32 in block 16");
+	build_rejected(&m0, &e, "kernel block 32 does not divide the block size 16");
 	e = e0, e.kernel_block_tokens = 12;
-	build_rejected(&mla, &e, "MLA: kernel 12 in block 16");
+	build_rejected(&mla, &e, "kernel block 12 does not divide the block size 16");
 	/* zeros */
 	e = e0, e.block_tokens = 0;
-	build_rejected(&m0, &e, "block_tokens 0");
+	build_rejected(&m0, &e, "block size must be at least 1 token");
 	e = e0, e.num_blocks = 0;
-	build_rejected(&m0, &e, "num_blocks 0");
+	build_rejected(&m0, &e, "num_blocks must be at least 1");
 	e = e0, e.tp_size = 0, e.tp_rank = 0;
-	build_rejected(&m0, &e, "tp_size 0");
+	build_rejected(&m0, &e, "TP size must be at least 1");
 	m = m0, m.dtype_bytes = 0;
-	build_rejected(&m, &e0, "dtype 0");
+	build_rejected(&m, &e0, "dtype_bytes must be at least 1");
 	m = m0, m.kv_heads = 0;
-	build_rejected(&m, &e0, "kv_heads 0");
+	build_rejected(&m, &e0, "kv_heads must be at least 1");
 	m = m0, m.head_dim = 0;
-	build_rejected(&m, &e0, "head_dim 0");
+	build_rejected(&m, &e0, "head_dim must be at least 1");
 	m = m0, m.layers = 0;
-	build_rejected(&m, &e0, "layers 0");
+	build_rejected(&m, &e0, "the model has no layers (layers and state_layers are 0)");
 	m = mla, m.dtype_bytes = 0;
-	build_rejected(&m, &e0, "MLA dtype 0");
+	build_rejected(&m, &e0, "dtype_bytes must be at least 1");
 	/* other bad arguments */
 	e = e0, e.tp_rank = 2;
-	build_rejected(&m0, &e, "rank == tp");
+	build_rejected(&m0, &e, "rank 2 is not below the TP size 2");
 	e = e0, e.comp_mask = 1;
-	build_rejected(&m0, &e, "engine comp_mask");
+	build_rejected(&m0, &e, "engine comp_mask is 0x1, must be 0");
 	m = m0, m.comp_mask = 1;
-	build_rejected(&m, &e0, "model comp_mask");
+	build_rejected(&m, &e0, "model comp_mask is 0x1, must be 0");
 	e = e0, e.kv_layout = KVP_KV_LAYOUT_COUNT;
-	build_rejected(&m0, &e, "kv_layout");
+	build_rejected(&m0, &e, "kv_layout 4 is none of flash_nhd (0), flash_hnd (1), flashinfer (2), packed (3)");
 	m = m0, m.sliding_layers = 3;
-	build_rejected(&m, &e0, "more sliding layers than layers");
+	build_rejected(&m, &e0, "sliding_layers 3 is above layers 2");
 	m = m0, m.state_layers = 2;
-	build_rejected(&m, &e0, "state layers without a state kind");
+	build_rejected(&m, &e0, "2 state layers need a state_kind (mamba2 or gdn)");
 	/* sizes overflowing a 32-bit page, or 64 bits on the way */
 	m = m0, m.head_dim = 1u << 24, e = e0, e.tp_size = 1, e.tp_rank = 0;
-	build_rejected(&m, &e, "4 GiB page");
+	build_rejected(&m, &e, "a kernel page of 8 heads x 16 tokens x 16777216 x 2 bytes is 4 GiB or more");
 	m = m0, m.kv_heads = 1, m.head_dim = 1u << 31, m.dtype_bytes = 1u << 31;
 	e = e0, e.tp_size = 1, e.tp_rank = 0, e.block_tokens = 1u << 2;
-	build_rejected(&m, &e, "page of 2^64 bytes (wraps to 0)");
+	build_rejected(&m, &e, "a kernel page of 1 heads x 4 tokens x 2147483648 x 2147483648 bytes is 4 GiB or more");
 	m = m0, m.kv_heads = 1, m.head_dim = 1u << 30, m.dtype_bytes = 1u << 31;
 	e = e0, e.tp_size = 1, e.tp_rank = 0, e.block_tokens = 1u << 4;
-	build_rejected(&m, &e, "page of 2^65 bytes (wraps to 0)");
+	build_rejected(&m, &e, "a kernel page of 1 heads x 16 tokens x 1073741824 x 2147483648 bytes is 4 GiB or more");
 	assert_int_equal(kvp_model_preset("nemotron-h-8b", &m), 0);
 	m.ssm_state = 1u << 31, m.ssm_head_dim = 1u << 31;
 	e = e0, e.tp_size = 1, e.tp_rank = 0;
-	build_rejected(&m, &e, "SSM state of 2^64+ bytes");
+	build_rejected(&m, &e, "the conv state's channels (128 x 2147483648 and more) do not fit 32 bits");
 	assert_int_equal(kvp_model_preset("nemotron-h-8b", &m), 0);
 	m.ssm_heads = 1u << 31, m.ssm_head_dim = 4;
-	build_rejected(&m, &e, "conv channels past 32 bits");
+	build_rejected(&m, &e, "the conv state's channels (2147483648 x 4 and more) do not fit 32 bits");
 	/* layers: at most KVP_MAX_LAYERS, state layers included */
 	m = m0, m.layers = KVP_MAX_LAYERS + 1;
-	build_rejected(&m, &e0, "too many layers");
+	build_rejected(&m, &e0, "layers + state_layers is 4097, above the limit of 4096");
 	m = m0, m.layers = UINT32_MAX, m.sliding_layers = 2;
-	build_rejected(&m, &e0, "2^32 - 1 layers");
+	build_rejected(&m, &e0, "layers + state_layers is 4294967295, above the limit of 4096");
 	assert_int_equal(kvp_model_preset("nemotron-h-8b", &m), 0);
 	m.state_layers = KVP_MAX_LAYERS - m.layers + 1;
-	build_rejected(&m, &e0, "too many layers with the state ones");
+	build_rejected(&m, &e0, "layers + state_layers is 4097, above the limit of 4096");
 	m.state_layers = UINT32_MAX;
-	build_rejected(&m, &e0, "2^32 - 1 state layers");
+	build_rejected(&m, &e0, "layers + state_layers is 4294967299, above the limit of 4096");
+
+	/* state layers: the rule and the heads it is about */
+	assert_int_equal(kvp_model_preset("qwen3-next-80b-a3b", &m), 0);
+	m.ssm_groups = 12, e = e0, e.tp_size = 8;
+	build_rejected(&m, &e,
+		       "TP 8 does not divide and is not divided by 12 key heads (ssm_groups)");
+	assert_int_equal(kvp_model_preset("nemotron-h-8b", &m), 0);
+	m.ssm_heads = 96, e = e0, e.tp_size = 64;
+	build_rejected(&m, &e,
+		       "TP 64 does not divide and is not divided by 96 SSM heads (ssm_heads)");
+	m.ssm_heads = 128, m.mla_latent = 576;
+	build_rejected(&m, &e0,
+		       "a model with state layers cannot have MLA (mla_latent 576)");
+	m.mla_latent = 0, m.conv_kernel = 1;
+	build_rejected(&m, &e0,
+		       "conv_kernel 1: a conv state needs a kernel of at least 2");
+	m.conv_kernel = 4, m.state_kind = KVP_STATE_KIND_COUNT;
+	build_rejected(&m, &e0,
+		       "state_kind 3 is none of none (0), mamba2 (1), gdn (2)");
+	m.state_kind = KVP_STATE_GDN, m.state_layers = 0;
+	build_rejected(&m, &e0, "state_kind gdn needs state_layers of at least 1");
+	m.state_kind = KVP_STATE_MAMBA2, m.state_layers = 24, m.ssm_state = 0;
+	build_rejected(&m, &e0, "ssm_state must be at least 1");
+	m.ssm_state = 128, e = e0, e.conv_layout = KVP_CONV_LAYOUT_COUNT;
+	build_rejected(&m, &e, "conv_layout 2 is none of ds (0), sd (1)");
+	m.ssm_state = 1u << 20, m.ssm_head_dim = 1u << 12;
+	build_rejected(&m, &e0, "a state page of 549807718400 bytes is 4 GiB or more");
+	m.ssm_head_dim = 64, m.ssm_state = 128;
+	e = e0, e.tp_size = 1, e.block_tokens = 1u << 20;
+	e.kernel_block_tokens = 1u << 10;
+	build_rejected(&m, &e, "a page of a 1048576-token block is 4 GiB or more");
+	{
+		char msg[64];
+		kvp_layout *x = SENTINEL;
+
+		assert_int_equal(kvp_layout_build_msg(NULL, &e0, &x, msg,
+						      sizeof(msg)),
+				 -EINVAL);
+		assert_string_equal(msg, "a NULL model, engine or output");
+		assert_ptr_equal(x, SENTINEL);
+	}
+	e = e0, e.tp_size = KVP_MAX_TP_SIZE + 1;
+	build_rejected(&m0, &e, "TP size 1025 is above the limit of 1024");
+
+	/* Success leaves the message alone. */
+	{
+		char msg[8] = "keep";
+
+		assert_int_equal(kvp_layout_build_msg(&m0, &e0, &l, msg,
+						      sizeof(msg)),
+				 0);
+		assert_string_equal(msg, "keep");
+		kvp_layout_destroy(l);
+	}
 
 	/* what does build: replicated heads, kernel blocks, kernel == block */
 	e = e0, e.tp_size = 16, e.tp_rank = 15;

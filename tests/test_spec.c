@@ -500,7 +500,8 @@ static const struct bad bad[] = {
 	/* an SSM state of 2^64 bytes wrapped to 0: division by zero */
 	{ "model = nemotron-h-8b\nblock_tokens = 16\nnum_blocks = 64\n"
 	  "ssm_state = 2147483648\nssm_head_dim = 2147483648\n",
-	  -EINVAL, "line 5: ", "the numbers make no layout" },
+	  -EINVAL, "line 5: ",
+	  "the conv state's channels (128 x 2147483648 and more) do not fit 32 bits" },
 	{ "layers = 2\nfoo = 1\n", -EINVAL, "line 2: ", "unknown key 'foo'" },
 	{ LLAMA "num_blocks = 12x\nblock_tokens = 16\n", -EINVAL, "line 2: ",
 	  "bad number '12x'" },
@@ -524,10 +525,10 @@ static const struct bad bad[] = {
 	{ LLAMA "layers = 2\nlayers = 3\n", -EINVAL, "line 3: ",
 	  "duplicate key 'layers' (first on line 2)" },
 	{ "block_tokens = 16\nmodel = llama-9\nnum_blocks = 8\n", -ENOENT,
-	  "line 2: ", "unknown model preset 'llama-9'" },
+	  "line 2: ", "unknown preset 'llama-9'" },
 	{ "model = a-preset-name-that-is-far-too-long-for-any-buffer-at-all\n"
 	  "block_tokens = 16\nnum_blocks = 8\n",
-	  -ENOENT, "line 1: ", "unknown model preset" },
+	  -ENOENT, "line 1: ", "unknown preset 'a-preset-name-that-is-far-too-long-for-" },
 	{ LLAMA "kv_layout = nhd\nblock_tokens = 16\nnum_blocks = 8\n",
 	  -EINVAL, "line 2: ", "unknown kv_layout 'nhd'" },
 	{ LLAMA "state_kind = mamba3\nblock_tokens = 16\nnum_blocks = 8\n",
@@ -538,7 +539,8 @@ static const struct bad bad[] = {
 	  -EINVAL, "line 4: ", "bad number '0x1g' for 'engine_id'" },
 	{ "model = nemotron-h-8b\nconv_kernel = 1\nblock_tokens = 16\n"
 	  "num_blocks = 64\n",
-	  -EINVAL, "line 4: ", "the numbers make no layout" },
+	  -EINVAL, "line 2: ",
+	  "conv_kernel 1: a conv state needs a kernel of at least 2" },
 	{ LLAMA "num_blocks = 8\n", -EINVAL, "line 2: ",
 	  "missing key 'block_tokens'" },
 	{ LLAMA "block_tokens = 8\n\n# end\n", -EINVAL, "line 4: ",
@@ -550,9 +552,9 @@ static const struct bad bad[] = {
 	  "num_blocks = 8\n",
 	  -EINVAL, "line 5: ", "'kv_heads' and 'head_dim', or 'mla_latent'" },
 	{ LLAMA "tp_size = 3\nblock_tokens = 16\nnum_blocks = 8\n", -EINVAL,
-	  "line 4: ", "the numbers make no layout" },
+	  "line 2: ", "TP 3 does not divide and is not divided by 8 KV heads" },
 	{ LLAMA "block_tokens = 16\nkernel_block_tokens = 5\nnum_blocks = 8\n",
-	  -EINVAL, "line 4: ", "the numbers make no layout" },
+	  -EINVAL, "line 3: ", "kernel block 5 does not divide the block size 16" },
 	{ LLAMA "block_tokens = 16\nnum_blocks = 8\nengine tp_size=1\n",
 	  -EINVAL, "line 4: ", "'engine' line in a model-form spec" },
 	{ "", -EINVAL, "line 1: ", "empty spec" },
@@ -729,6 +731,63 @@ static void test_field_without_dims(void **state)
 	}
 }
 
+/* A model-form spec the builder refuses: the exact message, on the line of
+ * the key to blame (the preset's line when the number is the preset's, the
+ * last line when no key is). */
+static void test_build_reasons(void **state)
+{
+	static const struct {
+		const char *text, *want;
+		int err;
+	} c[] = {
+		{ "model = foo\nblock_tokens = 16\nnum_blocks = 8\n",
+		  "line 1: unknown preset 'foo'", -ENOENT },
+		{ LLAMA "tp_size = 3\nblock_tokens = 16\nnum_blocks = 8\n",
+		  "line 2: TP 3 does not divide and is not divided by 8 KV heads",
+		  -EINVAL },
+		{ LLAMA "block_tokens = 16\nkernel_block_tokens = 5\n"
+			"num_blocks = 8\n",
+		  "line 3: kernel block 5 does not divide the block size 16",
+		  -EINVAL },
+		{ LLAMA "block_tokens = 16\nnum_blocks = 8\nlayers = 0\n",
+		  "line 4: the model has no layers (layers and state_layers are 0)",
+		  -EINVAL },
+		{ LLAMA "block_tokens = 0\nnum_blocks = 8\n",
+		  "line 2: block size must be at least 1 token", -EINVAL },
+		{ LLAMA "tp_size = 0\nblock_tokens = 16\nnum_blocks = 8\n",
+		  "line 2: TP size must be at least 1", -EINVAL },
+		{ LLAMA "tp_size = 2\ntp_rank = 2\nblock_tokens = 16\n"
+			"num_blocks = 8\n",
+		  "line 3: rank 2 is not below the TP size 2", -EINVAL },
+		/* the rule is the TP size's: its line */
+		{ "model = qwen3-next-80b-a3b\ntp_size = 64\nblock_tokens = 16\n"
+		  "num_blocks = 64\nssm_groups = 12\n",
+		  "line 2: TP 64 does not divide and is not divided by 12 key heads (ssm_groups)",
+		  -EINVAL },
+		{ "model = nemotron-h-8b\nblock_tokens = 16\nnum_blocks = 64\n"
+		  "sliding_layers = 2\n",
+		  "line 4: a model with state layers cannot have sliding layers (2)",
+		  -EINVAL },
+		{ "model = nemotron-h-8b\nblock_tokens = 16\nnum_blocks = 1\n",
+		  "line 3: num_blocks 1 is below the 33 attention pages one state page spans",
+		  -EINVAL },
+	};
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		kvp_layout *out = SENTINEL;
+		char msg[160];
+
+		memset(msg, 'x', sizeof(msg));
+		assert_int_equal(kvp_layout_parse(c[i].text, strlen(c[i].text),
+						  &out, msg, sizeof(msg)),
+				 c[i].err);
+		assert_string_equal(msg, c[i].want);
+		assert_ptr_equal(out, SENTINEL);
+	}
+}
+
 static void test_bad_arguments(void **state)
 {
 	kvp_layout *out = SENTINEL;
@@ -816,6 +875,7 @@ int main(void)
 		cmocka_unit_test(test_numbers),
 		cmocka_unit_test(test_rejections),
 		cmocka_unit_test(test_field_without_dims),
+		cmocka_unit_test(test_build_reasons),
 		cmocka_unit_test(test_bad_arguments),
 		cmocka_unit_test(test_unterminated),
 	};

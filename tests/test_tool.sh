@@ -91,6 +91,25 @@ has deepseek_json out '"local_ids": [2, 3, 4, 5, 6, 7]'
 n=$(grep -c '^      {"group": [0-9]*, "src": ' "$tmp/deepseek_json.out")
 if [ "$n" -eq 61 ]; then ok; else bad "deepseek_json: $n READs, want 61"; fi
 
+# The documents follow tools/kvpull-plan.schema.json (the file --help names
+# once installed), when python3 has jsonschema.
+schema_ok() {
+	[ "$have_python" = 1 ] || return 0
+	python3 -c 'import jsonschema' 2>/dev/null || return 0
+	if python3 -c 'import json, sys, jsonschema
+jsonschema.validate(json.load(open(sys.argv[1])), json.load(open(sys.argv[2])))' \
+		"$tmp/$1.out" "$top/tools/kvpull-plan.schema.json" \
+		2>"$tmp/$1.serr"; then
+		ok
+	else
+		bad "$1: not valid by the schema: $(tail -1 "$tmp/$1.serr")"
+	fi
+}
+schema_ok llama_json
+schema_ok deepseek_json
+run hybrid_json 0 --model nemotron-h-8b --remote-tp 2 --request 2 --json
+schema_ok hybrid_json
+
 # Output is deterministic without timing.
 run again 0 --model deepseek-v3 --remote-tp 4 --local-tp 2 \
 	--request 8 --hit 2 --json
@@ -115,6 +134,7 @@ EOF
 run spec 0 --local-spec "$tmp/local.spec" --remote-spec "$tmp/remote.spec" \
 	--request 4 --json
 run preset 0 --model llama-3.1-8b --remote-tp 2 --request 4 --json
+schema_ok spec
 sed -n '/^  "plan"/,$p' "$tmp/spec.out" >"$tmp/spec.plan"
 sed -n '/^  "plan"/,$p' "$tmp/preset.out" >"$tmp/preset.plan"
 if [ -s "$tmp/spec.plan" ] && cmp -s "$tmp/spec.plan" "$tmp/preset.plan"; then
@@ -126,7 +146,6 @@ fi
 # --- errors --------------------------------------------------------------
 
 run help 0 --help
-has help out "tools/README.md"
 
 run no_engine 2
 has no_engine err "give --model NAME"
@@ -143,9 +162,88 @@ run spec_and_tp 2 --local-spec "$tmp/local.spec" --model llama-3.1-8b \
 	--local-tp 2
 run extra_arg 2 --model llama-3.1-8b stray
 
-# The library refuses: exit 1 with its reason.
+# Which option and which rule: one message each, exactly.
+# exact NAME TEXT: $tmp/NAME.err is TEXT, then (for usage errors) the hint.
+exact() {
+	if [ "$(sed -n 1p "$tmp/$1.err")" = "$2" ]; then ok; else
+		bad "$1: stderr '$(sed -n 1p "$tmp/$1.err")', want '$2'"
+	fi
+}
+run tp0 2 --model llama-3.1-8b --remote-tp 0
+exact tp0 "kvpull-plan: --remote-tp 0: TP size must be at least 1"
+run ltp0 2 --model llama-3.1-8b --local-tp 0
+exact ltp0 "kvpull-plan: --local-tp 0: TP size must be at least 1"
+run rank_tp 2 --model llama-3.1-8b --local-tp 2 --rank 2
+exact rank_tp "kvpull-plan: --rank 2: rank is not below the local TP size 2"
+run block0 2 --model llama-3.1-8b --local-block 0
+exact block0 "kvpull-plan: --local-block 0: block size must be at least 1 token"
+run kblock 2 --model llama-3.1-8b --remote-kernel-block 5
+exact kblock "kvpull-plan: --remote-kernel-block 5: kernel block does not divide the block size 16"
+run layers0 2 --model llama-3.1-8b --layers 0
+exact layers0 "kvpull-plan: --layers 0: llama-3.1-8b has no state layers; it needs at least 1 layer"
+run sliding 2 --model gemma-3-12b --layers 8
+exact sliding "kvpull-plan: --layers 8: gemma-3-12b has 40 sliding-window layers"
+run nblocks0 2 --model llama-3.1-8b --num-blocks 0
+exact nblocks0 "kvpull-plan: --num-blocks 0: num_blocks must be at least 1"
+run dtype0 2 --model llama-3.1-8b --dtype-bytes 0
+exact dtype0 "kvpull-plan: --dtype-bytes 0: dtype_bytes must be at least 1"
+run heads0 2 --model llama-3.1-8b --kv-heads 0
+exact heads0 "kvpull-plan: --kv-heads 0: kv_heads must be at least 1"
+run hdim0 2 --model llama-3.1-8b --head-dim 0
+exact hdim0 "kvpull-plan: --head-dim 0: head_dim must be at least 1"
+# Rules between numbers: the library's message, the side and the model.
 run no_layout 1 --model llama-3.1-8b --local-tp 3
-has no_layout err "invalid argument"
+exact no_layout "kvpull-plan: --local-tp 3: TP 3 does not divide and is not divided by 8 KV heads (llama-3.1-8b)"
+run no_layout_gdn 1 --model qwen3-next-80b-a3b --remote-tp 64 --kv-heads 3
+exact no_layout_gdn "kvpull-plan: --remote-tp 64: TP 64 does not divide and is not divided by 3 KV heads (qwen3-next-80b-a3b)"
+run no_layout_ssm 1 --model nemotron-h-8b --num-blocks 4
+exact no_layout_ssm "kvpull-plan: local layout: num_blocks 4 is below the 33 attention pages one state page spans (nemotron-h-8b)"
+run no_layout_size 1 --model llama-3.1-8b --head-dim 16777216
+exact no_layout_size "kvpull-plan: local layout: a kernel page of 8 heads x 16 tokens x 16777216 x 2 bytes is 4 GiB or more (llama-3.1-8b)"
+printf 'block_tokens = 16\nnum_blocks = 8\nmodel = foo\n' >"$tmp/foo.spec"
+run spec_preset 1 --local-spec "$tmp/foo.spec" --model llama-3.1-8b
+exact spec_preset "kvpull-plan: $tmp/foo.spec: line 3: unknown preset 'foo' (see kvpull-plan --list)"
+printf 'model = llama-3.1-8b\ntp_size = 3\nblock_tokens = 16\nnum_blocks = 8\n' \
+	>"$tmp/tp3.spec"
+run spec_tp 1 --local-spec "$tmp/tp3.spec" --model llama-3.1-8b
+exact spec_tp "kvpull-plan: $tmp/tp3.spec: line 2: TP 3 does not divide and is not divided by 8 KV heads"
+# Group kinds by name in the plan's reason.
+cat >"$tmp/full.spec" <<'SPEC'
+engine tp_size=1
+group kind=full block_tokens=16
+region size=64K
+view group=0 region=0 layer=0 num_blocks=16 offset=0 stride=4K
+field view=0 kind=k elem=2 dims=token:16:256,dim:128:2
+SPEC
+sed 's/kind=full/kind=sliding/' "$tmp/full.spec" >"$tmp/sliding.spec"
+run kinds 1 --local-spec "$tmp/full.spec" --remote-spec "$tmp/sliding.spec"
+exact kinds "kvpull-plan: cannot plan: malformed or incompatible peer data: group 0 kind differs: local full, remote sliding"
+
+# --version, --list
+run version 0 --version
+if [ "$(cat "$tmp/version.out")" = "kvpull-plan 0.1.0" ]; then ok; else
+	bad "version: '$(cat "$tmp/version.out")'"
+fi
+run list 0 --list
+has list out "llama-3.1-70b         80 layers, 8 KV heads x 128"
+has list out "nemotron-h-8b          4 layers, 8 KV heads x 128, 24 mamba2 state layers (128 heads)"
+has help out "/share/kvpull/kvpull-plan.schema.json"
+
+# --svg: the file is written, the summary still printed (tests/check_svg.sh
+# renders it).
+run svg 0 --model llama-3.1-70b --remote-tp 8 --local-tp 2 --brief \
+	--svg "$tmp/p.svg"
+has svg out "group 0: full"
+if grep -qF '>producer rank 3</text>' "$tmp/p.svg" &&
+	grep -qF 'head 3 of 8, layers 0-79: 40960 READs, 10.00 MiB' "$tmp/p.svg"; then
+	ok
+else
+	bad "svg: no producer rank 3 row with its head, layers and READs"
+fi
+run svg_req0 2 --model llama-3.1-8b --svg "$tmp/q.svg" --svg-request 0
+exact svg_req0 "kvpull-plan: --svg-request 0: a request needs at least 1 block"
+run svg_dir 1 --model llama-3.1-8b --svg "$tmp/no/such/dir.svg"
+has svg_dir err "--svg $tmp/no/such/dir.svg: No such file or directory"
 run no_plan 1 --model llama-3.1-8b --local-block 1 --remote-block 65537 --num-blocks 4
 has no_plan err "cannot plan: malformed or incompatible peer data: group 0: block sizes 1 and 65537 have no usable common period"
 # Block sizes that do not nest plan over their common period.
@@ -155,7 +253,7 @@ run out_of_range 1 --model llama-3.1-8b --num-blocks 4 --request 8
 has out_of_range err "block id out of range"
 printf 'model = llama-3.1-8b\nlayrs = 2\n' >"$tmp/bad.spec"
 run bad_spec 1 --local-spec "$tmp/bad.spec" --model llama-3.1-8b
-has bad_spec err "bad.spec: line 2: unknown key 'layrs' (invalid argument)"
+exact bad_spec "kvpull-plan: $tmp/bad.spec: line 2: unknown key 'layrs'"
 run no_file 1 --local-spec "$tmp/missing.spec" --model llama-3.1-8b
 
 echo "$pass passed, $fail failed"

@@ -2,8 +2,9 @@
 /*
  * kvpull-plan: compiles the transfer plan of one consumer rank against a
  * producer engine and prints it, as a readable summary or as one JSON
- * document (schema in tools/README.md). Optionally emits one request and
- * prints its work requests. Public API only; the pieces are in tools/plan/.
+ * document (schema: tools/kvpull-plan.schema.json, described in
+ * tools/README.md). Optionally emits one request and prints its work
+ * requests, and draws the plan as an SVG picture (--svg). Public API only; the pieces are in tools/plan/.
  *
  * Exit status: 0 done, 1 the library refused (layout, spec, plan, request)
  * or a file could not be read, 2 bad usage.
@@ -22,6 +23,8 @@ int main(int argc, char **argv)
 	build_sides(&o);
 	memset(&d, 0, sizeof(d));
 	compute(&o, &d);
+	if (o.svg)
+		write_svg(&d);
 	if (o.json)
 		print_json(&d);
 	else

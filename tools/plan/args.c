@@ -134,9 +134,16 @@ static void usage(FILE *f)
 "  request writes a local byte twice.\n"
 "\n"
 "Output:\n"
-"  --json                  one JSON document (schema: tools/README.md)\n"
+"  --json                  one JSON document (schema: " KVP_SCHEMA ")\n"
 "  --brief                 summary without the stream and WR tables\n"
 "  --no-timing             leave the compile time out (diffable text)\n"
+"  --svg FILE              also draw the plan as an SVG picture: producer\n"
+"                          ranks feeding the consumer, one band per group\n"
+"                          with layers, head ranges and READs per request\n"
+"  --svg-request N         blocks per group of the request the SVG counts\n"
+"                          READs for (default: --request, else 16)\n"
+"  --list                  the model presets and their numbers\n"
+"  --version               " PROG " and the library version\n"
 "  --help                  this text\n"
 "\n"
 "The summary shows both engines (model numbers, TP, block sizes, layouts,\n"
@@ -168,6 +175,31 @@ static void usage(FILE *f)
 	fprintf(f, "\n");
 }
 
+/* --list: one line per preset with the numbers that decide its layouts. */
+static void list_presets(void)
+{
+	struct kvp_model m;
+	uint32_t i;
+
+	for (i = 0; kvp_model_preset_name(i); i++) {
+		if (kvp_model_preset(kvp_model_preset_name(i), &m))
+			die("preset %u: %s", i, kvp_strerror(-ENOENT));
+		printf("%-20s %3u layers", m.name, m.layers);
+		if (m.mla_latent)
+			printf(", MLA latent %u", m.mla_latent);
+		else
+			printf(", %u KV heads x %u", m.kv_heads, m.head_dim);
+		if (m.sliding_layers)
+			printf(", %u sliding", m.sliding_layers);
+		if (m.state_layers)
+			printf(", %u %s state layers (%u heads)",
+			       m.state_layers,
+			       TOOL_NAME(tool_state_names, m.state_kind),
+			       m.ssm_heads);
+		printf("\n");
+	}
+}
+
 /*
  * Every option, in --help order: what its value is and which member of
  * struct opts it sets, and for some the member that records it was given.
@@ -183,6 +215,8 @@ enum arg {
 	A_TRUE,	  /* no value: sets an int to 1 */
 	A_FALSE,  /* no value: sets an int to 0 */
 	A_HELP,
+	A_VERSION,
+	A_LIST,
 };
 
 struct optdef {
@@ -230,6 +264,10 @@ static const struct optdef optdefs[] = {
 	OPT("json", A_TRUE, json),
 	OPT("brief", A_TRUE, brief),
 	OPT("no-timing", A_FALSE, timing),
+	OPT("svg", A_STR, svg),
+	OPT_HAVE("svg-request", A_U32, svg_request, have_svg_request),
+	{ "list", A_LIST, 0, 0, 0 },
+	{ "version", A_VERSION, 0, 0, 0 },
 	{ "help", A_HELP, 0, 0, 0 },
 };
 
@@ -249,6 +287,8 @@ static size_t arg_size(enum arg a)
 	case A_FALSE:
 		return sizeof(int);
 	case A_HELP:
+	case A_VERSION:
+	case A_LIST:
 		return 0;
 	default:
 		return sizeof(uint32_t);
@@ -295,6 +335,13 @@ static void set_opt(struct opts *o, const struct optdef *d, const char *a)
 		break;
 	case A_HELP:
 		usage(stdout);
+		exit(0);
+	case A_VERSION:
+		printf(PROG " %u.%u.%u\n", kvp_version() >> 16,
+		       (kvp_version() >> 8) & 0xff, kvp_version() & 0xff);
+		exit(0);
+	case A_LIST:
+		list_presets();
 		exit(0);
 	}
 	if (d->have)
@@ -363,6 +410,59 @@ static void read_file(const char *path, char **buf, size_t *len)
 	*len = n;
 }
 
+/* The rules one option breaks alone, named by the option; the library's
+ * message covers the rest (rules between numbers, such as TP and heads). */
+static void check_side(const struct opts *o, const struct side *s)
+{
+	const char *local = s == &o->loc ? "local" : "remote";
+	const struct kvp_model *m = &s->m;
+
+	if (!s->e.tp_size)
+		usage_error("--%s-tp 0: TP size must be at least 1", local);
+	if (s->e.tp_rank >= s->e.tp_size)
+		usage_error("--%s %u: rank is not below the %s TP size %u",
+			    s == &o->loc ? "rank" : "remote-rank",
+			    s->e.tp_rank, s->what, s->e.tp_size);
+	if (!s->e.block_tokens)
+		usage_error("--%s-block 0: block size must be at least 1 token",
+			    local);
+	if (s->have_kblock && s->e.kernel_block_tokens &&
+	    s->e.block_tokens % s->e.kernel_block_tokens)
+		usage_error("--%s-kernel-block %u: kernel block does not divide the block size %u",
+			    local, s->e.kernel_block_tokens, s->e.block_tokens);
+	if (!s->e.num_blocks)
+		usage_error("--num-blocks 0: num_blocks must be at least 1");
+	if (o->have_layers && !m->layers && !m->state_layers)
+		usage_error("--layers 0: %s has no state layers; it needs at least 1 layer",
+			    m->name);
+	if (o->have_layers && m->sliding_layers > m->layers)
+		usage_error("--layers %u: %s has %u sliding-window layers",
+			    m->layers, m->name, m->sliding_layers);
+	if (o->have_dtype && !m->dtype_bytes)
+		usage_error("--dtype-bytes 0: dtype_bytes must be at least 1");
+	if (o->have_kv_heads && !m->kv_heads && !m->mla_latent)
+		usage_error("--kv-heads 0: kv_heads must be at least 1");
+	if (o->have_head_dim && !m->head_dim && !m->mla_latent)
+		usage_error("--head-dim 0: head_dim must be at least 1");
+}
+
+/* Whether the layout the library refused builds on one GPU: then the TP
+ * size is what is wrong (TP against the heads), and its option is named. */
+static int tp_to_blame(const struct side *s)
+{
+	struct kvp_engine_desc e = s->e;
+	kvp_layout *l;
+
+	if (e.tp_size == 1)
+		return 0;
+	e.tp_size = 1;
+	e.tp_rank = 0;
+	if (kvp_layout_build(&s->m, &e, &l))
+		return 0;
+	kvp_layout_destroy(l);
+	return 1;
+}
+
 static void build_side(struct opts *o, struct side *s)
 {
 	char msg[256] = "";
@@ -383,9 +483,11 @@ static void build_side(struct opts *o, struct side *s)
 		/* The buffer holds the file exactly, without a NUL. */
 		err = kvp_layout_parse(text, len, &s->l, msg, sizeof(msg));
 		free(text);
+		if (err == -ENOENT)
+			die("%s: %s (see " PROG " --list)", s->spec, msg);
 		if (err)
-			die("%s: %s (%s)", s->spec, msg[0] ? msg : "error",
-			    kvp_strerror(err));
+			die("%s: %s", s->spec,
+			    msg[0] ? msg : kvp_strerror(err));
 		return;
 	}
 	if (!o->model)
@@ -408,19 +510,14 @@ static void build_side(struct opts *o, struct side *s)
 	if (!s->have_block)
 		s->e.block_tokens = DEFAULT_BLOCK;
 	s->e.num_blocks = o->have_nblocks ? o->nblocks : DEFAULT_NUM_BLOCKS;
-	if (s->e.tp_rank >= s->e.tp_size)
-		usage_error("--%s: rank %u is not below the %s TP size %u",
-			    s == &o->loc ? "rank" : "remote-rank",
-			    s->e.tp_rank, s->what, s->e.tp_size);
-	err = kvp_layout_build(&s->m, &s->e, &s->l);
+	check_side(o, s);
+	err = kvp_layout_build_msg(&s->m, &s->e, &s->l, msg, sizeof(msg));
+	if (err && err != -ENOMEM && tp_to_blame(s))
+		die("--%s-tp %u: %s (%s)", s->what, s->e.tp_size, msg,
+		    s->m.name);
 	if (err)
-		die("%s layout: %s: %s on TP %u rank %u, blocks of %u tokens (kernel %u), %s, %u blocks: the numbers make no layout",
-		    s->what, kvp_strerror(err), s->m.name, s->e.tp_size,
-		    s->e.tp_rank, s->e.block_tokens,
-		    s->e.kernel_block_tokens ? s->e.kernel_block_tokens :
-					       s->e.block_tokens,
-		    TOOL_NAME(tool_layout_names, s->e.kv_layout),
-		    s->e.num_blocks);
+		die("%s layout: %s (%s)", s->what,
+		    msg[0] ? msg : kvp_strerror(err), s->m.name);
 }
 
 static void check_usage(struct opts *o)

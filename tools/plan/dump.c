@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* kvpull-plan: the plan, what is derived from it once, and the errors. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,4 +185,21 @@ int serves(const struct dump *d, uint32_t g, uint32_t s)
 		    st.group == g)
 			return 1;
 	return 0;
+}
+
+const char *human(uint64_t b, char *buf, size_t n)
+{
+	static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+	double v = (double)b;
+	int u = 0;
+
+	while (v >= 1024 && u < 4) {
+		v /= 1024;
+		u++;
+	}
+	if (u)
+		snprintf(buf, n, "%.2f %s", v, unit[u]);
+	else
+		snprintf(buf, n, "%" PRIu64 " B", b);
+	return buf;
 }

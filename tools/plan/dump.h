@@ -15,6 +15,12 @@
 #include "names.h"
 
 #define PROG "kvpull-plan"
+/* Where `make install` puts the JSON schema of --json (the build may set
+ * KVP_DATADIR to $(PREFIX)/share/kvpull); tools/ in the source tree. */
+#ifndef KVP_DATADIR
+#define KVP_DATADIR "/usr/local/share/kvpull"
+#endif
+#define KVP_SCHEMA KVP_DATADIR "/kvpull-plan.schema.json"
 #define MAX_GROUPS 64
 #define DEFAULT_NUM_BLOCKS 1024
 #define DEFAULT_BLOCK 16
@@ -46,6 +52,9 @@ struct opts {
 	uint32_t layers, kv_heads, head_dim, dtype, nblocks;
 	uint32_t max_sge;
 	int json, brief, timing;
+	const char *svg; /* --svg FILE, or NULL */
+	int have_svg_request;
+	uint32_t svg_request;
 	int have_request, have_hit, have_tokens;
 	uint32_t request, hit;
 	uint64_t tokens;
@@ -111,6 +120,8 @@ void free_dump(struct dump *d);
 /* Whether source index s serves group g. */
 int serves(const struct dump *d, uint32_t g, uint32_t s);
 uint32_t view_layer(const kvp_layout *l, uint32_t view);
+/* A byte count for people: "2.50 MiB", or "512 B"; returns buf. */
+const char *human(uint64_t b, char *buf, size_t n);
 /* Field kinds of a bit set, as "k+v". */
 void kinds_name(uint32_t kinds, char *buf, size_t len);
 
@@ -118,6 +129,8 @@ void kinds_name(uint32_t kinds, char *buf, size_t len);
 
 void print_text(const struct dump *d); /* text.c */
 void print_json(const struct dump *d); /* json.c */
+/* Writes the SVG picture of the plan to o->svg (svg.c); dies on error. */
+void write_svg(const struct dump *d);
 
 /* ---- errors and checked accessors (dump.c) ---- */
 

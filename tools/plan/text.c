@@ -6,23 +6,6 @@
 
 #include "dump.h"
 
-static const char *human(uint64_t b, char *buf, size_t n)
-{
-	static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB" };
-	double v = (double)b;
-	int u = 0;
-
-	while (v >= 1024 && u < 4) {
-		v /= 1024;
-		u++;
-	}
-	if (u)
-		snprintf(buf, n, "%.2f %s", v, unit[u]);
-	else
-		snprintf(buf, n, "%" PRIu64 " B", b);
-	return buf;
-}
-
 /* Prints ids, runs of consecutive ids as a-b. */
 static void print_ids(const uint32_t *id, uint32_t n)
 {
