@@ -874,15 +874,15 @@ int main(int argc, char **argv)
 		{ "--ids", TOOL_STR, &o.ids, 0 },
 		{ "--prefill-layout", TOOL_LAYOUT, &o.playout, 0 },
 		{ "--decode-layout", TOOL_LAYOUT, &o.dlayout, 0 },
-		{ "--layers", TOOL_U32, &o.layers, 0 },
+		{ "--layers", TOOL_COUNT, &o.layers, 0 },
 		{ "--state-layers", TOOL_U32, &o.state_layers, 0 },
 		{ "--sliding-layers", TOOL_U32, &o.sliding_layers, 0 },
-		{ "--prefill-tp", TOOL_U32, &o.P, 0 },
-		{ "--decode-tp", TOOL_U32, &o.D, 0 },
-		{ "--requests", TOOL_U32, &o.nreq, 0 },
-		{ "--tokens", TOOL_U32, &o.tokens, 0 },
-		{ "--block", TOOL_U32, &o.block, 0 },
-		{ "--num-blocks", TOOL_U32, &o.nblocks, 0 },
+		{ "--prefill-tp", TOOL_COUNT, &o.P, MAX_TP },
+		{ "--decode-tp", TOOL_COUNT, &o.D, MAX_TP },
+		{ "--requests", TOOL_COUNT, &o.nreq, MAX_REQ },
+		{ "--tokens", TOOL_COUNT, &o.tokens, 0 },
+		{ "--block", TOOL_COUNT, &o.block, 0 },
+		{ "--num-blocks", TOOL_COUNT, &o.nblocks, 0 },
 		{ "--max-sge", TOOL_U32, &o.max_sge, 0 },
 		{ "--port", TOOL_PORT, &o.port, 65535 - MAX_TP },
 		{ "--seed", TOOL_U32, &o.seed, 0 },
@@ -907,23 +907,6 @@ int main(int argc, char **argv)
 		return bad == TOOL_ARGS_BAD ? 2 : 0;
 	if (tool_default_addr(P, &o.addr))
 		return 2;
-	if (!o.P || o.P > MAX_TP)
-		return tool_bad_arg(P, "--prefill-tp: %u is out of range "
-				    "(1-%d)", o.P, MAX_TP);
-	if (!o.D || o.D > MAX_TP)
-		return tool_bad_arg(P, "--decode-tp: %u is out of range "
-				    "(1-%d)", o.D, MAX_TP);
-	if (!o.nreq || o.nreq > MAX_REQ)
-		return tool_bad_arg(P, "--requests: %u is out of range "
-				    "(1-%d)", o.nreq, MAX_REQ);
-	if (!o.tokens)
-		return tool_bad_arg(P, "--tokens: must be at least 1");
-	if (!o.block)
-		return tool_bad_arg(P, "--block: must be at least 1");
-	if (!o.layers)
-		return tool_bad_arg(P, "--layers: must be at least 1");
-	if (!o.nblocks)
-		return tool_bad_arg(P, "--num-blocks: must be at least 1");
 	if (strcmp(o.ids, "runs") && strcmp(o.ids, "random") &&
 	    strcmp(o.ids, "contiguous"))
 		return tool_bad_arg(P, "--ids: '%s' is not runs, random or "

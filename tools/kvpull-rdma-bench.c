@@ -356,10 +356,10 @@ int main(int argc, char **argv)
 		{ "--ids", TOOL_STR, &o.ids, 0 },
 		{ "--port", TOOL_PORT, &o.port, 0 },
 		{ "--page-kib", TOOL_U32, &o.page_kib, 0 },
-		{ "--blocks", TOOL_U32, &o.blocks, 0 },
-		{ "--requests", TOOL_U32, &o.nreq, 0 },
-		{ "--inflight", TOOL_U32, &o.inflight, 0 },
-		{ "--layers", TOOL_U32, &o.layers, 0 },
+		{ "--blocks", TOOL_COUNT, &o.blocks, 0 },
+		{ "--requests", TOOL_COUNT, &o.nreq, 0 },
+		{ "--inflight", TOOL_COUNT, &o.inflight, 0 },
+		{ "--layers", TOOL_COUNT, &o.layers, 0 },
 		{ "--sq", TOOL_U32, &o.sq, 0 },
 		{ "--producer-spin", TOOL_U32, &o.spin, 0 },
 		{ NULL, TOOL_STR, NULL, 0 },
@@ -377,14 +377,6 @@ int main(int argc, char **argv)
 	if (o.page_kib < 4 || (o.page_kib & (o.page_kib - 1)))
 		return tool_bad_arg(P, "--page-kib: %u is not a power of two "
 				    ">= 4", o.page_kib);
-	if (!o.blocks)
-		return tool_bad_arg(P, "--blocks: must be at least 1");
-	if (!o.nreq)
-		return tool_bad_arg(P, "--requests: must be at least 1");
-	if (!o.inflight)
-		return tool_bad_arg(P, "--inflight: must be at least 1");
-	if (!o.layers)
-		return tool_bad_arg(P, "--layers: must be at least 1");
 	if (strcmp(o.ids, "random") && strcmp(o.ids, "contiguous"))
 		return tool_bad_arg(P, "--ids: '%s' is not random or "
 				    "contiguous", o.ids);

@@ -55,6 +55,18 @@ static int set_opt(const char *prog, const struct tool_opt *o,
 			return tool_bad_arg(prog, "%s: '%s' is not a number",
 					    o->name, val);
 		return 0;
+	case TOOL_COUNT:
+		if (parse_u32(val, &v))
+			return tool_bad_arg(prog, "%s: '%s' is not a number",
+					    o->name, val);
+		if (!o->max && !v)
+			return tool_bad_arg(prog, "%s: must be at least 1",
+					    o->name);
+		if (!v || (o->max && v > o->max))
+			return tool_bad_arg(prog, "%s: %u is out of range "
+					    "(1-%u)", o->name, v, o->max);
+		*(uint32_t *)o->val = v;
+		return 0;
 	case TOOL_PORT:
 		max = o->max ? o->max : 65535;
 		if (parse_u32(val, &v))
