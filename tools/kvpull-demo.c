@@ -9,6 +9,7 @@
  *               [--requests N] [--tokens T] [--block B] [--num-blocks N]
  *               [--prefill-layout L] [--decode-layout L] [--ids runs|random|
  *               contiguous] [--max-sge S] [--addr IP] [--port N] [--seed N]
+ *               [--dry-run] [--version]
  *
  * Defaults: llama-3.1-8b scaled to 4 layers and 192 blocks per region (so
  * that three engines' ranks fit a 512 MiB VM), prefill TP 2 -> decode TP 1,
@@ -48,7 +49,7 @@ struct opts {
 	uint32_t P, D, nreq, tokens, block, nblocks, max_sge;
 	uint32_t playout, dlayout;
 	uint16_t port;
-	uint32_t seed;
+	uint32_t seed, dry_run;
 };
 
 struct req {
@@ -98,6 +99,9 @@ static void usage(FILE *f)
 		"  --addr IP              RDMA-capable address [$KVP_ADDR0]\n"
 		"  --port N               first prefill rank's port [18700]\n"
 		"  --seed N               [1]\n"
+		"  --dry-run              check the options, print the engines and\n"
+		"                         the batch, and exit (no RDMA; --addr\n"
+		"                         not needed)\n"
 		"  --version              print the version and exit\n"
 		"Exit status: 0 every byte verified, 1 the transfer or the check\n"
 		"failed, 2 bad options or a batch that does not fit.\n",
@@ -886,6 +890,7 @@ int main(int argc, char **argv)
 		{ "--max-sge", TOOL_U32, &o.max_sge, 0 },
 		{ "--port", TOOL_PORT, &o.port, 65535 - MAX_TP },
 		{ "--seed", TOOL_U32, &o.seed, 0 },
+		{ "--dry-run", TOOL_FLAG, &o.dry_run, 0 },
 		{ NULL, TOOL_STR, NULL, 0 },
 	};
 	struct demo d = { .o = &o, .rq = rq };
@@ -905,6 +910,8 @@ int main(int argc, char **argv)
 		usage(stdout);
 	if (bad)
 		return bad == TOOL_ARGS_BAD ? 2 : 0;
+	if (o.dry_run && !o.addr && !getenv("KVP_ADDR0"))
+		o.addr = "(none: --dry-run)";
 	if (tool_default_addr(P, &o.addr))
 		return 2;
 	if (strcmp(o.ids, "runs") && strcmp(o.ids, "random") &&
@@ -977,6 +984,10 @@ int main(int argc, char **argv)
 		print_groups(&d);
 	kvp_layout_destroy(pl);
 	kvp_layout_destroy(dl);
+	if (o.dry_run) {
+		free_requests(rq, o.nreq);
+		return 0;
+	}
 
 	d.out = mmap(NULL, sizeof(*d.out) * o.D, PROT_READ | PROT_WRITE,
 		     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
