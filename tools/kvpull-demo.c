@@ -965,15 +965,18 @@ int main(int argc, char **argv)
 	for (v = 0; v < dli.nregions; v++)
 		if (!kvp_layout_get_region(dl, v, &sz))
 			dsz += sz;
-	printf("model %s, scaled to fit VM memory: %u of %u layers, %u "
-	       "blocks of %u tokens per region\n",
-	       o.model, o.layers, m.layers, o.nblocks, o.block);
+	printf("model %s, scaled to fit VM memory: %u of %u %slayers, %u "
+	       "blocks per region\n",
+	       o.model, o.layers, m.layers, m.state_layers ? "attention " : "",
+	       o.nblocks);
 	print_layers(&o, &m);
-	printf("prefill engine: TP %u, %s, %u regions, %.1f MiB per rank\n",
-	       o.P, tool_layout_names[o.playout], pli.nregions,
+	printf("prefill engine: TP %u, %u-token blocks, %s, %u regions, "
+	       "%.1f MiB per rank\n",
+	       o.P, o.block, tool_layout_names[o.playout], pli.nregions,
 	       psz / 1048576.0);
-	printf("decode engine:  TP %u, %s, %u regions, %.1f MiB per rank\n",
-	       o.D, tool_layout_names[o.dlayout], dli.nregions,
+	printf("decode engine:  TP %u, %u-token blocks, %s, %u regions, "
+	       "%.1f MiB per rank\n",
+	       o.D, o.block, tool_layout_names[o.dlayout], dli.nregions,
 	       dsz / 1048576.0);
 	printf("batch: %u requests of %u tokens (%u blocks each), decode "
 	       "block ids %s, address %s\n",
