@@ -1027,8 +1027,8 @@ int main(int argc, char **argv)
 			secs = d.out[v].secs;
 	}
 	if (!bad && o.D > 1)
-		printf("total, %u decode ranks in parallel: %llu bytes in %llu "
-		       "READs (one per block per region: %llu, %s), %.1f ms, "
+		printf("total, %u decode ranks pulling at once: %llu bytes in %llu "
+		       "READs (one per block per region: %llu, %s), slowest rank %.1f ms, "
 		       "%.1f MB/s (%s)\n",
 		       o.D, (unsigned long long)bytes,
 		       (unsigned long long)reads, (unsigned long long)naive,
