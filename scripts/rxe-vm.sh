@@ -30,6 +30,10 @@ Options:
   --self-test          run the built-in checks instead of commands:
                        ibv_devinfo, ib_read_bw at 4 KiB/64 KiB/1 MiB (server
                        on dev0, client on dev1 if any) and rping
+  -q, --quiet          print only what the commands print (no console
+                       boot lines, markers, kernel messages or timing), plus
+                       a progress line per step on stderr; on failure the
+                       harness's report and the guest console log follow
   -h, --help           this text
 
 Inside the commands:
@@ -59,7 +63,18 @@ EOF
 }
 
 die() { echo "$prog: error: $*" >&2; exit 2; }
-note() { echo "$prog: $*" >&2; }
+# The harness's own lines. --quiet holds them in $work/notes and prints
+# them only when something failed.
+note() {
+	if ((quiet)) && [[ -n ${work:-} ]]; then
+		echo "$prog: $*" >>"$work/notes"
+	else
+		echo "$prog: $*" >&2
+	fi
+}
+# A step that takes seconds: said under --quiet only (the notes say it
+# otherwise).
+progress() { if ((quiet)); then echo "== $*" >&2; fi; }
 
 # ---------------------------------------------------------------- options
 devices=1
@@ -70,6 +85,7 @@ files=()
 envs=()
 cmds=()
 self_test=0
+quiet=0
 while [[ $# -gt 0 ]]; do
 	case $1 in
 	--devices) [[ $# -ge 2 ]] || die "--devices needs a value"
@@ -91,6 +107,7 @@ while [[ $# -gt 0 ]]; do
 		envs+=("$2"); shift 2 ;;
 	--env=*) envs+=("${1#*=}"); shift ;;
 	--self-test) self_test=1; shift ;;
+	-q|--quiet) quiet=1; shift ;;
 	-h|--help) usage; exit 0 ;;
 	--) shift; cmds=("$@"); break ;;
 	*) usage >&2; die "unknown argument: $1" ;;
@@ -229,6 +246,17 @@ short() { # first line of a command, at most 100 characters
 
 final_report() { # missing
 	local i missing=$1
+	if ((quiet)); then
+		# All passed: nothing more to say. Else the held notes and,
+		# from a VM, the guest console, then the report below.
+		((fail > 0 || missing > 0 || skip > 0)) || exit 0
+		quiet=0
+		[[ -f $work/notes ]] && cat "$work/notes" >&2
+		if ((fail > 0 || missing > 0)) && [[ -n ${log:-} && -f $log ]]; then
+			note "guest console log, last 200 of $(wc -l <"$log") lines:"
+			tail -n 200 "$log" | sed 's/^/  | /' >&2
+		fi
+	fi
 	for ((i = 1; i <= ncmds; i++)); do
 		note "[$i/$ncmds] ${results[$i]:-MISSING (no marker)}: $(short "${cmds[i - 1]}")"
 	done
@@ -263,7 +291,7 @@ run_direct() {
 
 	local i rc pid t0 t1
 	for ((i = 1; i <= ncmds; i++)); do
-		echo "KVP-BEGIN $i/$ncmds: $(short "${cmds[i - 1]}")"
+		((quiet)) || echo "KVP-BEGIN $i/$ncmds: $(short "${cmds[i - 1]}")"
 		t0=$(date +%s.%N)
 		# timeout leads its own process group: kill leftovers (servers
 		# started with &) once the command line is done.
@@ -273,7 +301,7 @@ run_direct() {
 		wait "$pid" || rc=$?
 		kill -KILL -- "-$pid" 2>/dev/null || true
 		t1=$(date +%s.%N)
-		echo "KVP-RESULT $i/$ncmds rc=$rc id=$run_id"
+		((quiet)) || echo "KVP-RESULT $i/$ncmds rc=$rc id=$run_id"
 		record "$i" "$rc" "$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')"
 	done
 	final_report 0
@@ -347,6 +375,7 @@ prepare_kernel() {
 	deb=$(ls "$debdir/${kpkg}"_*.deb 2>/dev/null | sort -V | tail -n1) || deb=
 	if [[ -z $deb ]]; then
 		note "downloading $kpkg into $debdir"
+		progress "downloading the kernel package $kpkg (70 MB, once)"
 		local sandbox=()
 		# as root, apt's _apt user could not write into the cache
 		[[ $(id -u) -ne 0 ]] || sandbox=(-o APT::Sandbox::User=root)
@@ -456,6 +485,7 @@ extract_vmlinux() {
 }
 
 t_prep=$(date +%s.%N)
+progress "preparing the VM: Debian kernel with rdma_rxe (soft-RoCE), initramfs"
 (
 	# One extraction at a time per cache; others wait and reuse it.
 	exec 9>"$cache/.lock"
@@ -731,20 +761,31 @@ qemu=(qemu-system-x86_64 "${accel_args[@]}" -smp "${KVP_VM_SMP:-2}"
 
 note "$(du -h "$initrd" | cut -f1) initramfs, ${#modules[@]} modules from ${kdir##*/}, $devices device(s), $ncmds command(s), accel ${accel_args[*]}"
 log=$work/console.log
+progress "booting the VM (QEMU, TCG emulation; the first command starts after ~5-15 s)"
 t_boot=$(date +%s.%N)
 t_init="" t_ready=""
 set +e
 shopt -s lastpipe
 # stdin is /dev/null so qemu never puts a terminal into raw mode.
+# --quiet shows a command's own lines only: between its KVP-BEGIN and
+# KVP-RESULT, without kernel messages ("[   30.48] reboot: Power down").
+show=$((!quiet))
 timeout -k 5 "$vm_timeout" "${qemu[@]}" </dev/null 2>&1 |
 	while IFS= read -r line || [[ -n $line ]]; do
 		line=${line%$'\r'}
-		printf '%s\n' "$line"
 		printf '%s\n' "$line" >>"$log"
 		case $line in
 		*KVP-INIT*) t_init=$(date +%s.%N) ;;
 		*KVP-READY*) t_ready=$(date +%s.%N) ;;
 		esac
+		if ((quiet)); then
+			case $line in
+			KVP-BEGIN\ [0-9]*/[0-9]*:*) show=1; continue ;;
+			KVP-RESULT\ [0-9]*/[0-9]*\ rc=*) show=0; continue ;;
+			\[*) [[ $line =~ ^\[\ *[0-9]+\.[0-9]+\]\  ]] && continue ;;
+			esac
+		fi
+		((show)) && printf '%s\n' "$line"
 	done
 qst=("${PIPESTATUS[@]}")
 set -e

@@ -6,7 +6,7 @@
  *   kvpull-bench [--model NAME] [--remote-tp P] [--local-tp D]
  *                [--num-blocks N] [--request B] [--max-sge S]
  *                [--layout flash_hnd|flash_nhd|flashinfer|packed]
- *                [--iters N] [--random]
+ *                [--iters N] [--random] [--version]
  *
  * Defaults: llama-3.1-70b (80 layers), TP 8 -> 2, 100000 blocks, 128-block
  * requests, FLASH_HND, max_sge 16, consecutive block ids.
@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "kvpull.h"
 #include "names.h"
 
@@ -34,7 +35,7 @@ static void usage(FILE *f)
 		"usage: kvpull-bench [--model NAME] [--remote-tp P] [--local-tp D]\n"
 		"                    [--num-blocks N] [--request B] [--max-sge S]\n"
 		"                    [--layout flash_nhd|flash_hnd|flashinfer|packed]\n"
-		"                    [--iters N] [--random]\n"
+		"                    [--iters N] [--random] [--version]\n"
 		"Compiles the plan of consumer rank 0 (TP D) pulling from a producer\n"
 		"engine (TP P) and emits requests of B blocks per group. Prints the\n"
 		"median compile time, the plan size, and emission ns per WR and per\n"
@@ -66,56 +67,32 @@ int main(int argc, char **argv)
 	uint32_t *lid, *rid, maxw, maxs, state_lid = 0, state_rid = 0;
 	double *t, sum = 0;
 	char msg[256] = "";
-	int err, n = 0;
+	int err, n = 0, bad;
 	uint64_t seed = 42;
+	const struct tool_opt opts[] = {
+		{ "--model", TOOL_STR, &model, 0 },
+		{ "--remote-tp", TOOL_U32, &P, 0 },
+		{ "--local-tp", TOOL_U32, &D, 0 },
+		{ "--num-blocks", TOOL_U32, &nblocks, 0 },
+		{ "--request", TOOL_U32, &req, 0 },
+		{ "--max-sge", TOOL_U32, &max_sge, 0 },
+		{ "--iters", TOOL_U32, &iters, 0 },
+		{ "--layout", TOOL_LAYOUT, &layout, 0 },
+		{ "--random", TOOL_FLAG, &random_ids, 0 },
+		{ NULL, TOOL_STR, NULL, 0 },
+	};
 
-	for (i = 1; i < (uint32_t)argc; i++) {
-		const char *a = argv[i], *v = i + 1 < (uint32_t)argc ? argv[i + 1] : NULL;
-
-		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-			usage(stdout);
-			return 0;
-		}
-		if (!strcmp(a, "--random")) {
-			random_ids = 1;
-			continue;
-		}
-		if (!v) {
-			usage(stderr);
-			return 2;
-		}
-		i++;
-		if (!strcmp(a, "--model"))
-			model = v;
-		else if (!strcmp(a, "--remote-tp"))
-			P = (uint32_t)strtoul(v, NULL, 0);
-		else if (!strcmp(a, "--local-tp"))
-			D = (uint32_t)strtoul(v, NULL, 0);
-		else if (!strcmp(a, "--num-blocks"))
-			nblocks = (uint32_t)strtoul(v, NULL, 0);
-		else if (!strcmp(a, "--request"))
-			req = (uint32_t)strtoul(v, NULL, 0);
-		else if (!strcmp(a, "--max-sge"))
-			max_sge = (uint32_t)strtoul(v, NULL, 0);
-		else if (!strcmp(a, "--iters"))
-			iters = (uint32_t)strtoul(v, NULL, 0);
-		else if (!strcmp(a, "--layout")) {
-			int l = TOOL_NAME_INDEX(tool_layout_names, v);
-
-			if (l < 0) {
-				usage(stderr);
-				return 2;
-			}
-			layout = (uint32_t)l;
-		} else {
-			usage(stderr);
-			return 2;
-		}
-	}
-	if (!iters || !req || req > nblocks) {
-		usage(stderr);
-		return 2;
-	}
+	bad = tool_parse_args(argc, argv, "kvpull-bench", opts);
+	if (bad == TOOL_ARGS_HELP)
+		usage(stdout);
+	if (bad)
+		return bad == TOOL_ARGS_BAD ? 2 : 0;
+	if (!iters)
+		return tool_bad_arg("kvpull-bench", "--iters: must be at least 1");
+	if (!req || req > nblocks)
+		return tool_bad_arg("kvpull-bench", "--request: %u is out of "
+				    "range (1 to --num-blocks, %u)", req,
+				    nblocks);
 	err = kvp_model_preset(model, &m);
 	if (err) {
 		fprintf(stderr, "kvpull-bench: %s: %s\n", model, kvp_strerror(err));

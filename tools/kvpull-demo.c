@@ -9,6 +9,7 @@
  *               [--requests N] [--tokens T] [--block B] [--num-blocks N]
  *               [--prefill-layout L] [--decode-layout L] [--ids runs|random|
  *               contiguous] [--max-sge S] [--addr IP] [--port N] [--seed N]
+ *               [--dry-run] [--version]
  *
  * Defaults: llama-3.1-8b scaled to 4 layers and 192 blocks per region (so
  * that three engines' ranks fit a 512 MiB VM), prefill TP 2 -> decode TP 1,
@@ -21,11 +22,14 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "kvpull.h"
 #include "kvtest.h"
 #include "names.h"
@@ -45,7 +49,7 @@ struct opts {
 	uint32_t P, D, nreq, tokens, block, nblocks, max_sge;
 	uint32_t playout, dlayout;
 	uint16_t port;
-	uint32_t seed;
+	uint32_t seed, dry_run;
 };
 
 struct req {
@@ -94,7 +98,13 @@ static void usage(FILE *f)
 		"  --max-sge S            local SGEs per READ [4]\n"
 		"  --addr IP              RDMA-capable address [$KVP_ADDR0]\n"
 		"  --port N               first prefill rank's port [18700]\n"
-		"  --seed N               [1]\n",
+		"  --seed N               [1]\n"
+		"  --dry-run              check the options, print the engines and\n"
+		"                         the batch, and exit (no RDMA; --addr\n"
+		"                         not needed)\n"
+		"  --version              print the version and exit\n"
+		"Exit status: 0 every byte verified, 1 the transfer or the check\n"
+		"failed, 2 bad options or a batch that does not fit.\n",
 		MAX_REQ, DEFAULT_BLOCKS);
 }
 
@@ -366,13 +376,62 @@ static int64_t make_requests(const struct opts *o, const struct geom *gm,
 
 /* ---- prefill rank ------------------------------------------------------- */
 
+/* What a decode rank reports: its figures and the lines it prints, in
+ * memory shared with the parent (MAP_SHARED before the fork) so that the
+ * parent prints the ranks in order, not interleaved. */
+struct rank_out {
+	int ok;
+	uint64_t bytes, reads, naive;
+	double secs;
+	size_t len;
+	char text[8192];
+};
+
 /* What the rank processes share. */
 struct demo {
 	const struct opts *o;
 	struct req *rq;
 	struct geom gm;
 	uint32_t max_ids; /* the longest id list of any request and group */
+	const char *where; /* what the throughput was measured on */
+	struct rank_out *out; /* [o->D], shared */
 };
+
+static void __attribute__((format(printf, 2, 3)))
+outf(struct rank_out *r, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (r->len >= sizeof(r->text) - 1)
+		return;
+	va_start(ap, fmt);
+	n = vsnprintf(r->text + r->len, sizeof(r->text) - r->len, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		r->len += (size_t)n < sizeof(r->text) - r->len ?
+				  (size_t)n :
+				  sizeof(r->text) - 1 - r->len;
+}
+
+/* "4.0x fewer", "the same count", "1.25x more": READs against the naive
+ * count, worded so that rounding never says "1.0x fewer". */
+static const char *ratio_words(char *buf, size_t len, uint64_t naive,
+			       uint64_t reads)
+{
+	double r;
+
+	if (naive == reads || !reads || !naive) {
+		snprintf(buf, len, "the same count");
+		return buf;
+	}
+	r = naive > reads ? (double)naive / (double)reads :
+			    (double)reads / (double)naive;
+	snprintf(buf, len, r >= 10 ? "%.0fx %s" : r >= 1.1 ? "%.1fx %s" :
+						   "%.2fx %s",
+		 r, naive > reads ? "fewer" : "more");
+	return buf;
+}
 
 static int prefill_rank(const struct demo *d, uint32_t rank, int ready_fd,
 			int stop_fd)
@@ -446,61 +505,59 @@ out:
 /* ---- decode rank -------------------------------------------------------- */
 
 /* The producer ranks serving group g, from its src_mask. */
-static void print_sources(const kvp_plan *plan, const struct kvp_plan_group *pg,
-			  uint32_t nsrc)
+static void print_sources(struct rank_out *r, const kvp_plan *plan,
+			  const struct kvp_plan_group *pg, uint32_t nsrc)
 {
 	uint32_t s, n = 0;
 
-	printf("[");
 	for (s = 0; s < nsrc; s++)
 		if (s >= 64 || (pg->src_mask >> s & 1))
-			printf("%s%d", n++ ? " " : "", kvp_plan_source(plan, s));
-	printf("]");
+			outf(r, "%s%d", n++ ? " " : "",
+			     kvp_plan_source(plan, s));
 }
 
-static void print_plan(const kvp_plan *plan, uint32_t rank)
+/* The plan in a few lines: whom the rank reads from and notifies, its
+ * size, and per group the block sizes it matches. */
+static void print_plan(struct rank_out *r, const kvp_plan *plan,
+		       uint32_t rank)
 {
 	struct kvp_plan_info pi;
 	struct kvp_plan_group pg;
 	uint32_t i;
-	int r;
 
 	kvp_plan_get_info(plan, &pi);
-	printf("decode rank %u plan: reads from %u prefill rank(s) [", rank,
-	       pi.nsrc);
-	for (i = 0; i < pi.nsrc; i++) {
-		r = kvp_plan_source(plan, i);
-		printf("%s%d", i ? " " : "", r);
-	}
-	printf("], notifies [");
-	for (i = 0; i < pi.nnotify; i++) {
-		r = kvp_plan_notify(plan, i);
-		printf("%s%d", i ? " " : "", r);
-	}
-	printf("]\n  %u group(s), %u streams (source x region pairs), %u piece "
-	       "templates, max_sge %u, plan %llu bytes\n",
-	       pi.ngroups, pi.nstreams, pi.npieces, pi.max_sge,
-	       (unsigned long long)pi.bytes);
+	outf(r, "plan (decode rank %u): reads from prefill rank%s ", rank,
+	     pi.nsrc == 1 ? "" : "s");
+	for (i = 0; i < pi.nsrc; i++)
+		outf(r, "%s%d", i ? " " : "", kvp_plan_source(plan, i));
+	outf(r, ", notifies prefill rank%s ", pi.nnotify == 1 ? "" : "s");
+	for (i = 0; i < pi.nnotify; i++)
+		outf(r, "%s%d", i ? " " : "", kvp_plan_notify(plan, i));
+	outf(r, "\n  %u group%s, %u streams (source x region pairs), %u piece "
+		"templates, max_sge %u, compiled plan %llu bytes\n",
+	     pi.ngroups, pi.ngroups == 1 ? "" : "s", pi.nstreams, pi.npieces,
+	     pi.max_sge, (unsigned long long)pi.bytes);
 	for (i = 0; i < pi.ngroups; i++) {
 		if (kvp_plan_get_group(plan, i, &pg))
 			continue;
-		if (pi.ngroups == 1) {
-			printf("  group %u: block %u -> %u tokens, period %u\n",
-			       i, pg.remote_tokens, pg.local_tokens,
-			       pg.period_tokens);
-			continue;
-		}
-		printf("  group %u: %s, ", i, TOOL_NAME(tool_group_names,
-							 pg.kind));
+		outf(r, "  group %u (%s): ", i,
+		     TOOL_NAME(tool_group_names, pg.kind));
 		if (pg.kind == KVP_GROUP_STATE)
-			printf("whole states (block = one state page)");
+			outf(r, "whole states (a block is one state page)");
+		else if (pg.remote_tokens == pg.local_tokens)
+			outf(r, "%u-token blocks on both sides",
+			     pg.local_tokens);
 		else
-			printf("block %u -> %u tokens, period %u",
-			       pg.remote_tokens, pg.local_tokens,
-			       pg.period_tokens);
-		printf(", from prefill rank(s) ");
-		print_sources(plan, &pg, pi.nsrc);
-		printf("\n");
+			outf(r, "%u-token prefill blocks -> %u-token decode "
+				"blocks (period %u tokens)",
+			     pg.remote_tokens, pg.local_tokens,
+			     pg.period_tokens);
+		if (pi.ngroups > 1) {
+			outf(r, ", from prefill rank%s ",
+			     pi.nsrc == 1 ? "" : "s");
+			print_sources(r, plan, &pg, pi.nsrc);
+		}
+		outf(r, "\n");
 	}
 }
 
@@ -572,9 +629,11 @@ static int decode_rank(const struct demo *d, uint32_t rank)
 	kvp_layout *l = build(o, 0, rank), *r0 = build(o, 1, 0);
 	kvp_agent *a = NULL;
 	const kvp_plan *plan;
+	struct rank_out *r = &d->out[rank];
 	uint32_t i, g, next = 0, done = 0;
 	uint64_t naive = 0, planned = 0;
 	double t0, t1, t2, t3;
+	char words[32];
 	int err, n, ret = 1;
 
 	alarm(400);
@@ -604,7 +663,7 @@ static int decode_rank(const struct demo *d, uint32_t rank)
 	}
 	t1 = tool_now_s();
 	plan = kvp_agent_plan(a);
-	print_plan(plan, rank);
+	print_plan(r, plan, rank);
 	err = count_wrs(d, plan, &wc);
 	if (err) {
 		fprintf(stderr, "decode %u: emit: %s\n", rank, kvp_strerror(err));
@@ -650,39 +709,45 @@ static int decode_rank(const struct demo *d, uint32_t rank)
 	for (i = 0; i < o->nreq; i++)
 		kvt_expect_consumer(l, r0, &exp, NULL, d->rq[i].ids);
 	if (kvt_mem_compare(&mem, &exp, "decode memory")) {
-		printf("decode rank %u: VERIFY FAILED\n", rank);
+		fprintf(stderr, "decode rank %u: VERIFY FAILED\n", rank);
 		goto out;
 	}
 	/* The agent posts what kvp_plan_emit() writes, no more, no less. */
 	if (st.reads != planned) {
-		printf("decode rank %u: %llu WRs posted, the plan emits %llu\n",
-		       rank, (unsigned long long)st.reads,
-		       (unsigned long long)planned);
+		fprintf(stderr, "decode rank %u: %llu READs posted, the plan "
+				"emits %llu\n", rank,
+			(unsigned long long)st.reads,
+			(unsigned long long)planned);
 		goto out;
 	}
-	printf("decode rank %u: connect + handshake %.1f ms\n", rank,
-	       (t1 - t0) * 1e3);
-	printf("decode rank %u: %u requests pulled, every byte verified "
-	       "(%u local regions compared whole)\n",
-	       rank, done, mem.nregions);
+	outf(r, "transfer (decode rank %u): %llu bytes (%.1f MiB) in %llu "
+		"RDMA READs; one READ per block per region would be %llu (%s)\n",
+	     rank, (unsigned long long)st.read_bytes, st.read_bytes / 1048576.0,
+	     (unsigned long long)st.reads, (unsigned long long)naive,
+	     ratio_words(words, sizeof(words), naive, st.reads));
 	for (g = 0; d->gm.ngroups > 1 && g < d->gm.ngroups; g++)
-		printf("decode rank %u: group %u (%s): WRs posted %llu, one per "
-		       "block per region per source would be %llu (%llu local "
-		       "blocks x %u streams: source x region pairs)\n",
-		       rank, g, TOOL_NAME(tool_group_names, d->gm.g[g].kind),
-		       (unsigned long long)wc.wrs[g],
-		       (unsigned long long)wc.naive[g],
-		       (unsigned long long)wc.blocks[g], wc.streams[g]);
-	printf("decode rank %u: WRs posted %llu, one per block per region "
-	       "would be %llu (%.1fx fewer), doorbells %llu, notifications %llu\n",
-	       rank, (unsigned long long)st.reads, (unsigned long long)naive,
-	       st.reads ? (double)naive / (double)st.reads : 0.0,
-	       (unsigned long long)st.doorbells,
-	       (unsigned long long)st.notes_sent);
-	printf("decode rank %u: %llu bytes in %.1f ms: %.1f MB/s (%.3f GB/s)\n",
-	       rank, (unsigned long long)st.read_bytes, (t3 - t2) * 1e3,
-	       st.read_bytes / (t3 - t2) / 1e6,
-	       st.read_bytes / (t3 - t2) / 1e9);
+		outf(r, "  group %u (%s): %llu READs; one per block per region "
+			"per source: %llu (%llu blocks x %u source x region "
+			"streams, %s)\n",
+		     g, TOOL_NAME(tool_group_names, d->gm.g[g].kind),
+		     (unsigned long long)wc.wrs[g],
+		     (unsigned long long)wc.naive[g],
+		     (unsigned long long)wc.blocks[g], wc.streams[g],
+		     ratio_words(words, sizeof(words), wc.naive[g], wc.wrs[g]));
+	outf(r, "  %llu doorbells, %llu completion notifications to the "
+		"prefill ranks; connect + handshake %.0f ms\n",
+	     (unsigned long long)st.doorbells,
+	     (unsigned long long)st.notes_sent, (t1 - t0) * 1e3);
+	outf(r, "  %u requests in %.1f ms: %.1f MB/s (%s)\n", done,
+	     (t3 - t2) * 1e3, st.read_bytes / (t3 - t2) / 1e6, d->where);
+	outf(r, "verified (decode rank %u): every byte of the %u requests, "
+		"%u local regions compared whole against the prefill "
+		"patterns\n", rank, done, mem.nregions);
+	r->bytes = st.read_bytes;
+	r->reads = st.reads;
+	r->naive = naive;
+	r->secs = t3 - t2;
+	r->ok = 1;
 	ret = 0;
 out:
 	kvp_agent_close(a);
@@ -798,6 +863,7 @@ static void print_groups(const struct demo *d)
 
 int main(int argc, char **argv)
 {
+	static const char P[] = "kvpull-demo";
 	static struct req rq[MAX_REQ];
 	struct opts o = { .model = "llama-3.1-8b", .ids = "runs",
 			  .layers = UNSET, .state_layers = UNSET,
@@ -812,18 +878,19 @@ int main(int argc, char **argv)
 		{ "--ids", TOOL_STR, &o.ids, 0 },
 		{ "--prefill-layout", TOOL_LAYOUT, &o.playout, 0 },
 		{ "--decode-layout", TOOL_LAYOUT, &o.dlayout, 0 },
-		{ "--layers", TOOL_U32, &o.layers, 0 },
+		{ "--layers", TOOL_COUNT, &o.layers, 0 },
 		{ "--state-layers", TOOL_U32, &o.state_layers, 0 },
 		{ "--sliding-layers", TOOL_U32, &o.sliding_layers, 0 },
-		{ "--prefill-tp", TOOL_U32, &o.P, 0 },
-		{ "--decode-tp", TOOL_U32, &o.D, 0 },
-		{ "--requests", TOOL_U32, &o.nreq, 0 },
-		{ "--tokens", TOOL_U32, &o.tokens, 0 },
-		{ "--block", TOOL_U32, &o.block, 0 },
-		{ "--num-blocks", TOOL_U32, &o.nblocks, 0 },
+		{ "--prefill-tp", TOOL_COUNT, &o.P, MAX_TP },
+		{ "--decode-tp", TOOL_COUNT, &o.D, MAX_TP },
+		{ "--requests", TOOL_COUNT, &o.nreq, MAX_REQ },
+		{ "--tokens", TOOL_COUNT, &o.tokens, 0 },
+		{ "--block", TOOL_COUNT, &o.block, 0 },
+		{ "--num-blocks", TOOL_COUNT, &o.nblocks, 0 },
 		{ "--max-sge", TOOL_U32, &o.max_sge, 0 },
 		{ "--port", TOOL_PORT, &o.port, 65535 - MAX_TP },
 		{ "--seed", TOOL_U32, &o.seed, 0 },
+		{ "--dry-run", TOOL_FLAG, &o.dry_run, 0 },
 		{ NULL, TOOL_STR, NULL, 0 },
 	};
 	struct demo d = { .o = &o, .rq = rq };
@@ -832,36 +899,52 @@ int main(int argc, char **argv)
 	kvp_layout *pl, *dl;
 	struct kvp_layout_info pli, dli;
 	uint32_t v;
-	uint64_t psz = 0, dsz = 0, sz;
-	double t0;
+	uint64_t psz = 0, dsz = 0, sz, bytes = 0, reads = 0, naive = 0;
+	double t0, secs = 0;
+	char where[128], words[32];
+	const char *in_vm = getenv("KVP_IN_VM");
 	int bad, auto_blocks;
 
-	bad = tool_parse_args(argc, argv, "kvpull-demo", opts);
-	if (bad) {
-		usage(bad == TOOL_ARGS_HELP ? stdout : stderr);
-		return bad == TOOL_ARGS_HELP ? 0 : 2;
-	}
-	if (!o.addr)
-		o.addr = getenv("KVP_ADDR0");
-	if (!o.addr) {
-		fprintf(stderr, "kvpull-demo: no --addr and no $KVP_ADDR0; run it "
-				"under scripts/rxe-vm.sh or give an RDMA-capable "
-				"address\n");
+	bad = tool_parse_args(argc, argv, P, opts);
+	if (bad == TOOL_ARGS_HELP)
+		usage(stdout);
+	if (bad)
+		return bad == TOOL_ARGS_BAD ? 2 : 0;
+	if (o.dry_run && !o.addr && !getenv("KVP_ADDR0"))
+		o.addr = "(none: --dry-run)";
+	if (tool_default_addr(P, &o.addr))
 		return 2;
-	}
-	if (!o.P || o.P > MAX_TP || !o.D || o.D > MAX_TP || !o.nreq ||
-	    o.nreq > MAX_REQ || !o.tokens || !o.block || !o.layers ||
-	    !o.nblocks || (strcmp(o.ids, "runs") && strcmp(o.ids, "random") &&
-			   strcmp(o.ids, "contiguous"))) {
-		usage(stderr);
-		return 2;
-	}
+	if (strcmp(o.ids, "runs") && strcmp(o.ids, "random") &&
+	    strcmp(o.ids, "contiguous"))
+		return tool_bad_arg(P, "--ids: '%s' is not runs, random or "
+				    "contiguous", o.ids);
 	if (kvp_model_preset(o.model, &m)) {
-		fprintf(stderr, "kvpull-demo: unknown model %s\n", o.model);
-		return 2;
+		char names[512] = "";
+		const char *nm;
+		size_t n = 0;
+
+		for (v = 0; (nm = kvp_model_preset_name(v)) && n < sizeof(names);
+		     v++)
+			n += (size_t)snprintf(names + n, sizeof(names) - n,
+					      "%s%s", v ? " " : "", nm);
+		return tool_bad_arg(P, "--model: unknown model '%s' (presets: "
+				    "%s)", o.model, names);
 	}
 	if (scale_model(&o, &m))
 		return 2;
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	/* The first line, before any work: the run's header. */
+	if (in_vm && !strcmp(in_vm, "1"))
+		snprintf(where, sizeof(where), "soft-RoCE under QEMU "
+					       "emulation, not hardware");
+	else
+		snprintf(where, sizeof(where), "the RDMA device behind %s",
+			 o.addr);
+	d.where = where;
+	printf("== kvpull-demo: %s, prefill TP %u (%s) -> decode TP %u (%s), "
+	       "%u requests pulled with RDMA READs\n",
+	       o.model, o.P, tool_layout_names[o.playout], o.D,
+	       tool_layout_names[o.dlayout], o.nreq);
 	auto_blocks = o.nblocks == UNSET;
 	if (auto_blocks)
 		o.nblocks = DEFAULT_BLOCKS;
@@ -882,35 +965,77 @@ int main(int argc, char **argv)
 	for (v = 0; v < dli.nregions; v++)
 		if (!kvp_layout_get_region(dl, v, &sz))
 			dsz += sz;
-	setvbuf(stdout, NULL, _IOLBF, 0);
-	printf("model %s, scaled to fit VM memory: %u of %u layers, %u blocks "
-	       "of %u tokens per region\n",
-	       o.model, o.layers, m.layers, o.nblocks, o.block);
+	printf("model %s, scaled to fit VM memory: %u of %u %slayers, %u "
+	       "blocks per region\n",
+	       o.model, o.layers, m.layers, m.state_layers ? "attention " : "",
+	       o.nblocks);
 	print_layers(&o, &m);
-	printf("prefill engine: TP %u, %s, %u regions, %.1f MiB per rank\n", o.P,
-	       tool_layout_names[o.playout], pli.nregions, psz / 1048576.0);
-	printf("decode engine:  TP %u, %s, %u regions, %.1f MiB per rank\n", o.D,
-	       tool_layout_names[o.dlayout], dli.nregions, dsz / 1048576.0);
-	printf("batch: %u requests of %u tokens (%u blocks each), decode ids "
-	       "%s, address %s\n",
-	       o.nreq, o.tokens, rq[0].ids[0].nlocal, o.ids, o.addr);
+	printf("prefill engine: TP %u, %u-token blocks, %s, %u regions, "
+	       "%.1f MiB per rank\n",
+	       o.P, o.block, tool_layout_names[o.playout], pli.nregions,
+	       psz / 1048576.0);
+	printf("decode engine:  TP %u, %u-token blocks, %s, %u regions, "
+	       "%.1f MiB per rank\n",
+	       o.D, o.block, tool_layout_names[o.dlayout], dli.nregions,
+	       dsz / 1048576.0);
+	printf("batch: %u requests of %u tokens (%u blocks each), decode "
+	       "block ids %s, address %s\n",
+	       o.nreq, o.tokens, rq[0].ids[0].nlocal,
+	       !strcmp(o.ids, "runs") ? "in short runs (a fragmented "
+					"allocator)" : o.ids, o.addr);
 	if (d.gm.ngroups > 1)
 		print_groups(&d);
 	kvp_layout_destroy(pl);
 	kvp_layout_destroy(dl);
+	if (o.dry_run) {
+		free_requests(rq, o.nreq);
+		return 0;
+	}
 
+	d.out = mmap(NULL, sizeof(*d.out) * o.D, PROT_READ | PROT_WRITE,
+		     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (d.out == MAP_FAILED) {
+		fprintf(stderr, "kvpull-demo: out of memory\n");
+		free_requests(rq, o.nreq);
+		return 1;
+	}
+	memset(d.out, 0, sizeof(*d.out) * o.D);
+	printf("... starting %u prefill rank%s (filling KV memory, listening)\n",
+	       o.P, o.P == 1 ? "" : "s");
 	t0 = tool_now_s();
 	bad = tool_start_producers(&prod, o.P, prefill_main, &d) != 0;
 	if (bad) {
 		fprintf(stderr, "kvpull-demo: a prefill rank failed\n");
 	} else {
-		printf("prefill ranks ready (memory filled) after %.2f s\n",
-		       tool_now_s() - t0);
+		printf("... prefill ranks ready after %.1f s; %u decode rank%s "
+		       "connecting and pulling\n", tool_now_s() - t0, o.D,
+		       o.D == 1 ? "" : "s");
 		bad = tool_run_consumers(&prod, o.D, decode_main, &d) != 0;
 	}
 	if (tool_stop_producers(&prod, bad))
 		bad = 1;
+	for (v = 0; v < o.D; v++) {
+		fwrite(d.out[v].text, 1, d.out[v].len, stdout);
+		if (!d.out[v].ok) {
+			bad = 1;
+			continue;
+		}
+		bytes += d.out[v].bytes;
+		reads += d.out[v].reads;
+		naive += d.out[v].naive;
+		if (d.out[v].secs > secs)
+			secs = d.out[v].secs;
+	}
+	if (!bad && o.D > 1)
+		printf("total, %u decode ranks pulling at once: %llu bytes in %llu "
+		       "READs (one per block per region: %llu, %s), slowest rank %.1f ms, "
+		       "%.1f MB/s (%s)\n",
+		       o.D, (unsigned long long)bytes,
+		       (unsigned long long)reads, (unsigned long long)naive,
+		       ratio_words(words, sizeof(words), naive, reads),
+		       secs * 1e3, secs > 0 ? bytes / secs / 1e6 : 0.0, where);
+	munmap(d.out, sizeof(*d.out) * o.D);
 	free_requests(rq, o.nreq);
-	printf("%s\n", bad ? "demo: FAILED" : "demo: OK");
+	printf("%s\n", bad ? "demo: FAILED" : "demo: OK, every byte verified");
 	return bad;
 }

@@ -83,6 +83,7 @@ static void usage(FILE *f)
 		"                    (coalesced) [random]\n"
 		"  --producer-spin 0|1  1: the producer busy-polls; 0: it sleeps\n"
 		"                    on the agent's fds (kvp_agent_arm) [0]\n"
+		"  --version         print the version and exit\n"
 		"Compare with: ib_read_bw -d DEV -x GIDX -s 65536 -n N [server]\n");
 }
 
@@ -345,6 +346,7 @@ static int consumer_main(void *o, uint32_t rank)
 
 int main(int argc, char **argv)
 {
+	static const char P[] = "kvpull-rdma-bench";
 	struct opts o = { .ids = "random", .page_kib = 64, .blocks = 128,
 			  .nreq = 32, .inflight = 8, .layers = 1, .sq = 4096,
 			  .port = 18800 };
@@ -354,10 +356,10 @@ int main(int argc, char **argv)
 		{ "--ids", TOOL_STR, &o.ids, 0 },
 		{ "--port", TOOL_PORT, &o.port, 0 },
 		{ "--page-kib", TOOL_U32, &o.page_kib, 0 },
-		{ "--blocks", TOOL_U32, &o.blocks, 0 },
-		{ "--requests", TOOL_U32, &o.nreq, 0 },
-		{ "--inflight", TOOL_U32, &o.inflight, 0 },
-		{ "--layers", TOOL_U32, &o.layers, 0 },
+		{ "--blocks", TOOL_COUNT, &o.blocks, 0 },
+		{ "--requests", TOOL_COUNT, &o.nreq, 0 },
+		{ "--inflight", TOOL_COUNT, &o.inflight, 0 },
+		{ "--layers", TOOL_COUNT, &o.layers, 0 },
 		{ "--sq", TOOL_U32, &o.sq, 0 },
 		{ "--producer-spin", TOOL_U32, &o.spin, 0 },
 		{ NULL, TOOL_STR, NULL, 0 },
@@ -365,19 +367,19 @@ int main(int argc, char **argv)
 	struct tool_ranks prod;
 	int bad;
 
-	bad = tool_parse_args(argc, argv, "kvpull-rdma-bench", opts);
-	if (bad == TOOL_ARGS_HELP || bad == TOOL_ARGS_NO_VALUE)
-		usage(bad == TOOL_ARGS_HELP ? stdout : stderr);
+	bad = tool_parse_args(argc, argv, P, opts);
+	if (bad == TOOL_ARGS_HELP)
+		usage(stdout);
 	if (bad)
-		return bad == TOOL_ARGS_HELP ? 0 : 2;
-	if (!o.addr)
-		o.addr = getenv("KVP_ADDR0");
-	if (!o.addr || o.page_kib < 4 || (o.page_kib & (o.page_kib - 1)) ||
-	    !o.blocks || !o.nreq || !o.inflight || !o.layers ||
-	    (strcmp(o.ids, "random") && strcmp(o.ids, "contiguous"))) {
-		usage(stderr);
+		return bad == TOOL_ARGS_BAD ? 2 : 0;
+	if (tool_default_addr(P, &o.addr))
 		return 2;
-	}
+	if (o.page_kib < 4 || (o.page_kib & (o.page_kib - 1)))
+		return tool_bad_arg(P, "--page-kib: %u is not a power of two "
+				    ">= 4", o.page_kib);
+	if (strcmp(o.ids, "random") && strcmp(o.ids, "contiguous"))
+		return tool_bad_arg(P, "--ids: '%s' is not random or "
+				    "contiguous", o.ids);
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (tool_start_producers(&prod, 1, producer_main, &o)) {
 		fprintf(stderr, "kvpull-rdma-bench: the producer failed\n");

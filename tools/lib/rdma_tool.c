@@ -28,69 +28,15 @@ double tool_now_s(void)
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* ---- arguments ---------------------------------------------------------- */
-
-static int parse_u32(const char *s, uint32_t *v)
+int tool_default_addr(const char *prog, const char **addr)
 {
-	char *e;
-	unsigned long x;
-
-	errno = 0;
-	x = strtoul(s, &e, 10);
-	if (errno || *e || e == s || x > UINT32_MAX)
-		return -1;
-	*v = (uint32_t)x;
-	return 0;
-}
-
-static int set_opt(const struct tool_opt *o, const char *val)
-{
-	uint32_t v;
-	int i;
-
-	switch (o->arg) {
-	case TOOL_STR:
-		*(const char **)o->val = val;
+	if (!*addr)
+		*addr = getenv("KVP_ADDR0");
+	if (*addr)
 		return 0;
-	case TOOL_U32:
-		return parse_u32(val, o->val);
-	case TOOL_PORT:
-		if (parse_u32(val, &v) || v > (o->max ? o->max : 65535))
-			return -1;
-		*(uint16_t *)o->val = (uint16_t)v;
-		return 0;
-	case TOOL_LAYOUT:
-		i = TOOL_NAME_INDEX(tool_layout_names, val);
-		if (i < 0)
-			return -1;
-		*(uint32_t *)o->val = (uint32_t)i;
-		return 0;
-	}
-	return -1;
-}
-
-int tool_parse_args(int argc, char **argv, const char *prog,
-		    const struct tool_opt *opts)
-{
-	int i;
-
-	for (i = 1; i < argc; i++) {
-		const char *a = argv[i], *val = argv[i + 1];
-		const struct tool_opt *o;
-
-		if (!strcmp(a, "--help") || !strcmp(a, "-h"))
-			return TOOL_ARGS_HELP;
-		if (!val)
-			return TOOL_ARGS_NO_VALUE;
-		i++;
-		for (o = opts; o->name && strcmp(a, o->name); o++)
-			;
-		if (!o->name || set_opt(o, val)) {
-			fprintf(stderr, "%s: bad option %s %s\n", prog, a, val);
-			return TOOL_ARGS_BAD;
-		}
-	}
-	return 0;
+	return tool_bad_arg(prog, "no --addr and no $KVP_ADDR0; run it under "
+				  "scripts/rxe-vm.sh or give an RDMA-capable "
+				  "address");
 }
 
 /* ---- agents ------------------------------------------------------------- */

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * What the RDMA tools (kvpull-demo, kvpull-rdma-bench) share: "--name
- * value" arguments, an agent opened with its memory registered, a
- * producer's sleep on the agent's fds, and producer and consumer ranks run
- * as child processes. Public API only (plus tests/lib/kvtest.h's memory).
+ * What the RDMA tools (kvpull-demo, kvpull-rdma-bench) share: an agent
+ * opened with its memory registered, a producer's sleep on the agent's
+ * fds, and producer and consumer ranks run as child processes (arguments:
+ * args.h). Public API only (plus tests/lib/kvtest.h's memory).
  */
 #ifndef KVP_TOOL_RDMA_TOOL_H
 #define KVP_TOOL_RDMA_TOOL_H
@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "args.h"
 #include "kvpull.h"
 #include "kvtest.h"
 
@@ -20,33 +21,9 @@
 uint64_t tool_now_ns(void);
 double tool_now_s(void);
 
-/* ---- arguments ---- */
-
-enum tool_arg {
-	TOOL_STR,    /* const char *: the argument itself */
-	TOOL_U32,    /* uint32_t, decimal */
-	TOOL_PORT,   /* uint16_t, decimal, at most `max` (0: 65535) */
-	TOOL_LAYOUT, /* uint32_t: enum kvp_kv_layout, by name (names.h) */
-};
-
-struct tool_opt {
-	const char *name; /* "--name" */
-	enum tool_arg arg;
-	void *val;
-	uint32_t max;
-};
-
-#define TOOL_ARGS_HELP 1	/* --help or -h: print the usage, exit 0 */
-#define TOOL_ARGS_NO_VALUE (-1) /* the last option has no value */
-#define TOOL_ARGS_BAD (-2)	/* unknown option or bad value (reported) */
-
-/* Parses argv[1..] as "--name value" pairs, every option taking a value,
- * into the table `opts` (ended by a NULL name). Returns 0, TOOL_ARGS_HELP,
- * TOOL_ARGS_NO_VALUE, or TOOL_ARGS_BAD after printing
- * "<prog>: bad option NAME VALUE" on stderr. Values parsed before a bad
- * one are stored. */
-int tool_parse_args(int argc, char **argv, const char *prog,
-		    const struct tool_opt *opts);
+/* *addr, or $KVP_ADDR0 (set by scripts/rxe-vm.sh) when *addr is NULL.
+ * Returns 0, or 2 after saying on stderr that there is neither. */
+int tool_default_addr(const char *prog, const char **addr);
 
 /* ---- agents ---- */
 
