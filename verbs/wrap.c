@@ -281,15 +281,27 @@ int kvp__peer_addr(struct rdma_cm_id *id, uint8_t out[16])
 	return -EINVAL;
 }
 
+/* Does not block on Linux 5.6 and later: early after boot (a VM without a
+ * hardware RNG: seen to take a second) the kernel's pool may not be
+ * initialised, and getrandom(..., 0) would wait inside kvp_agent_poll() or
+ * connect. The handshake's nonces must not repeat; they need not be
+ * secret. Older kernels (no GRND_INSECURE) wait for the pool. */
+#ifndef GRND_INSECURE
+#define GRND_INSECURE 0x0004 /* Linux 5.6 */
+#endif
 int kvp__random(void *buf, size_t n)
 {
+	static const unsigned int flags[] = { GRND_NONBLOCK, GRND_INSECURE, 0 };
 	uint8_t *p = buf;
+	unsigned int f = 0;
 	ssize_t got;
 
 	while (n) {
-		got = getrandom(p, n, 0);
+		got = getrandom(p, n, flags[f]);
 		if (got < 0) {
 			if (errno == EINTR)
+				continue;
+			if ((errno == EAGAIN || errno == EINVAL) && ++f < 3)
 				continue;
 			return -errno;
 		}
