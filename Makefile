@@ -4,11 +4,11 @@
 #
 # Every configuration builds in its own directory, so that no sequence of
 # commands mixes objects of two configurations:
-#   make                     $(BUILD)/            (gcc, or whatever cc is)
-#   make SANITIZE=1          $(BUILD)/asan/       (ASan + UBSan)
-#   make CC=clang            $(BUILD)/clang/
-#   make CC=clang SANITIZE=1 $(BUILD)/clang-asan/
-#   make fuzz                $(BUILD)/fuzz/       (clang, libFuzzer; FUZZ_BUILD)
+#   make                     build/             (cc: gcc on Debian)
+#   make SANITIZE=1          build/asan/        (ASan + UBSan)
+#   make CC=clang            build/clang/
+#   make CC=clang SANITIZE=1 build/clang-asan/
+#   make fuzz                build/fuzz/        (clang, libFuzzer; FUZZ_BUILD)
 # BUILD=DIR overrides the choice. Within a directory, a change of compiler
 # or flags (CC, CFLAGS, LDFLAGS, WERROR) rebuilds everything: they are
 # recorded in $(BUILD)/config. `make clean` removes every configuration.
@@ -43,12 +43,12 @@ CC_KIND := $(if $(findstring clang,$(notdir $(firstword $(CC)))),clang)
 SAN_KIND := $(if $(filter 1,$(SANITIZE)),asan)
 BUILD_TAG := $(CC_KIND)$(if $(CC_KIND),$(if $(SAN_KIND),-))$(SAN_KIND)
 BUILD ?= build$(if $(BUILD_TAG),/$(BUILD_TAG))
-FUZZ_BUILD ?= $(BUILD)/fuzz
+FUZZ_BUILD ?= build/fuzz
 
 # $(BUILD)/config holds what the objects depend on besides their sources;
 # it is rewritten (and everything rebuilt) only when that changes. Not for
 # goals that build nothing.
-NOBUILD_GOALS := clean print-build uninstall
+NOBUILD_GOALS := clean print-build uninstall fuzz $(FUZZ_BUILD)/%
 BUILDS := $(if $(MAKECMDGOALS),$(filter-out $(NOBUILD_GOALS),$(MAKECMDGOALS)),all)
 BUILD_CONFIG := CC=$(CC) CXX=$(CXX) CFLAGS=$(ALL_CFLAGS) LDFLAGS=$(LDFLAGS)
 ifneq ($(BUILDS),)
