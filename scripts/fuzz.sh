@@ -13,7 +13,7 @@
 #   FUZZ_BUILD          the build directory of the targets (default build/fuzz)
 #   FUZZ_CC             the compiler (default clang)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 secs=${KVP_FUZZ_SECONDS:-60}
 fb=${FUZZ_BUILD:-build/fuzz}

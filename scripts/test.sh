@@ -24,7 +24,7 @@
 #     stages (for quick local runs; CI runs everything)
 #   KVP_JOBS  parallel make jobs (default: the number of CPUs)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 verbose=${KVP_VERBOSE:-0}
 case ${1:-} in
@@ -68,7 +68,7 @@ stage() {
 	shift
 	n=$((n + 1))
 	out=$logs/$(printf '%02d' "$n")-$(tr -c 'a-zA-Z0-9+\n' - <<<"$name" |
-		tr -s - | sed 's/-$//' | tr 'A-Z' 'a-z').log
+		tr -s - | sed 's/-$//' | tr '[:upper:]' '[:lower:]').log
 	t0=$SECONDS
 	if ((verbose)); then
 		echo "==== $name"
