@@ -121,7 +121,7 @@ if [[ -f tests/test_tool.sh ]]; then
 fi
 stage "build with clang (-Werror)" "${mk[@]}" CC=clang CXX=clang++ WERROR=1 all tests
 # KVP_QUICK: the sanitized unit tests are built there, run below
-stage --long "about 2 min" "build directories, make install, kvpull.pc" \
+stage --long "about 1 min" "build directories, make install, kvpull.pc" \
 	env KVP_QUICK=1 bash tests/check_build_dirs.sh
 if [[ ${KVP_SKIP_SANITIZE:-0} != 1 ]]; then
 	stage "unit tests under ASan+UBSan" "${mk[@]}" SANITIZE=1 unit
@@ -133,7 +133,7 @@ if [[ ${KVP_SKIP_FUZZ:-0} != 1 ]]; then
 		env KVP_FUZZ_SECONDS="$fs" bash scripts/fuzz.sh
 fi
 if [[ ${KVP_SKIP_RDMA:-0} != 1 ]] && grep -q '^check-rdma:' Makefile; then
-	stage --long "a VM boot, about 2 min" "RDMA loopback tests (soft-RoCE)" \
+	stage --long "a VM boot, about 1 min" "RDMA loopback tests (soft-RoCE)" \
 		"${mk[@]}" WERROR=1 check-rdma
 	if [[ ${KVP_SKIP_SANITIZE:-0} != 1 ]]; then
 		stage --long "a VM boot, about 2 min" "RDMA loopback tests under ASan+UBSan" \
