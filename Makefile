@@ -1,5 +1,17 @@
-# kvpull: one plain Makefile. Targets: all tests test check-rdma install uninstall
-# clean bench. Variables: PREFIX DESTDIR CC SANITIZE=1 WERROR=1.
+# kvpull: one plain Makefile. Targets: all tests unit check-tool test
+# check-rdma fuzz install uninstall clean bench print-build.
+# Variables: PREFIX DESTDIR CC SANITIZE=1 WERROR=1 BUILD.
+#
+# Every configuration builds in its own directory, so that no sequence of
+# commands mixes objects of two configurations:
+#   make                     build/             (cc: gcc on Debian)
+#   make SANITIZE=1          build/asan/        (ASan + UBSan)
+#   make CC=clang            build/clang/
+#   make CC=clang SANITIZE=1 build/clang-asan/
+#   make fuzz                build/fuzz/        (clang, libFuzzer; FUZZ_BUILD)
+# BUILD=DIR overrides the choice. Within a directory, a change of compiler
+# or flags (CC, CFLAGS, LDFLAGS, WERROR) rebuilds everything: they are
+# recorded in $(BUILD)/config. `make clean` removes every configuration.
 PREFIX ?= /usr/local
 LIBDIR ?= $(PREFIX)/lib
 INCDIR ?= $(PREFIX)/include
@@ -24,84 +36,121 @@ LDFLAGS += -fsanitize=address,undefined
 endif
 ALL_CFLAGS := -std=gnu11 $(WARN) -fPIC -fvisibility=hidden -Iinclude $(CFLAGS)
 
+# The build directory of this configuration: the compiler by the name it is
+# called (clang, clang-14, /usr/bin/clang: "clang"; anything else is the
+# default) and the sanitizers.
+CC_KIND := $(if $(findstring clang,$(notdir $(firstword $(CC)))),clang)
+SAN_KIND := $(if $(filter 1,$(SANITIZE)),asan)
+BUILD_TAG := $(CC_KIND)$(if $(CC_KIND),$(if $(SAN_KIND),-))$(SAN_KIND)
+BUILD ?= build$(if $(BUILD_TAG),/$(BUILD_TAG))
+FUZZ_BUILD ?= build/fuzz
+
+# $(BUILD)/config holds what the objects depend on besides their sources;
+# it is rewritten (and everything rebuilt) only when that changes. Not for
+# goals that build nothing.
+NOBUILD_GOALS := clean print-build uninstall fuzz $(FUZZ_BUILD)/%
+BUILDS := $(if $(MAKECMDGOALS),$(filter-out $(NOBUILD_GOALS),$(MAKECMDGOALS)),all)
+BUILD_CONFIG := CC=$(CC) CXX=$(CXX) CFLAGS=$(ALL_CFLAGS) LDFLAGS=$(LDFLAGS)
+ifneq ($(BUILDS),)
+ifneq ($(BUILD_CONFIG),$(file <$(BUILD)/config))
+$(shell mkdir -p $(BUILD))
+$(file >$(BUILD)/config,$(BUILD_CONFIG))
+endif
+endif
+
 PLAN_SRC := $(sort $(wildcard plan/*.c))
 VERBS_SRC := $(sort $(wildcard verbs/*.c))
-PLAN_OBJ := $(PLAN_SRC:%.c=build/%.o)
-VERBS_OBJ := $(VERBS_SRC:%.c=build/%.o)
+PLAN_OBJ := $(PLAN_SRC:%.c=$(BUILD)/%.o)
+VERBS_OBJ := $(VERBS_SRC:%.c=$(BUILD)/%.o)
 VERBS_LIBS := $(if $(VERBS_SRC),-lrdmacm -libverbs -lpthread)
 
 UNIT_SRC := $(sort $(wildcard tests/test_*.c))
-UNIT_BIN := $(UNIT_SRC:tests/%.c=build/tests/%)
+UNIT_BIN := $(UNIT_SRC:tests/%.c=$(BUILD)/tests/%)
 RDMA_SRC := $(sort $(wildcard tests/rdma_*.c))
-RDMA_BIN := $(RDMA_SRC:tests/%.c=build/tests/%)
+RDMA_BIN := $(RDMA_SRC:tests/%.c=$(BUILD)/tests/%)
 TOOL_SRC := $(sort $(wildcard tools/*.c))
-TOOL_BIN := $(TOOL_SRC:tools/%.c=build/tools/%)
+TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 # tools/lib/: shared by the tools (an archive: each takes what it uses);
 # tools/plan/: the pieces of kvpull-plan.
-TOOLLIB_OBJ := $(patsubst %.c,build/%.o,$(sort $(wildcard tools/lib/*.c)))
-PLANTOOL_OBJ := $(patsubst %.c,build/%.o,$(sort $(wildcard tools/plan/*.c)))
+TOOLLIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(sort $(wildcard tools/lib/*.c)))
+PLANTOOL_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(sort $(wildcard tools/plan/*.c)))
 TOOL_HDR := $(wildcard include/*.h tests/lib/*.h tools/*/*.h)
 TESTLIB_SRC := $(sort $(wildcard tests/lib/*.c))
-TESTLIB_OBJ := $(TESTLIB_SRC:%.c=build/%.o)
+TESTLIB_OBJ := $(TESTLIB_SRC:%.c=$(BUILD)/%.o)
 
-all: build/libkvpull.a build/libkvpull.so build/kvpull.pc $(TOOL_BIN)
+all: $(BUILD)/libkvpull.a $(BUILD)/libkvpull.so $(BUILD)/kvpull.pc $(TOOL_BIN)
 
-build/%.o: %.c $(wildcard include/*.h plan/*.h verbs/*.h tests/lib/*.h)
+$(BUILD)/%.o: %.c $(wildcard include/*.h plan/*.h verbs/*.h tests/lib/*.h) $(BUILD)/config
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c -o $@ $<
 
 # plan/ and verbs/ are separate archives: plan/ must link without verbs.
-build/libkvpull_plan.a: $(PLAN_OBJ)
+$(BUILD)/libkvpull_plan.a: $(PLAN_OBJ)
 	rm -f $@ && ar rcs $@ $^
-build/libkvpull_verbs.a: $(VERBS_OBJ)
+$(BUILD)/libkvpull_verbs.a: $(VERBS_OBJ)
 	rm -f $@ && ar rcs $@ $^
-build/libkvpull.a: $(PLAN_OBJ) $(VERBS_OBJ)
+$(BUILD)/libkvpull.a: $(PLAN_OBJ) $(VERBS_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-build/libkvpull.so: $(PLAN_OBJ) $(VERBS_OBJ) kvpull.map
+$(BUILD)/libkvpull.so: $(PLAN_OBJ) $(VERBS_OBJ) kvpull.map
 	$(CC) -shared -Wl,-soname,libkvpull.so.$(SOMAJOR) -Wl,-z,defs \
-		-Wl,--version-script=kvpull.map $(LDFLAGS) -o build/libkvpull.so.$(VERSION) \
+		-Wl,--version-script=kvpull.map $(LDFLAGS) -o $(BUILD)/libkvpull.so.$(VERSION) \
 		$(PLAN_OBJ) $(VERBS_OBJ) $(VERBS_LIBS)
-	ln -sf libkvpull.so.$(VERSION) build/libkvpull.so.$(SOMAJOR)
+	ln -sf libkvpull.so.$(VERSION) $(BUILD)/libkvpull.so.$(SOMAJOR)
 	ln -sf libkvpull.so.$(VERSION) $@
 
-build/kvpull.pc: Makefile
-	@mkdir -p build
+# kvpull.pc says the PREFIX/LIBDIR/INCDIR of the command that makes it, and
+# `make install` makes it again when they changed: `make` then
+# `make install PREFIX=/opt/kvp` installs a kvpull.pc that says /opt/kvp.
+# Directories under PREFIX are written relative to ${prefix}.
+# $(BUILD)/pc.vars records them the way $(BUILD)/config records the flags.
+PC_LIBDIR := $(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))
+PC_INCDIR := $(patsubst $(PREFIX)/%,$${prefix}/%,$(INCDIR))
+PC_VARS := prefix=$(PREFIX) libdir=$(PC_LIBDIR) includedir=$(PC_INCDIR) libs=$(VERBS_LIBS)
+ifneq ($(BUILDS),)
+ifneq ($(PC_VARS),$(file <$(BUILD)/pc.vars))
+$(shell mkdir -p $(BUILD))
+$(file >$(BUILD)/pc.vars,$(PC_VARS))
+endif
+endif
+
+$(BUILD)/kvpull.pc: $(BUILD)/pc.vars Makefile
+	@mkdir -p $(@D)
 	printf 'prefix=%s\nlibdir=%s\nincludedir=%s\n\nName: kvpull\nDescription: KV-cache block transfer over RDMA READs\nVersion: %s\nLibs: -L$${libdir} -lkvpull\nLibs.private: %s\nCflags: -I$${includedir}\n' \
-		'$(PREFIX)' '$(LIBDIR)' '$(INCDIR)' '$(VERSION)' '$(VERBS_LIBS)' > $@
+		'$(PREFIX)' '$(PC_LIBDIR)' '$(PC_INCDIR)' '$(VERSION)' '$(VERBS_LIBS)' > $@
 
-build/tests/test_%: tests/test_%.c $(TESTLIB_OBJ) build/libkvpull_plan.a
+$(BUILD)/tests/test_%: tests/test_%.c $(BUILD)/config $(TESTLIB_OBJ) $(BUILD)/libkvpull_plan.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Iplan -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) build/libkvpull_plan.a -lcmocka
+	$(CC) $(ALL_CFLAGS) -Iplan -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libkvpull_plan.a -lcmocka
 
-build/tests/rdma_%: tests/rdma_%.c $(TESTLIB_OBJ) build/libkvpull.a
+$(BUILD)/tests/rdma_%: tests/rdma_%.c $(BUILD)/config $(TESTLIB_OBJ) $(BUILD)/libkvpull.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) build/libkvpull.a $(VERBS_LIBS)
+	$(CC) $(ALL_CFLAGS) -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libkvpull.a $(VERBS_LIBS)
 
-build/tools/%.o: tools/%.c $(TOOL_HDR)
+$(BUILD)/tools/%.o: tools/%.c $(TOOL_HDR) $(BUILD)/config
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/lib -Itools/lib -c -o $@ $<
 
-build/libkvpull_tools.a: $(TOOLLIB_OBJ)
+$(BUILD)/libkvpull_tools.a: $(TOOLLIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-build/tools/kvpull-plan: $(PLANTOOL_OBJ)
+$(BUILD)/tools/kvpull-plan: $(PLANTOOL_OBJ)
 
-build/tools/%: tools/%.c $(TOOL_HDR) $(TESTLIB_OBJ) build/libkvpull_tools.a build/libkvpull.a
+$(BUILD)/tools/%: tools/%.c $(TOOL_HDR) $(BUILD)/config $(TESTLIB_OBJ) $(BUILD)/libkvpull_tools.a $(BUILD)/libkvpull.a
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Itests/lib -Itools/lib $(LDFLAGS) -o $@ $< $(filter build/tools/%.o,$^) build/libkvpull_tools.a $(TESTLIB_OBJ) build/libkvpull.a $(VERBS_LIBS)
+	$(CC) $(ALL_CFLAGS) -Itests/lib -Itools/lib $(LDFLAGS) -o $@ $< $(filter $(BUILD)/tools/%.o,$^) $(BUILD)/libkvpull_tools.a $(TESTLIB_OBJ) $(BUILD)/libkvpull.a $(VERBS_LIBS)
 
 # The header must compile alone, as C and as C++.
-build/header-check: include/kvpull.h
-	@mkdir -p build
+$(BUILD)/header-check: include/kvpull.h $(BUILD)/config
+	@mkdir -p $(BUILD)
 	echo '#include "kvpull.h"' | $(CC) -std=c11 -Wall -Wextra -Werror -Iinclude -x c -fsyntax-only -
 	echo '#include "kvpull.h"' | $(CXX) -std=c++11 -Wall -Wextra -Werror -Iinclude -x c++ -fsyntax-only -
 	touch $@
 
 # Every test program, built and not run (the clang stage of scripts/test.sh).
-tests: $(UNIT_BIN) $(RDMA_BIN) build/header-check
+tests: $(UNIT_BIN) $(RDMA_BIN) $(BUILD)/header-check
 
-unit: $(UNIT_BIN) build/header-check
+unit: $(UNIT_BIN) $(BUILD)/header-check
 	@pass=0; fail=0; \
 	for t in $(UNIT_BIN); do \
 		if $$t; then pass=$$((pass+1)); else fail=$$((fail+1)); echo "FAILED: $$t"; fi; \
@@ -109,22 +158,22 @@ unit: $(UNIT_BIN) build/header-check
 	if CC='$(CC)' sh tests/check_strerror.sh .; then pass=$$((pass+1)); else fail=$$((fail+1)); echo "FAILED: tests/check_strerror.sh"; fi; \
 	echo "unit programs: $$pass passed, $$fail failed"; test $$fail -eq 0
 
-check-tool: build/tools/kvpull-plan
-	sh tests/test_tool.sh build/tools/kvpull-plan
+check-tool: $(BUILD)/tools/kvpull-plan
+	sh tests/test_tool.sh $(BUILD)/tools/kvpull-plan
 
 test: unit check-tool
 
-bench: build/tools/kvpull-bench
-	build/tools/kvpull-bench
+bench: $(BUILD)/tools/kvpull-bench
+	$(BUILD)/tools/kvpull-bench
 
 install: all
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCDIR) $(DESTDIR)$(PKGDIR) $(DESTDIR)$(BINDIR)
 	install -m 644 include/kvpull.h $(DESTDIR)$(INCDIR)/
-	install -m 644 build/libkvpull.a $(DESTDIR)$(LIBDIR)/
-	install -m 755 build/libkvpull.so.$(VERSION) $(DESTDIR)$(LIBDIR)/
+	install -m 644 $(BUILD)/libkvpull.a $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(BUILD)/libkvpull.so.$(VERSION) $(DESTDIR)$(LIBDIR)/
 	ln -sf libkvpull.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libkvpull.so.$(SOMAJOR)
 	ln -sf libkvpull.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libkvpull.so
-	install -m 644 build/kvpull.pc $(DESTDIR)$(PKGDIR)/
+	install -m 644 $(BUILD)/kvpull.pc $(DESTDIR)$(PKGDIR)/
 	$(if $(TOOL_BIN),install -m 755 $(TOOL_BIN) $(DESTDIR)$(BINDIR)/)
 
 uninstall:
@@ -133,31 +182,36 @@ uninstall:
 		$(addprefix $(DESTDIR)$(BINDIR)/,$(notdir $(TOOL_BIN)))
 
 clean:
-	rm -rf build
+	rm -rf build $(filter-out build build/%,$(BUILD) $(FUZZ_BUILD))
+
+# The build directory of this configuration, for scripts:
+#   tools=$(make -s print-build)/tools
+print-build:
+	@echo $(BUILD)
 
 .SECONDARY:
-.PHONY: all tests unit check-tool test bench install uninstall clean
+.PHONY: all tests unit check-tool test bench install uninstall clean print-build
 
 # --- fuzz: libFuzzer targets, tests/fuzz/fuzz_*.c (clang only) -------------
 # The plan/ sources are compiled into each target so that they carry the
 # fuzzer's coverage instrumentation. Run: build/fuzz/fuzz_meta CORPUS_DIR
 FUZZ_CC ?= clang
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
-FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
 
 # build/fuzz/seeds DIR writes seed corpora from the presets (DIR/meta,
 # DIR/spec, DIR/plan); scripts/fuzz.sh runs every target for a bounded time.
 
-fuzz: $(FUZZ_BIN) build/fuzz/seeds
+fuzz: $(FUZZ_BIN) $(FUZZ_BUILD)/seeds
 
-build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(PLAN_SRC) $(wildcard include/*.h plan/*.h)
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(PLAN_SRC) $(wildcard include/*.h plan/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -std=gnu11 $(WARN) -g -O1 -fno-omit-frame-pointer \
 		-fsanitize=fuzzer,address,undefined \
 		-fno-sanitize-recover=undefined -Iinclude -Iplan -o $@ $< \
 		$(PLAN_SRC)
 
-build/fuzz/seeds: tests/fuzz/seeds.c $(PLAN_SRC) $(wildcard include/*.h plan/*.h)
+$(FUZZ_BUILD)/seeds: tests/fuzz/seeds.c $(PLAN_SRC) $(wildcard include/*.h plan/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -std=gnu11 $(WARN) -g -O1 -Iinclude -Iplan -o $@ $< $(PLAN_SRC)
 
@@ -180,3 +234,11 @@ check-rdma: $(RDMA_BIN)
 
 .PHONY: check-rdma
 # --- end check-rdma ---------------------------------------------------------
+
+# --- fragments: mk/*.mk ------------------------------------------------------
+# Optional pieces plug in here (mk/docs.mk: the man pages). They come last so
+# that they see everything above: outputs go under $(BUILD), installs use
+# $(DESTDIR)$(PREFIX)... A fragment hooks into the existing targets by adding
+# prerequisites (`all: $(BUILD)/man`, `install: install-man`) and declares
+# its own .PHONY targets. No fragment, no error.
+-include mk/*.mk

@@ -2,27 +2,31 @@
 # Builds the libFuzzer targets (make fuzz, clang) and runs each for a bounded
 # time on seed corpora made from the model presets (build/fuzz/seeds), after
 # replaying the committed reproducers of tests/fuzz/crashes/ (<target>-*).
+# The targets build in build/fuzz/ (FUZZ_BUILD), apart from every other
+# configuration.
 # Prints executions and crashes per target and ends with
 # "N passed, N failed" (one per target).
 #
 # Environment:
 #   KVP_FUZZ_SECONDS    seconds per target (default 60)
-#   KVP_FUZZ_ARTIFACTS  where crash inputs go (default build/fuzz/artifacts)
+#   KVP_FUZZ_ARTIFACTS  where crash inputs go (default $FUZZ_BUILD/artifacts)
+#   FUZZ_BUILD          the build directory of the targets (default build/fuzz)
 #   FUZZ_CC             the compiler (default clang)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 secs=${KVP_FUZZ_SECONDS:-60}
-art=${KVP_FUZZ_ARTIFACTS:-build/fuzz/artifacts}
-make -s fuzz || { echo "fuzz: make fuzz failed"; echo "0 passed, 1 failed"; exit 1; }
+fb=${FUZZ_BUILD:-build/fuzz}
+art=${KVP_FUZZ_ARTIFACTS:-$fb/artifacts}
+make -s -j"${KVP_JOBS:-2}" fuzz FUZZ_BUILD="$fb" || { echo "fuzz: make fuzz failed"; echo "0 passed, 1 failed"; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$art"
-build/fuzz/seeds "$work/seeds" || { echo "0 passed, 1 failed"; exit 1; }
+"$fb/seeds" "$work/seeds" || { echo "0 passed, 1 failed"; exit 1; }
 
 pass=0
 fail=0
-for bin in build/fuzz/fuzz_*; do
+for bin in "$fb"/fuzz_*; do
 	[[ -x $bin ]] || continue
 	name=${bin##*/}
 	short=${name#fuzz_}

@@ -4,13 +4,35 @@
 # missing and runs `apt-get update` only if the package lists are older than
 # an hour. Quiet on success; on failure prints apt's output and exits non-zero.
 #
+# It upgrades nothing it does not have to. Only missing packages are named
+# to apt-get install, which never upgrades an installed package unless a new
+# package needs it: a dependency of the new packages that must be newer
+# (libfoo-dev Depends: libfoo1 (= same version)), or, rarely, an installed
+# package whose old version that upgraded dependency Breaks. Before
+# installing, the script simulates the install (apt-get -s) and prints what
+# it would do; it refuses if apt would remove anything (--no-remove) or
+# install a package that is not in the dependency closure of the missing
+# ones. It does not pass --no-upgrade: that flag only keeps packages *named
+# on the command line* from being upgraded if already installed, and we
+# name only missing ones, so it would change nothing. --only-upgrade is the
+# opposite of what we want (it skips new packages).
+#
+#   bash scripts/install-deps.sh              install what is missing
+#   bash scripts/install-deps.sh --dry-run [PKG...]
+#       print what installing the missing packages (or PKG...) would do and
+#       check it as above; installs nothing, needs no root
+#
 # Environment:
 #   KVP_APT_LOCK_TIMEOUT  seconds to wait for another apt/dpkg (default 600)
 set -euo pipefail
 
 PKGS=(
-	# build; libclang-rt: clang's sanitizer and libFuzzer runtimes
+	# build; libclang-rt: clang's sanitizer and libFuzzer runtimes;
+	# pkg-config: tests/check_build_dirs.sh builds against the installed .pc
 	build-essential gcc clang libclang-rt-14-dev make pkg-config binutils
+	# docs and figures: man page lint (mandoc -Tlint), the SVG check
+	# (headless chromium renders it to PNG)
+	mandoc chromium
 	# libraries and unit tests
 	libcmocka-dev libibverbs-dev librdmacm-dev ibverbs-providers rdma-core
 	# RDMA tools used in the VM and in direct mode
@@ -22,7 +44,16 @@ PKGS=(
 
 die() { echo "install-deps: $*" >&2; exit 1; }
 
-[[ $(id -u) -eq 0 ]] || die "must run as root"
+dry=0
+if [[ ${1:-} == --dry-run ]]; then
+	dry=1
+	shift
+	[[ $# -gt 0 ]] && PKGS=("$@")
+elif [[ $# -gt 0 ]]; then
+	die "usage: bash scripts/install-deps.sh [--dry-run [PKG...]]"
+fi
+
+((dry)) || [[ $(id -u) -eq 0 ]] || die "must run as root"
 command -v apt-get >/dev/null || die "apt-get not found (Debian 12 expected)"
 
 export DEBIAN_FRONTEND=noninteractive
@@ -43,6 +74,52 @@ fi
 log=$(mktemp /tmp/kvp-install-deps.XXXXXX)
 trap 'rm -f "$log"' EXIT
 
+# The install, simulated: what apt would install, upgrade and remove. Fails
+# (and says why) if it would remove anything or install a package outside
+# the dependency closure of the missing ones; prints the plan on one line.
+simulate() {
+	local sim=$log.sim closure=$log.closure new=() up=() knock=() stray=() p
+	if ! apt-get "${apt_opts[@]}" -s install --no-install-recommends \
+		--no-remove "${missing[@]}" >"$sim" 2>&1; then
+		cat "$sim" >&2
+		return 1
+	fi
+	if grep -q '^Remv ' "$sim"; then
+		grep '^Remv ' "$sim" >&2
+		echo "install-deps: apt would remove packages: refused" >&2
+		return 1
+	fi
+	# every package the missing ones depend on, recursively (names and
+	# the providers of virtual ones)
+	apt-cache depends --recurse --no-recommends --no-suggests \
+		--no-conflicts --no-breaks --no-replaces --no-enhances \
+		"${missing[@]}" 2>/dev/null | awk '{ print $NF }' |
+		sed 's/[<>]//g; s/:.*//' | sort -u >"$closure"
+	while read -r p; do
+		new+=("$p")
+		grep -qxF "$p" "$closure" || stray+=("$p")
+	done < <(sed -n 's/^Inst \([^ ]*\) (.*/\1/p' "$sim" | sed 's/:.*//')
+	# upgrades: of a dependency that must be newer, or of an installed
+	# package whose old version an upgraded dependency Breaks
+	while read -r p; do
+		if grep -qxF "$p" "$closure"; then up+=("$p"); else knock+=("$p"); fi
+	done < <(sed -n 's/^Inst \([^ ]*\) \[.*/\1/p' "$sim" | sed 's/:.*//')
+	echo "install-deps: plan: install ${#missing[@]} missing (${missing[*]})" \
+		"and $((${#new[@]} - ${#missing[@]})) new dependencies, upgrade ${#up[@]}" \
+		"dependencies${up[*]:+ (${up[*]})} and ${#knock[@]} packages that" \
+		"the old versions would break${knock[*]:+ (${knock[*]})}, remove none"
+	if [[ ${#stray[@]} -gt 0 ]]; then
+		echo "install-deps: apt would install packages that no missing" \
+			"package depends on: ${stray[*]}: refused" >&2
+		return 1
+	fi
+}
+
+if ((dry)); then
+	simulate
+	exit
+fi
+
 run() {
 	if ! timeout 1800 "$@" >"$log" 2>&1; then
 		cat "$log" >&2
@@ -62,8 +139,9 @@ if [[ -z $(find /var/lib/apt/lists -maxdepth 1 -name '*InRelease' \
 	update
 fi
 
+simulate || die "the simulated install was refused"
 echo "install-deps: installing ${missing[*]}"
-install=(apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}")
+install=(apt-get "${apt_opts[@]}" install -y --no-install-recommends --no-remove "${missing[@]}")
 if ! timeout 1800 "${install[@]}" >"$log" 2>&1; then
 	if ((updated)); then
 		cat "$log" >&2

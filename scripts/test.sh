@@ -1,35 +1,86 @@
 #!/usr/bin/env bash
 # The whole kvpull test suite, on a fresh Debian 12 machine as root:
-#   bash scripts/test.sh
+#   bash scripts/test.sh [-v]
 # Installs what it needs (scripts/install-deps.sh), then builds with gcc and
-# clang (-Werror), runs the unit tests (cmocka), the tool tests, the unit
+# clang (-Werror), runs the unit tests (cmocka), the tool tests, the build
+# configuration and install checks (tests/check_build_dirs.sh), the unit
 # tests again under ASan+UBSan with gcc and with clang (their sanitizers
 # catch different bugs), the libFuzzer targets for a bounded time each
 # (scripts/fuzz.sh; KVP_FUZZ_SECONDS per target, 50 here), and the
 # RDMA loopback tests on soft-RoCE in a VM (scripts/rxe-vm.sh; directly on a
 # machine with an RDMA device).
+#
+# Each configuration builds in its own directory (see the Makefile), so the
+# stages need no `make clean` and leave build/ usable by scripts/main.sh.
+#
+# Quiet by default: one line per stage (result, wall time, test counts), a
+# line when a long stage starts, and the end of the log of a stage that
+# fails. Every stage's full output is kept in build/test-logs/<NN-stage>.log.
+# -v or KVP_VERBOSE=1 shows every stage's output as it runs.
 # The last line counts test cases: "N passed, N failed".
-# KVP_SKIP_SANITIZE=1 / KVP_SKIP_FUZZ=1 / KVP_SKIP_RDMA=1 leave out those
-# stages (for quick local runs; CI runs everything).
+#
+# Environment:
+#   KVP_SKIP_SANITIZE=1 / KVP_SKIP_FUZZ=1 / KVP_SKIP_RDMA=1 leave out those
+#     stages (for quick local runs; CI runs everything)
+#   KVP_JOBS  parallel make jobs (default: the number of CPUs)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
-log=$(mktemp -d)
-trap 'rm -rf "$log"' EXIT
+verbose=${KVP_VERBOSE:-0}
+case ${1:-} in
+-v | --verbose) verbose=1 ;;
+"") ;;
+*) echo "usage: bash scripts/test.sh [-v]" >&2; exit 2 ;;
+esac
+export KVP_JOBS=${KVP_JOBS:-$(nproc 2>/dev/null || echo 2)}
+mk=(make -j"$KVP_JOBS")
+
+logs=build/test-logs
+rm -rf "$logs"
+mkdir -p "$logs" || exit 1
 pass=0
 fail=0
+n=0
 failed_stages=()
+t_start=$SECONDS
 
-# Runs one stage, shows its output, and adds its test counts: cmocka's
+# 75 -> "1 min 15 s", 9 -> "9 s"
+dur() {
+	if (($1 >= 60)); then
+		printf '%d min %d s' $(($1 / 60)) $(($1 % 60))
+	else
+		printf '%d s' "$1"
+	fi
+}
+
+# stage [--long ESTIMATE] NAME COMMAND...: runs one stage, its output in
+# $logs/NN-name.log, and adds its test counts: cmocka's
 # "[  PASSED  ] N test(s)" / "[  FAILED  ] N test(s)" lines and our own
 # "N passed, N failed" lines. A stage that fails without counting a failure
-# counts as one failed test.
+# counts as one failed test. A long stage announces itself when it starts.
 stage() {
-	local name=$1 out="$log/stage" p f st
+	local long="" name out p f st t0 t counts lines
+	if [[ $1 == --long ]]; then
+		long=$2
+		shift 2
+	fi
+	name=$1
 	shift
-	echo "==== $name"
-	"$@" 2>&1 | tee "$out"
-	st=${PIPESTATUS[0]}
+	n=$((n + 1))
+	out=$logs/$(printf '%02d' "$n")-$(tr -c 'a-zA-Z0-9+\n' - <<<"$name" |
+		tr -s - | sed 's/-$//' | tr '[:upper:]' '[:lower:]').log
+	t0=$SECONDS
+	if ((verbose)); then
+		echo "==== $name"
+		"$@" 2>&1 | tee "$out"
+		st=${PIPESTATUS[0]}
+	else
+		[[ -n $long ]] && printf '..    %-44s started %s, %s (%s)\n' \
+			"$name" "$(date +%H:%M:%S)" "$long" "$out"
+		"$@" >"$out" 2>&1
+		st=$?
+	fi
+	t=$((SECONDS - t0))
 	p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test(s)\..*/\1/p; s/^\([0-9][0-9]*\) passed, [0-9][0-9]* failed.*/\1/p' "$out" |
 		awk '{s+=$1} END {print s+0}')
 	f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test(s), listed below:.*/\1/p; s/^[0-9][0-9]* passed, \([0-9][0-9]*\) failed.*/\1/p' "$out" |
@@ -37,38 +88,62 @@ stage() {
 	if [[ $st -ne 0 && $f -eq 0 ]]; then
 		f=1
 	fi
-	if [[ $st -ne 0 ]]; then
-		failed_stages+=("$name")
-	fi
 	pass=$((pass + p))
 	fail=$((fail + f))
-	echo "==== $name: exit $st ($p passed, $f failed)"
+	counts=""
+	((p + f > 0)) && counts="$p passed, $f failed"
+	if [[ $st -eq 0 ]]; then
+		printf 'ok    %-44s %10s  %s\n' "$name" "$(dur $t)" "$counts"
+		return 0
+	fi
+	failed_stages+=("$name")
+	printf 'FAIL  %-44s %10s  %s (exit %d)\n' "$name" "$(dur $t)" "$counts" "$st"
+	if ((!verbose)); then
+		lines=$(wc -l <"$out")
+		if ((lines <= 80)); then
+			echo "---- $out"
+			cat "$out"
+		else
+			echo "---- $out (last 60 of $lines lines)"
+			tail -n 60 "$out"
+		fi
+		echo "----"
+	fi
 }
 
+((verbose)) || echo "test.sh: one line per stage; full logs in $logs/ (-v: show them as they run)"
+
 stage "install dependencies" bash scripts/install-deps.sh
-stage "build with gcc (-Werror)" make clean all WERROR=1
-stage "unit tests" make WERROR=1 unit
+stage "build with gcc (-Werror)" "${mk[@]}" WERROR=1 all
+stage "unit tests" "${mk[@]}" WERROR=1 unit
 if [[ -f tests/test_tool.sh ]]; then
-	stage "tool tests" make WERROR=1 check-tool
+	stage "tool tests" "${mk[@]}" WERROR=1 check-tool
 fi
-stage "build with clang (-Werror)" bash -c 'make clean && make CC=clang CXX=clang++ WERROR=1 all tests'
+stage "build with clang (-Werror)" "${mk[@]}" CC=clang CXX=clang++ WERROR=1 all tests
+# KVP_QUICK: the sanitized unit tests are built there, run below
+stage --long "about 1 min" "build directories, make install, kvpull.pc" \
+	env KVP_QUICK=1 bash tests/check_build_dirs.sh
 if [[ ${KVP_SKIP_SANITIZE:-0} != 1 ]]; then
-	stage "unit tests under ASan+UBSan" bash -c 'make clean && make SANITIZE=1 unit'
-	stage "unit tests under clang ASan+UBSan" bash -c 'make clean && make CC=clang CXX=clang++ SANITIZE=1 unit'
+	stage "unit tests under ASan+UBSan" "${mk[@]}" SANITIZE=1 unit
+	stage "unit tests under clang ASan+UBSan" "${mk[@]}" CC=clang CXX=clang++ SANITIZE=1 unit
 fi
 if [[ ${KVP_SKIP_FUZZ:-0} != 1 ]]; then
-	# 3 targets x 50 s plus the build: about 3 minutes
-	stage "fuzz (libFuzzer, bounded)" env KVP_FUZZ_SECONDS="${KVP_FUZZ_SECONDS:-50}" bash scripts/fuzz.sh
+	fs=${KVP_FUZZ_SECONDS:-50}
+	stage --long "3 targets x $fs s plus the build" "fuzz (libFuzzer, bounded)" \
+		env KVP_FUZZ_SECONDS="$fs" bash scripts/fuzz.sh
 fi
 if [[ ${KVP_SKIP_RDMA:-0} != 1 ]] && grep -q '^check-rdma:' Makefile; then
-	stage "RDMA loopback tests (soft-RoCE)" bash -c 'make clean && make WERROR=1 check-rdma'
+	stage --long "a VM boot, about 1 min" "RDMA loopback tests (soft-RoCE)" \
+		"${mk[@]}" WERROR=1 check-rdma
 	if [[ ${KVP_SKIP_SANITIZE:-0} != 1 ]]; then
-		stage "RDMA loopback tests under ASan+UBSan" bash -c 'make clean && make SANITIZE=1 check-rdma'
+		stage --long "a VM boot, about 2 min" "RDMA loopback tests under ASan+UBSan" \
+			"${mk[@]}" SANITIZE=1 check-rdma
 	fi
 fi
 
 if [[ ${#failed_stages[@]} -gt 0 ]]; then
 	printf 'failed stages: %s\n' "${failed_stages[*]}"
 fi
+echo "total $(dur $((SECONDS - t_start))); logs in $logs/"
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 && ${#failed_stages[@]} -eq 0 ]]
