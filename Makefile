@@ -17,6 +17,7 @@ LIBDIR ?= $(PREFIX)/lib
 INCDIR ?= $(PREFIX)/include
 BINDIR ?= $(PREFIX)/bin
 PKGDIR ?= $(LIBDIR)/pkgconfig
+DATADIR ?= $(PREFIX)/share/kvpull
 
 VERSION := 0.1.0
 SOMAJOR := 0
@@ -106,7 +107,7 @@ $(BUILD)/libkvpull.so: $(PLAN_OBJ) $(VERBS_OBJ) kvpull.map
 # $(BUILD)/pc.vars records them the way $(BUILD)/config records the flags.
 PC_LIBDIR := $(patsubst $(PREFIX)/%,$${prefix}/%,$(LIBDIR))
 PC_INCDIR := $(patsubst $(PREFIX)/%,$${prefix}/%,$(INCDIR))
-PC_VARS := prefix=$(PREFIX) libdir=$(PC_LIBDIR) includedir=$(PC_INCDIR) libs=$(VERBS_LIBS)
+PC_VARS := prefix=$(PREFIX) libdir=$(PC_LIBDIR) includedir=$(PC_INCDIR) libs=$(VERBS_LIBS) datadir=$(DATADIR)
 ifneq ($(BUILDS),)
 ifneq ($(PC_VARS),$(file <$(BUILD)/pc.vars))
 $(shell mkdir -p $(BUILD))
@@ -127,9 +128,11 @@ $(BUILD)/tests/rdma_%: tests/rdma_%.c $(BUILD)/config $(TESTLIB_OBJ) $(BUILD)/li
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libkvpull.a $(VERBS_LIBS)
 
-$(BUILD)/tools/%.o: tools/%.c $(TOOL_HDR) $(BUILD)/config
+# The tools name installed files (kvpull-plan's JSON schema) under DATADIR:
+# $(BUILD)/pc.vars records it, so a new PREFIX rebuilds them.
+$(BUILD)/tools/%.o: tools/%.c $(TOOL_HDR) $(BUILD)/config $(BUILD)/pc.vars
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Itests/lib -Itools/lib -c -o $@ $<
+	$(CC) $(ALL_CFLAGS) -DKVP_DATADIR='"$(DATADIR)"' -Itests/lib -Itools/lib -c -o $@ $<
 
 $(BUILD)/libkvpull_tools.a: $(TOOLLIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
@@ -161,6 +164,10 @@ unit: $(UNIT_BIN) $(BUILD)/header-check
 check-tool: $(BUILD)/tools/kvpull-plan
 	sh tests/test_tool.sh $(BUILD)/tools/kvpull-plan
 
+# kvpull-plan --svg rendered in headless Chromium (tests/check_svg.sh).
+check-svg: $(BUILD)/tools/kvpull-plan
+	sh tests/check_svg.sh $(BUILD)/tools/kvpull-plan
+
 test: unit check-tool
 
 bench: $(BUILD)/tools/kvpull-bench
@@ -175,11 +182,14 @@ install: all
 	ln -sf libkvpull.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libkvpull.so
 	install -m 644 $(BUILD)/kvpull.pc $(DESTDIR)$(PKGDIR)/
 	$(if $(TOOL_BIN),install -m 755 $(TOOL_BIN) $(DESTDIR)$(BINDIR)/)
+	install -d $(DESTDIR)$(DATADIR)
+	install -m 644 tools/kvpull-plan.schema.json $(DESTDIR)$(DATADIR)/
 
 uninstall:
 	rm -f $(DESTDIR)$(INCDIR)/kvpull.h $(DESTDIR)$(LIBDIR)/libkvpull.a \
 		$(DESTDIR)$(LIBDIR)/libkvpull.so* $(DESTDIR)$(PKGDIR)/kvpull.pc \
-		$(addprefix $(DESTDIR)$(BINDIR)/,$(notdir $(TOOL_BIN)))
+		$(addprefix $(DESTDIR)$(BINDIR)/,$(notdir $(TOOL_BIN))) \
+		$(DESTDIR)$(DATADIR)/kvpull-plan.schema.json
 
 clean:
 	rm -rf build $(filter-out build build/%,$(BUILD) $(FUZZ_BUILD))
@@ -190,7 +200,7 @@ print-build:
 	@echo $(BUILD)
 
 .SECONDARY:
-.PHONY: all tests unit check-tool test bench install uninstall clean print-build
+.PHONY: all tests unit check-tool check-svg test bench install uninstall clean print-build
 
 # --- fuzz: libFuzzer targets, tests/fuzz/fuzz_*.c (clang only) -------------
 # The plan/ sources are compiled into each target so that they carry the

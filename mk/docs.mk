@@ -1,6 +1,6 @@
 # mk/docs.mk: examples and man pages. Included by the Makefile
 # (-include mk/*.mk). Targets:
-#   examples              build/examples/{plan,producer,consumer}
+#   examples              $(BUILD)/examples/{plan,producer,consumer}
 #   check-examples        tests/check_examples.sh: every example built as
 #                         C and C++ (gcc, clang), plan run, README quotes
 #   check-examples-rdma   producer and consumer in the soft-RoCE VM
@@ -16,29 +16,29 @@ docs_goal := $(.DEFAULT_GOAL)
 MANDIR ?= $(PREFIX)/share/man
 MAN_PAGES := $(sort $(wildcard man/man1/*.1 man/man3/*.3 man/man7/*.7))
 EXAMPLE_SRC := $(sort $(wildcard examples/*.c))
-EXAMPLE_BIN := $(EXAMPLE_SRC:examples/%.c=build/examples/%)
+EXAMPLE_BIN := $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%)
 EXAMPLES_VM_TIMEOUT ?= 300
 # The pair without, then with a shared secret (32 bytes).
-EXAMPLES_PAIR = $(CURDIR)/examples/run-pair.sh $(CURDIR)/build/examples/producer $(CURDIR)/build/examples/consumer
+EXAMPLES_PAIR = $(CURDIR)/examples/run-pair.sh $(abspath $(BUILD))/examples/producer $(abspath $(BUILD))/examples/consumer
 
-build/examples/%: examples/%.c $(wildcard examples/*.h) include/kvpull.h build/libkvpull.a
+$(BUILD)/examples/%: examples/%.c $(wildcard examples/*.h) include/kvpull.h $(BUILD)/libkvpull.a
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude $(CFLAGS) $(LDFLAGS) \
-		-o $@ $< build/libkvpull.a -lrdmacm -libverbs -lpthread
+		-o $@ $< $(BUILD)/libkvpull.a -lrdmacm -libverbs -lpthread
 
 examples: $(EXAMPLE_BIN)
 
-check-examples: build/libkvpull.a
-	sh tests/check_examples.sh build
+check-examples: $(BUILD)/libkvpull.a
+	sh tests/check_examples.sh $(BUILD)
 
-check-examples-rdma: build/examples/producer build/examples/consumer
+check-examples-rdma: $(BUILD)/examples/producer $(BUILD)/examples/consumer
 	scripts/rxe-vm.sh --timeout $(EXAMPLES_VM_TIMEOUT) $(RDMA_VM_FLAGS) \
-		--files "$(CURDIR)/build/examples $(CURDIR)/examples/run-pair.sh" \
+		--files "$(abspath $(BUILD))/examples $(CURDIR)/examples/run-pair.sh" \
 		-- "$(EXAMPLES_PAIR)" \
 		'KVPULL_SECRET=kvpull-example-secret-32-bytes!! $(EXAMPLES_PAIR) "$$KVP_ADDR0" 18901'
 
-check-man: build/libkvpull.so
-	sh tests/check_man.sh man build/libkvpull.so
+check-man: $(BUILD)/libkvpull.so
+	sh tests/check_man.sh man $(BUILD)/libkvpull.so
 
 check-docs: check-examples check-man
 

@@ -33,6 +33,9 @@ PKGS=(
 	# docs and figures: man page lint (mandoc -Tlint), the SVG check
 	# (headless chromium renders it to PNG)
 	mandoc chromium
+	# xmllint checks the SVG; jsonschema checks kvpull-plan --json against
+	# its schema (tests/test_tool.sh)
+	libxml2-utils python3-jsonschema
 	# libraries and unit tests
 	libcmocka-dev libibverbs-dev librdmacm-dev ibverbs-providers rdma-core
 	# RDMA tools used in the VM and in direct mode

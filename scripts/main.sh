@@ -68,7 +68,7 @@ trap 'rm -rf "$tmp"' EXIT
 step "checking dependencies (scripts/install-deps.sh; a fresh machine: a few minutes)"
 run_quiet "$tmp/deps.log" bash scripts/install-deps.sh
 step "building kvpull (make all)"
-run_quiet "$tmp/build.log" make -s all
+run_quiet "$tmp/build.log" make -s all BUILD=build WERROR=1
 if [[ ! -x build/tools/kvpull-demo ]]; then
 	echo "main: build/tools/kvpull-demo was not built" >&2
 	exit 1

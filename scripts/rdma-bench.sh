@@ -23,7 +23,7 @@ requests=${2:-32}
 reads=$((requests * 128 * 2))
 
 bash scripts/install-deps.sh
-make -s build/tools/kvpull-rdma-bench
+make -s BUILD=build build/tools/kvpull-rdma-bench
 
 # Runs inside the VM (bash, busybox awk). ib_read_bw's server and client
 # share rxe0; kvpull's producer and consumer do too.

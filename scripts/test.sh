@@ -120,6 +120,9 @@ if [[ -f tests/test_tool.sh ]]; then
 	stage "tool tests" "${mk[@]}" WERROR=1 check-tool
 fi
 stage "build with clang (-Werror)" "${mk[@]}" CC=clang CXX=clang++ WERROR=1 all tests
+stage "examples (C and C++) and man pages" "${mk[@]}" WERROR=1 check-docs
+stage --long "two renders in headless Chromium" "kvpull-plan --svg" \
+	"${mk[@]}" WERROR=1 check-svg
 # KVP_QUICK: the sanitized unit tests are built there, run below
 stage --long "about 1 min" "build directories, make install, kvpull.pc" \
 	env KVP_QUICK=1 bash tests/check_build_dirs.sh
@@ -135,6 +138,8 @@ fi
 if [[ ${KVP_SKIP_RDMA:-0} != 1 ]] && grep -q '^check-rdma:' Makefile; then
 	stage --long "a VM boot, about 1 min" "RDMA loopback tests (soft-RoCE)" \
 		"${mk[@]}" WERROR=1 check-rdma
+	stage --long "a VM boot, about 30 s" "examples: producer and consumer (soft-RoCE)" \
+		"${mk[@]}" WERROR=1 check-examples-rdma
 	if [[ ${KVP_SKIP_SANITIZE:-0} != 1 ]]; then
 		stage --long "a VM boot, about 2 min" "RDMA loopback tests under ASan+UBSan" \
 			"${mk[@]}" SANITIZE=1 check-rdma

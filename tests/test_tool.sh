@@ -24,7 +24,11 @@ fail=0
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
 
-if command -v python3 >/dev/null 2>&1; then
+# Debian's interpreter first: it has Debian's python3-jsonschema
+# (scripts/install-deps.sh), a python3 earlier in PATH may not.
+py=python3
+[ -x /usr/bin/python3 ] && py=/usr/bin/python3
+if command -v $py >/dev/null 2>&1; then
 	have_python=1
 else
 	have_python=0
@@ -56,7 +60,7 @@ has() {
 
 json_ok() {
 	[ "$have_python" = 1 ] || return 0
-	if python3 -m json.tool "$tmp/$1.out" >/dev/null 2>"$tmp/$1.jerr"; then
+	if $py -m json.tool "$tmp/$1.out" >/dev/null 2>"$tmp/$1.jerr"; then
 		ok
 	else
 		bad "$1: JSON does not parse: $(cat "$tmp/$1.jerr")"
@@ -95,8 +99,11 @@ if [ "$n" -eq 61 ]; then ok; else bad "deepseek_json: $n READs, want 61"; fi
 # once installed), when python3 has jsonschema.
 schema_ok() {
 	[ "$have_python" = 1 ] || return 0
-	python3 -c 'import jsonschema' 2>/dev/null || return 0
-	if python3 -c 'import json, sys, jsonschema
+	if ! $py -c 'import jsonschema' 2>/dev/null; then
+		bad "$1: no python3 jsonschema to check it (apt-get install python3-jsonschema)"
+		return 0
+	fi
+	if $py -c 'import json, sys, jsonschema
 jsonschema.validate(json.load(open(sys.argv[1])), json.load(open(sys.argv[2])))' \
 		"$tmp/$1.out" "$top/tools/kvpull-plan.schema.json" \
 		2>"$tmp/$1.serr"; then
