@@ -4,7 +4,7 @@
 # The host kernel has no RDMA, so this boots Debian's stock kernel under
 # qemu with a generated initramfs that loads rdma_rxe, creates rxe0 (and
 # rxe1), runs each command line and reports its exit status on the console.
-# See scripts/README.md and shared/notes/soft-roce-in-qemu.md.
+# See scripts/README.md and scripts/soft-roce-in-qemu.md.
 set -euo pipefail
 
 prog=rxe-vm
