@@ -100,6 +100,12 @@ KVP_HIDDEN int kvp__layout_build(const struct kvp_model *m,
 /* The spec name of a group kind ("full", "sliding", "mla", "state"), or
  * "?" out of range. */
 KVP_HIDDEN const char *kvp__group_name(uint32_t kind);
+/* wire.c: adds a blob's records (p: after the header; count: groups,
+ * regions, views, fields, checked against the blob's length by the caller)
+ * to l with the public builders. 0, or kvp_meta_decode()'s error. For
+ * kvp_meta_decode() and the fuzz target that re-hashes mutated blobs. */
+KVP_HIDDEN int kvp__meta_records(kvp_layout *l, const uint8_t *p,
+				 const uint32_t *count);
 
 /* Producer ranks [lo, hi) that consumer rank c of D notifies to cover all
  * P producers. */

@@ -68,6 +68,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "le.h"
 
 #define HDR_LEN 56u
 #define GROUP_LEN 8u
@@ -82,42 +83,6 @@ _Static_assert(KVP_META_MIN_LEN ==
 	       "KVP_META_MIN_LEN is one record of each kind");
 
 static const uint8_t meta_magic[4] = { 'K', 'V', 'P', 'M' };
-
-static void put16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-	p[2] = (uint8_t)(v >> 16);
-	p[3] = (uint8_t)(v >> 24);
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-	put32(p, (uint32_t)v);
-	put32(p + 4, (uint32_t)(v >> 32));
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-	       (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
 
 /* Blob length for the given counts, or 0 when it does not fit a u32. */
 static uint32_t blob_len(uint32_t ngroups, uint32_t nregions, uint32_t nviews,
@@ -150,20 +115,20 @@ static void encode_field(uint8_t *p, const struct kvp_field *f)
 {
 	uint32_t d;
 
-	put32(p, f->view);
-	put32(p + 4, f->d.kind);
-	put32(p + 8, f->d.elem_size);
-	put32(p + 12, f->d.ndim);
-	put64(p + 16, f->d.offset);
-	put32(p + 24, f->d.shard_dim);
-	put32(p + 28, f->d.shard_total);
+	kvp__put32(p, f->view);
+	kvp__put32(p + 4, f->d.kind);
+	kvp__put32(p + 8, f->d.elem_size);
+	kvp__put32(p + 12, f->d.ndim);
+	kvp__put64(p + 16, f->d.offset);
+	kvp__put32(p + 24, f->d.shard_dim);
+	kvp__put32(p + 28, f->d.shard_total);
 	memset(p + FIELD_DIMS_OFF, 0, KVP_MAX_DIMS * DIM_LEN);
 	for (d = 0; d < f->d.ndim && d < KVP_MAX_DIMS; d++) {
 		uint8_t *q = p + FIELD_DIMS_OFF + d * DIM_LEN;
 
-		put64(q, f->d.dim[d].stride);
-		put32(q + 8, f->d.dim[d].size);
-		put32(q + 12, f->d.dim[d].axis);
+		kvp__put64(q, f->d.dim[d].stride);
+		kvp__put32(q + 8, f->d.dim[d].size);
+		kvp__put32(q + 12, f->d.dim[d].axis);
 	}
 }
 
@@ -186,38 +151,38 @@ int kvp_meta_encode(const kvp_layout *l, void *buf, size_t cap, size_t *len)
 	}
 
 	memcpy(p, meta_magic, sizeof(meta_magic));
-	put16(p + 4, KVP_META_VERSION);
-	put16(p + 6, HDR_LEN);
-	put32(p + 8, need);
-	put32(p + 12, 0);
-	put64(p + 16, kvp_layout_compat_hash(l));
-	put64(p + 24, l->attr.engine_id);
-	put32(p + 32, l->attr.tp_size);
-	put32(p + 36, l->attr.tp_rank);
-	put32(p + 40, l->ngroups);
-	put32(p + 44, l->nregions);
-	put32(p + 48, l->nviews);
-	put32(p + 52, l->nfields);
+	kvp__put16(p + 4, KVP_META_VERSION);
+	kvp__put16(p + 6, HDR_LEN);
+	kvp__put32(p + 8, need);
+	kvp__put32(p + 12, 0);
+	kvp__put64(p + 16, kvp_layout_compat_hash(l));
+	kvp__put64(p + 24, l->attr.engine_id);
+	kvp__put32(p + 32, l->attr.tp_size);
+	kvp__put32(p + 36, l->attr.tp_rank);
+	kvp__put32(p + 40, l->ngroups);
+	kvp__put32(p + 44, l->nregions);
+	kvp__put32(p + 48, l->nviews);
+	kvp__put32(p + 52, l->nfields);
 	p += HDR_LEN;
 	for (i = 0; i < l->ngroups; i++, p += GROUP_LEN) {
-		put32(p, l->groups[i].kind);
-		put32(p + 4, l->groups[i].block_tokens);
+		kvp__put32(p, l->groups[i].kind);
+		kvp__put32(p + 4, l->groups[i].block_tokens);
 	}
 	for (i = 0; i < l->nregions; i++, p += REGION_LEN) {
-		put64(p, l->regions[i]);
-		put64(p + 8, l->raddr[i]);
-		put32(p + 16, l->rkey[i]);
-		put32(p + 20, 0);
+		kvp__put64(p, l->regions[i]);
+		kvp__put64(p + 8, l->raddr[i]);
+		kvp__put32(p + 16, l->rkey[i]);
+		kvp__put32(p + 20, 0);
 	}
 	for (i = 0; i < l->nviews; i++, p += VIEW_LEN) {
 		const struct kvp_view_desc *v = &l->views[i];
 
-		put32(p, v->group);
-		put32(p + 4, v->region);
-		put32(p + 8, v->layer);
-		put32(p + 12, v->num_blocks);
-		put64(p + 16, v->offset);
-		put64(p + 24, v->stride);
+		kvp__put32(p, v->group);
+		kvp__put32(p + 4, v->region);
+		kvp__put32(p + 8, v->layer);
+		kvp__put32(p + 12, v->num_blocks);
+		kvp__put64(p + 16, v->offset);
+		kvp__put64(p + 24, v->stride);
 	}
 	for (i = 0; i < l->nfields; i++, p += FIELD_LEN)
 		encode_field(p, &l->fields[i]);
@@ -238,22 +203,22 @@ static int decode_field(const uint8_t *p, uint32_t *view,
 	uint32_t d, i;
 
 	memset(f, 0, sizeof(*f));
-	*view = get32(p);
-	f->kind = get32(p + 4);
-	f->elem_size = get32(p + 8);
-	f->ndim = get32(p + 12);
-	f->offset = get64(p + 16);
-	f->shard_dim = get32(p + 24);
-	f->shard_total = get32(p + 28);
+	*view = kvp__get32(p);
+	f->kind = kvp__get32(p + 4);
+	f->elem_size = kvp__get32(p + 8);
+	f->ndim = kvp__get32(p + 12);
+	f->offset = kvp__get64(p + 16);
+	f->shard_dim = kvp__get32(p + 24);
+	f->shard_total = kvp__get32(p + 28);
 	if (f->ndim > KVP_MAX_DIMS)
 		return -EPROTO;
 	for (d = 0; d < KVP_MAX_DIMS; d++) {
 		const uint8_t *q = p + FIELD_DIMS_OFF + d * DIM_LEN;
 
 		if (d < f->ndim) {
-			f->dim[d].stride = get64(q);
-			f->dim[d].size = get32(q + 8);
-			f->dim[d].axis = get32(q + 12);
+			f->dim[d].stride = kvp__get64(q);
+			f->dim[d].size = kvp__get32(q + 8);
+			f->dim[d].axis = kvp__get32(q + 12);
 			continue;
 		}
 		for (i = 0; i < DIM_LEN; i++)
@@ -266,8 +231,7 @@ static int decode_field(const uint8_t *p, uint32_t *view,
 /* Rebuilds the layout from records whose lengths have been checked, through
  * the public builders only, so remote data meets every check local data
  * does. */
-static int decode_records(kvp_layout *l, const uint8_t *p,
-			  const uint32_t *count)
+int kvp__meta_records(kvp_layout *l, const uint8_t *p, const uint32_t *count)
 {
 	uint32_t i, id;
 	int err;
@@ -275,33 +239,33 @@ static int decode_records(kvp_layout *l, const uint8_t *p,
 	for (i = 0; i < count[0]; i++, p += GROUP_LEN) {
 		struct kvp_group_desc g = { 0 };
 
-		g.kind = get32(p);
-		g.block_tokens = get32(p + 4);
+		g.kind = kvp__get32(p);
+		g.block_tokens = kvp__get32(p + 4);
 		err = kvp_layout_add_group(l, &g, &id);
 		if (err)
 			return wire_err(err);
 	}
 	for (i = 0; i < count[1]; i++, p += REGION_LEN) {
-		uint64_t size = get64(p), addr = get64(p + 8);
+		uint64_t size = kvp__get64(p), addr = kvp__get64(p + 8);
 
-		if (get32(p + 20) || !region_key_ok(size, addr))
+		if (kvp__get32(p + 20) || !region_key_ok(size, addr))
 			return -EPROTO;
 		err = kvp_layout_add_region(l, size, &id);
 		if (!err)
 			err = kvp_layout_set_region_key(l, id, addr,
-							get32(p + 16));
+							kvp__get32(p + 16));
 		if (err)
 			return wire_err(err);
 	}
 	for (i = 0; i < count[2]; i++, p += VIEW_LEN) {
 		struct kvp_view_desc v = { 0 };
 
-		v.group = get32(p);
-		v.region = get32(p + 4);
-		v.layer = get32(p + 8);
-		v.num_blocks = get32(p + 12);
-		v.offset = get64(p + 16);
-		v.stride = get64(p + 24);
+		v.group = kvp__get32(p);
+		v.region = kvp__get32(p + 4);
+		v.layer = kvp__get32(p + 8);
+		v.num_blocks = kvp__get32(p + 12);
+		v.offset = kvp__get64(p + 16);
+		v.stride = kvp__get64(p + 24);
 		err = kvp_layout_add_view(l, &v, &id);
 		if (err)
 			return wire_err(err);
@@ -335,30 +299,30 @@ int kvp_meta_decode(const void *buf, size_t len, kvp_layout **out)
 	if (len < KVP_META_MIN_LEN)
 		return -EMSGSIZE;
 	if (memcmp(p, meta_magic, sizeof(meta_magic)) ||
-	    get16(p + 4) != KVP_META_VERSION || get16(p + 6) != HDR_LEN)
+	    kvp__get16(p + 4) != KVP_META_VERSION || kvp__get16(p + 6) != HDR_LEN)
 		return -EPROTO;
-	total = get32(p + 8);
-	if (total < HDR_LEN || get32(p + 12))
+	total = kvp__get32(p + 8);
+	if (total < HDR_LEN || kvp__get32(p + 12))
 		return -EPROTO;
 	if (total > len)
 		return -EMSGSIZE;
 	if (total < len)
 		return -EPROTO;
 	for (i = 0; i < 4; i++)
-		count[i] = get32(p + 40 + 4 * i);
+		count[i] = kvp__get32(p + 40 + 4 * i);
 	/* A field needs a view, a view a group and a region. */
 	if (!count[3] ||
 	    blob_len(count[0], count[1], count[2], count[3]) != total)
 		return -EPROTO;
 
-	hash = get64(p + 16);
-	attr.engine_id = get64(p + 24);
-	attr.tp_size = get32(p + 32);
-	attr.tp_rank = get32(p + 36);
+	hash = kvp__get64(p + 16);
+	attr.engine_id = kvp__get64(p + 24);
+	attr.tp_size = kvp__get32(p + 32);
+	attr.tp_rank = kvp__get32(p + 36);
 	err = kvp_layout_create(&attr, &l);
 	if (err)
 		return wire_err(err);
-	err = decode_records(l, p + HDR_LEN, count);
+	err = kvp__meta_records(l, p + HDR_LEN, count);
 	if (!err && kvp_layout_compat_hash(l) != hash)
 		err = -EPROTO;
 	if (err) {

@@ -25,6 +25,7 @@
 
 #include "rdma/harness.h"
 #include "../verbs/hmac.c"
+#include "../plan/le.h"
 
 #define H_BLOCKS 64
 #define H_NREQ 24	      /* request i reads remote blocks 2i, 2i+1 */
@@ -375,26 +376,6 @@ out:
 #define W_REFUSE_MAGIC 0x4b565052u
 #define W_NOTE_MAGIC 0x4b56504eu
 
-static void put32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-	p[2] = (uint8_t)(v >> 16);
-	p[3] = (uint8_t)(v >> 24);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-	       (uint32_t)p[3] << 24;
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-	put32(p, (uint32_t)v);
-	put32(p + 4, (uint32_t)(v >> 32));
-}
-
 struct raw {
 	struct rdma_event_channel *ch;
 	struct rdma_cm_id *id;
@@ -496,14 +477,14 @@ static int raw_connect_as(struct raw *r, const char *src, const char *dst,
 	qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
 	if (rdma_create_qp(r->id, r->pd, &qa))
 		return -ENOMEM;
-	put32(r->hello_c, W_HELLO_MAGIC);
+	kvp__put32(r->hello_c, W_HELLO_MAGIC);
 	r->hello_c[4] = 2; /* version */
 	r->hello_c[6] = KVP_ROLE_CONSUMER;
-	put32(r->hello_c + 8, tp);
-	put32(r->hello_c + 12, rank);
-	put32(r->hello_c + 16, blob_len);
-	put32(r->hello_c + 20, flags);
-	put64(r->hello_c + 24, engine);
+	kvp__put32(r->hello_c + 8, tp);
+	kvp__put32(r->hello_c + 12, rank);
+	kvp__put32(r->hello_c + 16, blob_len);
+	kvp__put32(r->hello_c + 20, flags);
+	kvp__put64(r->hello_c + 24, engine);
 	for (i = 0; i < 16; i++)
 		r->hello_c[32 + i] = (uint8_t)(rand() >> 7);
 	memset(&cp, 0, sizeof(cp));
@@ -516,8 +497,8 @@ static int raw_connect_as(struct raw *r, const char *src, const char *dst,
 		return -ECONNABORTED;
 	err = raw_event(r, RDMA_CM_EVENT_ESTABLISHED, 10000, pd, &plen);
 	if (err == -(1000 + RDMA_CM_EVENT_REJECTED)) {
-		if (plen >= 8 && get32(pd) == W_REFUSE_MAGIC)
-			return (int32_t)get32(pd + 4);
+		if (plen >= 8 && kvp__get32(pd) == W_REFUSE_MAGIC)
+			return (int32_t)kvp__get32(pd + 4);
 		return -ECONNREFUSED;
 	}
 	if (err)
@@ -597,8 +578,8 @@ static int raw_auth(struct raw *r, const uint8_t *key)
 
 	if (raw_post_recv(r, RAW_RX, 64))
 		return -EIO;
-	put32(tx, W_AUTH_MAGIC);
-	put32(tx + 4, 0);
+	kvp__put32(tx, W_AUTH_MAGIC);
+	kvp__put32(tx + 4, 0);
 	memset(tx + 8, 0, 32);
 	if (key)
 		kvp__hmac_sha256(key, 32, m, l, 4, tx + 8);
@@ -607,9 +588,9 @@ static int raw_auth(struct raw *r, const uint8_t *key)
 	n = raw_wait(r, 1, 5000);
 	if (n < 0)
 		return n;
-	if (n == 8 && get32(rx) == W_REFUSE_MAGIC)
-		return (int32_t)get32(rx + 4);
-	return n == 8 && get32(rx) == W_GO_MAGIC ? 0 : -EPROTO;
+	if (n == 8 && kvp__get32(rx) == W_REFUSE_MAGIC)
+		return (int32_t)kvp__get32(rx + 4);
+	return n == 8 && kvp__get32(rx) == W_GO_MAGIC ? 0 : -EPROTO;
 }
 
 /* Sends blob[0..len) after GO and returns the producer's answer: 0 for its
@@ -627,8 +608,8 @@ static int raw_blob(struct raw *r, const void *blob, uint32_t len)
 	n = raw_wait(r, 1, 10000);
 	if (n < 0)
 		return n;
-	if (n == 8 && get32(rx) == W_REFUSE_MAGIC)
-		return (int32_t)get32(rx + 4);
+	if (n == 8 && kvp__get32(rx) == W_REFUSE_MAGIC)
+		return (int32_t)kvp__get32(rx + 4);
 	return 0;
 }
 
@@ -671,11 +652,11 @@ static int raw_notes(struct raw *r, uint64_t engine, uint32_t rank,
 		for (k = 0; k < batch; k++) {
 			uint8_t *m = r->buf + RAW_TX + 64 * (k + 1);
 
-			put32(m, W_NOTE_MAGIC);
-			put32(m + 4, rank);
-			put64(m + 8, req[i + k]);
-			put64(m + 16, engine);
-			put64(m + 24, 0);
+			kvp__put32(m, W_NOTE_MAGIC);
+			kvp__put32(m + 4, rank);
+			kvp__put64(m + 8, req[i + k]);
+			kvp__put64(m + 16, engine);
+			kvp__put64(m + 24, 0);
 			if (raw_send(r, RAW_TX + 64 * (k + 1), 32))
 				return -EIO;
 		}

@@ -14,6 +14,7 @@
 #include <rdma/rdma_cma.h>
 
 #include "kvpull.h"
+#include "../plan/le.h"
 
 #define kvp_likely(x) __builtin_expect(!!(x), 1)
 #define kvp_unlikely(x) __builtin_expect(!!(x), 0)
@@ -207,31 +208,6 @@ KVP_HIDDEN void kvp__auth_mac(const kvp_agent *a, char label,
 #define KVP_PEER_BLOB_FLOOR (64u << 10)
 /* A request's rank bitmap: one bit per consumer rank a peer may declare. */
 #define KVP_BM_WORDS (KVP_MAX_TP_SIZE / 64)
-
-static inline void kvp__put32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-	p[2] = (uint8_t)(v >> 16);
-	p[3] = (uint8_t)(v >> 24);
-}
-
-static inline void kvp__put64(uint8_t *p, uint64_t v)
-{
-	kvp__put32(p, (uint32_t)v);
-	kvp__put32(p + 4, (uint32_t)(v >> 32));
-}
-
-static inline uint32_t kvp__get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-	       (uint32_t)p[3] << 24;
-}
-
-static inline uint64_t kvp__get64(const uint8_t *p)
-{
-	return kvp__get32(p) | (uint64_t)kvp__get32(p + 4) << 32;
-}
 
 static inline uint32_t kvp__pow2_at_least(uint32_t v)
 {

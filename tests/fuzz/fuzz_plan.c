@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "internal.h" /* struct kvp_layout: the reference count's ranks */
+#include "le.h"
 #include "kvpull.h"
 
 #define HDR 16u
@@ -49,95 +50,24 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static uint32_t get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-	       (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-	return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-	p[2] = (uint8_t)(v >> 16);
-	p[3] = (uint8_t)(v >> 24);
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-	put32(p, (uint32_t)v);
-	put32(p + 4, (uint32_t)(v >> 32));
-}
-
 /* The layout of a blob's header and records (format in plan/wire.c),
  * rebuilt with the public builders, ignoring the hash: NULL if any record
  * is refused. */
 static kvp_layout *rebuild(const uint8_t *b, const uint32_t *count)
 {
 	struct kvp_layout_attr a = { 0 };
-	const uint8_t *p = b + META_HDR;
 	kvp_layout *l;
-	uint32_t i, d;
 
-	a.engine_id = get64(b + 24);
-	a.tp_size = get32(b + 32);
-	a.tp_rank = get32(b + 36);
+	a.engine_id = kvp__get64(b + 24);
+	a.tp_size = kvp__get32(b + 32);
+	a.tp_rank = kvp__get32(b + 36);
 	if (kvp_layout_create(&a, &l))
 		return NULL;
-	for (i = 0; i < count[0]; i++, p += 8) {
-		struct kvp_group_desc g = { get32(p), get32(p + 4), 0 };
-
-		if (kvp_layout_add_group(l, &g, NULL))
-			goto err;
-	}
-	for (i = 0; i < count[1]; i++, p += 24) {
-		uint32_t id;
-
-		if (kvp_layout_add_region(l, get64(p), &id) ||
-		    kvp_layout_set_region_key(l, id, get64(p + 8),
-					      get32(p + 16)))
-			goto err;
-	}
-	for (i = 0; i < count[2]; i++, p += 32) {
-		struct kvp_view_desc v = { 0 };
-
-		v.group = get32(p);
-		v.region = get32(p + 4);
-		v.layer = get32(p + 8);
-		v.num_blocks = get32(p + 12);
-		v.offset = get64(p + 16);
-		v.stride = get64(p + 24);
-		if (kvp_layout_add_view(l, &v, NULL))
-			goto err;
-	}
-	for (i = 0; i < count[3]; i++, p += FIELD_LEN) {
-		struct kvp_field_desc f = { 0 };
-
-		f.kind = get32(p + 4);
-		f.elem_size = get32(p + 8);
-		f.ndim = get32(p + 12);
-		f.offset = get64(p + 16);
-		f.shard_dim = get32(p + 24);
-		f.shard_total = get32(p + 28);
-		for (d = 0; d < f.ndim && d < KVP_MAX_DIMS; d++) {
-			const uint8_t *q = p + 32 + 16 * d;
-
-			f.dim[d].stride = get64(q);
-			f.dim[d].size = get32(q + 8);
-			f.dim[d].axis = get32(q + 12);
-		}
-		if (kvp_layout_add_field(l, get32(p), &f))
-			goto err;
+	if (kvp__meta_records(l, b + META_HDR, count)) {
+		kvp_layout_destroy(l);
+		return NULL;
 	}
 	return l;
-err:
-	kvp_layout_destroy(l);
-	return NULL;
 }
 
 /* Copies blob in[n] into a new buffer with the header fixed up (see the
@@ -161,21 +91,21 @@ static uint8_t *fix_blob(const uint8_t *in, size_t n, size_t *len)
 	b[5] = 0;
 	b[6] = META_HDR;
 	b[7] = 0;
-	put32(b + 12, 0);
+	kvp__put32(b + 12, 0);
 	avail = n - META_HDR;
 	for (i = 0; i < 4; i++) {
-		count[i] = get32(b + 40 + 4 * i);
+		count[i] = kvp__get32(b + 40 + 4 * i);
 		if (count[i] > avail / rec[i])
 			count[i] = (uint32_t)(avail / rec[i]);
 		avail -= (uint64_t)count[i] * rec[i];
 		total += (uint64_t)count[i] * rec[i];
-		put32(b + 40 + 4 * i, count[i]);
+		kvp__put32(b + 40 + 4 * i, count[i]);
 	}
-	put32(b + 8, (uint32_t)total);
+	kvp__put32(b + 8, (uint32_t)total);
 	*len = total;
 	l = rebuild(b, count);
 	if (l) {
-		put64(b + 16, kvp_layout_compat_hash(l));
+		kvp__put64(b + 16, kvp_layout_compat_hash(l));
 		kvp_layout_destroy(l);
 	}
 	return b;
@@ -391,9 +321,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (size < HDR)
 		return 0;
-	n1 = get32(data);
+	n1 = kvp__get32(data);
 	n1 = n1 < rest ? n1 : rest;
-	n2 = get32(data + 4);
+	n2 = kvp__get32(data + 4);
 	n2 = n2 < rest - n1 ? n2 : rest - n1;
 	local = decode(data + HDR, n1);
 	remote = decode(data + HDR + n1, n2);
