@@ -914,7 +914,8 @@ KVP_API KVP_MUST_CHECK int kvp_agent_poll(kvp_agent *agent,
 
 /* File descriptors to sleep on (epoll/poll for reading): the completion
  * channel's, then the rdma_cm event channel's. Writes up to `max` of them
- * and returns how many there are (2). Owned by the agent: do not read or
+ * and returns how many there are (2), or -EINVAL (agent NULL, max < 0, fds
+ * NULL with max > 0). Owned by the agent: do not read or
  * close them. Both are non-blocking. To sleep:
  *   1. kvp_agent_arm(); if it returns > 0, poll instead of sleeping;
  *   2. wait for either fd to be readable, up to *wake_ns;
