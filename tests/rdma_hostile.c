@@ -898,9 +898,19 @@ static int raw_evil(const struct rt_env *env, void *arg)
 	return 0;
 }
 
+/* The producer's counters before and after a hostile child doing `what`
+ * against P1. */
+static int evil_round(const struct rt_env *env, struct ctx *x, int what,
+		      struct h_reply *st0, struct h_reply *st1)
+{
+	struct evil e = { .port = x->p1.port, .what = what };
+
+	return case_stats(&x->p1, st0) || run_child(raw_evil, env, &e, 120) ||
+	       case_stats(&x->p1, st1);
+}
+
 static int case_replay(const struct rt_env *env, struct ctx *x)
 {
-	struct evil e = { .port = x->p1.port, .what = R_EXPIRED };
 	const char *who = "replay";
 	struct h_reply rep, st0, st1;
 	int err;
@@ -909,9 +919,7 @@ static int case_replay(const struct rt_env *env, struct ctx *x)
 	CHECK(!prod_cmd(&x->p1, C_EXPECT, H_EVIL, 500, 200, &rep), "expect");
 	CHECK(prod_cmd(&x->p1, C_WAIT, H_EVIL, 500, 5000, &rep) ==
 		      KVP_EV_EXPIRED, "500 not expired");
-	CHECK(!case_stats(&x->p1, &st0), "stats");
-	CHECK(!run_child(raw_evil, env, &e, 60), "hostile child");
-	CHECK(!case_stats(&x->p1, &st1), "stats");
+	CHECK(!evil_round(env, x, R_EXPIRED, &st0, &st1), "hostile child");
 	CHECK(st1.st.notes_dropped == st0.st.notes_dropped + 1,
 	      "late note not dropped (%llu -> %llu)",
 	      (unsigned long long)st0.st.notes_dropped,
@@ -923,12 +931,9 @@ static int case_replay(const struct rt_env *env, struct ctx *x)
 	/* A replay after RELEASED: (EVIL, 501) released by its note, then
 	 * the same note again is dropped. */
 	CHECK(!prod_cmd(&x->p1, C_EXPECT, H_EVIL, 501, 60000, &rep), "expect");
-	CHECK(!case_stats(&x->p1, &st0), "stats");
-	e.what = R_RELEASED;
-	CHECK(!run_child(raw_evil, env, &e, 60), "hostile child");
+	CHECK(!evil_round(env, x, R_RELEASED, &st0, &st1), "hostile child");
 	CHECK(prod_cmd(&x->p1, C_WAIT, H_EVIL, 501, 5000, &rep) ==
 		      KVP_EV_RELEASED, "501 not released by its note");
-	CHECK(!case_stats(&x->p1, &st1), "stats");
 	CHECK(st1.st.notes_dropped == st0.st.notes_dropped + 1,
 	      "replayed note not dropped");
 	err = prod_cmd(&x->p1, C_EXPECT, H_EVIL, 501, 60000, &rep);
@@ -936,10 +941,7 @@ static int case_replay(const struct rt_env *env, struct ctx *x)
 	      kvp_strerror(err));
 	/* A duplicate from rank 100 of 128 is not counted twice. */
 	CHECK(!prod_cmd(&x->p1, C_EXPECT, H_WIDE, 502, 60000, &rep), "expect");
-	CHECK(!case_stats(&x->p1, &st0), "stats");
-	e.what = R_DUP;
-	CHECK(!run_child(raw_evil, env, &e, 60), "hostile child");
-	CHECK(!case_stats(&x->p1, &st1), "stats");
+	CHECK(!evil_round(env, x, R_DUP, &st0, &st1), "hostile child");
 	CHECK(st1.st.notes_recv == st0.st.notes_recv + 1 &&
 		      st1.st.notes_dropped == st0.st.notes_dropped + 1,
 	      "rank 100's duplicate counted (%llu received, %llu dropped)",
@@ -953,7 +955,6 @@ static int case_replay(const struct rt_env *env, struct ctx *x)
 
 static int case_cross(const struct rt_env *env, struct ctx *x)
 {
-	struct evil e = { .port = x->p1.port, .what = R_CROSS };
 	struct good g = { .engine = H_CONS, .addr = env->addr0,
 			  .port = x->p1.port, .first = 23, .n = 1 };
 	const char *who = "cross-engine";
@@ -961,12 +962,10 @@ static int case_cross(const struct rt_env *env, struct ctx *x)
 
 	CHECK(!prod_cmd(&x->p1, C_EXPECT, H_CONS, H_REQ0 + 23, 60000, &rep),
 	      "expect");
-	CHECK(!case_stats(&x->p1, &st0), "stats");
-	CHECK(!run_child(raw_evil, env, &e, 60), "hostile child");
+	CHECK(!evil_round(env, x, R_CROSS, &st0, &st1), "hostile child");
 	CHECK(prod_cmd(&x->p1, C_WAIT, H_CONS, H_REQ0 + 23, 500, &rep) ==
 		      -ETIMEDOUT, "the good engine's request was released by "
 				  "the hostile engine's notification");
-	CHECK(!case_stats(&x->p1, &st1), "stats");
 	/* One counted for (EVIL, id) as an early note, one foreign. */
 	CHECK(st1.st.notes_dropped == st0.st.notes_dropped + 1,
 	      "foreign note not dropped");
@@ -978,15 +977,12 @@ static int case_cross(const struct rt_env *env, struct ctx *x)
 
 static int case_flood(const struct rt_env *env, struct ctx *x)
 {
-	struct evil e = { .port = x->p1.port, .what = R_FLOOD };
 	const char *who = "flood";
 	struct h_reply st0, st1;
 	uint64_t kept, dropped, cap;
 	double t0 = rt_now(), secs;
 
-	CHECK(!case_stats(&x->p1, &st0), "stats");
-	CHECK(!run_child(raw_evil, env, &e, 120), "hostile child");
-	CHECK(!case_stats(&x->p1, &st1), "stats");
+	CHECK(!evil_round(env, x, R_FLOOD, &st0, &st1), "hostile child");
 	secs = rt_now() - t0;
 	kept = st1.st.notes_recv - st0.st.notes_recv;
 	dropped = st1.st.notes_dropped - st0.st.notes_dropped;
