@@ -143,6 +143,9 @@ if [[ ${KVP_SKIP_RDMA:-0} != 1 ]] && grep -q '^check-rdma:' Makefile; then
 	if [[ ${KVP_SKIP_SANITIZE:-0} != 1 ]]; then
 		stage --long "a VM boot, about 2 min" "RDMA loopback tests under ASan+UBSan" \
 			"${mk[@]}" SANITIZE=1 check-rdma
+		# clang's UBSan sees what gcc's misses (the hostile peers too)
+		stage --long "a VM boot, about 2 min" "RDMA tests under clang ASan+UBSan" \
+			"${mk[@]}" CC=clang CXX=clang++ SANITIZE=1 check-rdma
 	fi
 fi
 
