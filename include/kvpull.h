@@ -490,6 +490,74 @@ KVP_API KVP_MUST_CHECK int kvp_plan_emit(const kvp_plan *plan,
 					 struct kvp_sge *sge, uint32_t sge_cap,
 					 uint32_t *src_end);
 
+/* A position in the READs of one source (an index into the plan's source
+ * list, kvp_plan_source()) of one request: lets a transport emit a request
+ * in windows that fit a send queue's free room, with memory bounded by the
+ * queue's depth rather than by the request's size. Plain data: copy freely.
+ * Set it with kvp_plan_emit_start(); a zeroed position is a finished one
+ * (kvp_plan_emit_done() is 1). 20 bytes. */
+struct kvp_emit_pos {
+	uint32_t stream; /* next stream (kvp_plan_get_stream() index) */
+	uint32_t end;	 /* one past the source's last stream */
+	uint32_t period; /* next period of that stream, counted from the
+			  * first one the request walks in it */
+	uint32_t piece;	 /* next piece within the period */
+	uint32_t src;	 /* the source index, as in kvp_wr.src */
+};
+
+/* Checks a request's ids exactly as kvp_plan_emit() does, without writing
+ * anything: 0, -EINVAL (NULL plan or ids, and kvp_plan_emit()'s -EINVAL
+ * cases), -ERANGE (a block id out of range). O(ids), allocation-free and
+ * thread-safe. */
+KVP_API KVP_MUST_CHECK int kvp_plan_emit_check(const kvp_plan *plan,
+					       const struct kvp_ids *ids);
+
+/* Sets *pos at the first READ of source index `src` (0 to
+ * kvp_plan_info.nsrc - 1: a producer rank only notified, listed by
+ * kvp_plan_notify() and not by kvp_plan_source(), has no source index and
+ * nothing to read) for the request `ids`, which must have passed
+ * kvp_plan_emit_check(). A source the request reads nothing from (a full
+ * prefix hit) is done at once. Returns 0, or -EINVAL (src out of range,
+ * NULLs, ids that kvp_plan_emit_check() refuses for their lengths) with
+ * *pos untouched. O(log streams + streams of the source), reads no id,
+ * allocation-free and thread-safe. */
+KVP_API KVP_MUST_CHECK int kvp_plan_emit_start(const kvp_plan *plan,
+					       const struct kvp_ids *ids,
+					       uint32_t src,
+					       struct kvp_emit_pos *pos);
+
+/* Writes up to wr_cap READs, using at most sge_cap SGEs, of pos's source
+ * for the request `ids` (the same ids that kvp_plan_emit_start() saw),
+ * continuing where pos stands, and advances pos past them. WRs and SGEs are
+ * laid out as kvp_plan_emit()'s (sge_first counts from this call's sge;
+ * src is the source index) and coalesced the same way within the window,
+ * across consecutive streams of the source too; the window's last READ is
+ * closed there, never continued by the next call. Every byte of the
+ * source's READs is written by exactly one window. With caps at least
+ * kvp_plan_emit()'s for the source, one window writes exactly the WRs and
+ * SGEs kvp_plan_emit() writes for it.
+ * Returns the number of WRs written, and in *bytes (if not NULL) the bytes
+ * they read. Returns 0 with pos untouched when wr_cap or sge_cap is 0;
+ * otherwise 0 only when the source is finished (kvp_plan_emit_done()).
+ * -EINVAL (nothing written, pos untouched) for NULLs, a pos whose end is
+ * past the plan's streams, or ids whose lengths no longer fit the plan.
+ * Ids are not checked against the block bounds again: ids that did not
+ * pass kvp_plan_emit_check() are undefined behaviour. Allocation-free;
+ * thread-safe on distinct positions. */
+KVP_API KVP_MUST_CHECK int kvp_plan_emit_window(const kvp_plan *plan,
+						const struct kvp_ids *ids,
+						struct kvp_emit_pos *pos,
+						struct kvp_wr *wr,
+						uint32_t wr_cap,
+						struct kvp_sge *sge,
+						uint32_t sge_cap,
+						uint64_t *bytes);
+
+/* 1 when every READ of pos's source has been written, else 0. pos must not
+ * be NULL. */
+KVP_API KVP_MUST_CHECK int
+kvp_plan_emit_done(const struct kvp_emit_pos *pos);
+
 /* Plan inspection (for tools and the transport). */
 struct kvp_plan_info {
 	uint32_t ngroups;

@@ -10,7 +10,7 @@
 
 #include "internal.h"
 
-#define MAX_GROUPS 64
+#define MAX_GROUPS 64 /* compile.c's limit; struct needs holds one bit each */
 #define MAX_WR_LEN (1u << 31) /* IB's largest message */
 
 /* What a request needs of one group, in the group's block numbering. */
@@ -30,38 +30,50 @@ static int check_ids(const uint32_t *ids, uint32_t n, uint32_t bound)
 	return bad ? -ERANGE : 0;
 }
 
+/* The need of one group: O(1), no id read. -EINVAL for lists that do not
+ * fit the group (NULL with a length, unequal STATE lists, more local blocks
+ * than the sequence spans, tokens past the remote blocks). */
+static int group_need(const struct kvp_pgroup *pg, const struct kvp_ids *id,
+		      struct need *n)
+{
+	uint64_t tokens, nl;
+
+	if ((id->nlocal && !id->local) || (id->nremote && !id->remote))
+		return -EINVAL;
+	if (pg->kind == KVP_GROUP_STATE) {
+		if (id->nlocal != id->nremote)
+			return -EINVAL;
+		n->skip = 0;
+		n->lend = n->rend = id->nlocal;
+	} else {
+		tokens = id->tokens ? id->tokens :
+				      (uint64_t)id->nremote * pg->rtok;
+		if (tokens > (uint64_t)id->nremote * pg->rtok)
+			return -EINVAL;
+		nl = (tokens + pg->ltok - 1) / pg->ltok;
+		if (id->nlocal > nl)
+			return -EINVAL;
+		n->skip = (uint32_t)(nl - id->nlocal);
+		n->lend = (uint32_t)nl;
+		n->rend = (uint32_t)((tokens + pg->rtok - 1) / pg->rtok);
+	}
+	n->k0 = n->skip / pg->lper;
+	n->k1 = id->nlocal ? (n->lend + pg->lper - 1) / pg->lper : n->k0;
+	return 0;
+}
+
+/* Every group's need, then every id against its bound: all -EINVAL cases
+ * before any -ERANGE one. */
 static int prepare(const kvp_plan *p, const struct kvp_ids *ids,
 		   struct need *nd)
 {
 	uint32_t g;
+	int err;
 
 	for (g = 0; g < p->ngroups; g++) {
-		const struct kvp_pgroup *pg = &p->groups[g];
-		const struct kvp_ids *id = &ids[g];
-		struct need *n = &nd[g];
-		uint64_t tokens, nl;
-
-		if ((id->nlocal && !id->local) || (id->nremote && !id->remote))
-			return -EINVAL;
-		if (pg->kind == KVP_GROUP_STATE) {
-			if (id->nlocal != id->nremote)
-				return -EINVAL;
-			n->skip = 0;
-			n->lend = n->rend = id->nlocal;
-		} else {
-			tokens = id->tokens ? id->tokens :
-					      (uint64_t)id->nremote * pg->rtok;
-			if (tokens > (uint64_t)id->nremote * pg->rtok)
-				return -EINVAL;
-			nl = (tokens + pg->ltok - 1) / pg->ltok;
-			if (id->nlocal > nl)
-				return -EINVAL;
-			n->skip = (uint32_t)(nl - id->nlocal);
-			n->lend = (uint32_t)nl;
-			n->rend = (uint32_t)((tokens + pg->rtok - 1) / pg->rtok);
-		}
-		n->k0 = n->skip / pg->lper;
-		n->k1 = id->nlocal ? (n->lend + pg->lper - 1) / pg->lper : n->k0;
+		err = group_need(&p->groups[g], &ids[g], &nd[g]);
+		if (err)
+			return err;
 	}
 	for (g = 0; g < p->ngroups; g++) {
 		const struct kvp_pgroup *pg = &p->groups[g];
@@ -97,6 +109,7 @@ struct cursor {
 	struct kvp_wr *wr, *w;
 	struct kvp_sge *sge, *s;
 	uint32_t nwr, nsge, max_sge;
+	uint32_t wr_cap, sge_cap; /* a window's room (bounded emission only) */
 	uint64_t rend, lend; /* next contiguous remote and local offsets */
 	uint32_t rreg, lreg, src, group;
 	int open;
@@ -113,6 +126,12 @@ struct live {
 	struct kvp_sge *s;
 	uint64_t rend, lend; /* next contiguous offsets; UINT64_MAX: none */
 	uint32_t nwr, nsge, wn, wlen, slen;
+};
+
+/* Where bounded emission stopped: the first piece not written, as the
+ * period of the stream (absolute, k) and the piece within it. */
+struct at {
+	uint32_t k, q;
 };
 
 /* Takes over the cursor's open WR if it reads the same remote region (and
@@ -154,12 +173,18 @@ static inline void live_end(struct cursor *c, const struct live *v,
 	c->nsge = v->nsge;
 }
 
-/* Appends `len` bytes read at remote `ro` into local `lo`: extends the last
- * SGE, adds one to the open WR, or opens a WR. Room for one more WR and SGE
- * per piece was checked before emission started. */
-static inline __attribute__((always_inline)) void
+/*
+ * Appends `len` bytes read at remote `ro` into local `lo`: extends the last
+ * SGE, adds one to the open WR, or opens a WR. Unbounded (kvp_plan_emit),
+ * room for one more WR and SGE per piece was checked before emission
+ * started, and this returns 0. Bounded (a window), it returns 1 without
+ * writing anything when the piece needs a WR or an SGE past the cursor's
+ * caps; the tests sit on the paths that take an SGE, never on the extending
+ * one. `bounded` is a constant: each caller gets its own copy.
+ */
+static inline __attribute__((always_inline)) int
 live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
-	 uint32_t len, uint32_t rreg, uint32_t lreg)
+	 uint32_t len, uint32_t rreg, uint32_t lreg, const int bounded)
 {
 	if (ro == v->rend && v->wlen + (uint64_t)len <= MAX_WR_LEN) {
 		if (lo == v->lend) {
@@ -167,9 +192,11 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 			v->wlen += len;
 			v->rend += len;
 			v->lend += len;
-			return;
+			return 0;
 		}
 		if (v->wn < c->max_sge) {
+			if (bounded && v->nsge == c->sge_cap)
+				return 1;
 			v->s->len = v->slen;
 			v->s = &c->sge[v->nsge++];
 			v->s->offset = lo;
@@ -179,9 +206,11 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 			v->wlen += len;
 			v->rend += len;
 			v->lend = lo + len;
-			return;
+			return 0;
 		}
 	}
+	if (bounded && (v->nwr == c->wr_cap || v->nsge == c->sge_cap))
+		return 1;
 	if (v->rend != UINT64_MAX) { /* close the open WR */
 		v->w->len = v->wlen;
 		v->w->nsge = v->wn;
@@ -200,96 +229,139 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 	v->wlen = v->slen = len;
 	v->rend = ro + len;
 	v->lend = lo + len;
+	return 0;
 }
 
 /*
  * The common case, periods of one block on each side: block k pairs with
  * block k, no per-piece filter. A stream of one piece per block (whole
- * pages, or one head range) gets its own loop.
+ * pages, or one head range) gets its own loop. Walks periods k0 .. k1 - 1,
+ * the first from piece q0; local block k - base pairs with remote block k.
+ * Returns 0, or 1 when a bounded cursor is full, with the piece not
+ * written in *at.
  */
-static void emit_simple(struct live *v, const struct cursor *c,
-			const struct kvp_pview *lv, const struct kvp_pview *rv,
-			const struct kvp_piece *pc, const struct kvp_piece *pe,
-			const uint32_t *lids, const uint32_t *rids, uint32_t k0,
-			uint32_t k1)
+static inline __attribute__((always_inline)) int
+emit_simple(struct live *v, const struct cursor *c, const struct kvp_pview *lv,
+	    const struct kvp_pview *rv, const struct kvp_piece *pc,
+	    const struct kvp_piece *pe, const uint32_t *lids,
+	    const uint32_t *rids, uint32_t base, uint32_t k0, uint32_t q0,
+	    uint32_t k1, struct at *at, const int bounded)
 {
 	const uint32_t rreg = rv->region, lreg = lv->region;
 	const uint64_t rs = rv->stride, ls = lv->stride;
 	const struct kvp_piece *q;
 	uint32_t k;
 
-	/* Local block k - k0 pairs with remote block k. Index rather than
-	 * move lids back by k0: a pointer before the array is undefined. */
+	/* Index rather than move lids back by base: a pointer before the
+	 * array is undefined. */
 	if (pe - pc == 1) {
 		const uint64_t ro0 = rv->offset + pc->roff;
 		const uint64_t lo0 = lv->offset + pc->loff;
 		const uint32_t len = pc->len;
 
-		for (k = k0; k < k1; k++)
-			live_put(v, c, ro0 + (uint64_t)rids[k] * rs,
-				 lo0 + (uint64_t)lids[k - k0] * ls, len, rreg,
-				 lreg);
-		return;
+		for (k = k0; k < k1; k++) {
+			if (live_put(v, c, ro0 + (uint64_t)rids[k] * rs,
+				     lo0 + (uint64_t)lids[k - base] * ls, len,
+				     rreg, lreg, bounded)) {
+				at->k = k;
+				at->q = 0;
+				return 1;
+			}
+		}
+		return 0;
 	}
-	for (k = k0; k < k1; k++) {
+	for (k = k0, q = pc + q0; k < k1; k++, q = pc) {
 		uint64_t rb = rv->offset + (uint64_t)rids[k] * rs;
-		uint64_t lb = lv->offset + (uint64_t)lids[k - k0] * ls;
+		uint64_t lb = lv->offset + (uint64_t)lids[k - base] * ls;
 
-		for (q = pc; q < pe; q++)
-			live_put(v, c, rb + q->roff, lb + q->loff, q->len,
-				 rreg, lreg);
+		for (; q < pe; q++) {
+			if (live_put(v, c, rb + q->roff, lb + q->loff, q->len,
+				     rreg, lreg, bounded)) {
+				at->k = k;
+				at->q = (uint32_t)(q - pc);
+				return 1;
+			}
+		}
 	}
+	return 0;
 }
 
 /* Periods of several blocks on a side (block sizes that differ): each piece
  * names its blocks within the period, and pieces of blocks outside the
- * request (a prefix hit, the tail) are skipped. */
-static void emit_periods(struct live *v, const struct cursor *c,
-			 const struct kvp_pgroup *pg, const struct kvp_pview *lv,
-			 const struct kvp_pview *rv, const struct kvp_piece *pc,
-			 const struct kvp_piece *pe, const struct need *n,
-			 const uint32_t *lids, const uint32_t *rids)
+ * request (a prefix hit, the tail) are skipped. Walks periods k0 ..
+ * n->k1 - 1, the first from piece q0; returns as emit_simple(). */
+static inline __attribute__((always_inline)) int
+emit_periods(struct live *v, const struct cursor *c,
+	     const struct kvp_pgroup *pg, const struct kvp_pview *lv,
+	     const struct kvp_pview *rv, const struct kvp_piece *pc,
+	     const struct kvp_piece *pe, const struct need *n,
+	     const uint32_t *lids, const uint32_t *rids, uint32_t k0,
+	     uint32_t q0, struct at *at, const int bounded)
 {
 	const uint32_t rreg = rv->region, lreg = lv->region;
 	const struct kvp_piece *q;
 	uint32_t k;
 
-	for (k = n->k0; k < n->k1; k++) {
+	for (k = k0, q = pc + q0; k < n->k1; k++, q = pc) {
 		uint32_t lb0 = k * pg->lper, rb0 = k * pg->rper;
 
-		for (q = pc; q < pe; q++) {
+		for (; q < pe; q++) {
 			uint32_t L = lb0 + q->lbi, R = rb0 + q->rbi;
 
 			if (L < n->skip || L >= n->lend || R >= n->rend)
 				continue;
-			live_put(v, c,
-				 rv->offset + (uint64_t)rids[R] * rv->stride +
-					 q->roff,
-				 lv->offset +
-					 (uint64_t)lids[L - n->skip] * lv->stride +
-					 q->loff,
-				 q->len, rreg, lreg);
+			if (live_put(v, c,
+				     rv->offset +
+					     (uint64_t)rids[R] * rv->stride +
+					     q->roff,
+				     lv->offset +
+					     (uint64_t)lids[L - n->skip] *
+						     lv->stride +
+					     q->loff,
+				     q->len, rreg, lreg, bounded)) {
+				at->k = k;
+				at->q = (uint32_t)(q - pc);
+				return 1;
+			}
 		}
 	}
+	return 0;
+}
+
+/* Whether a stream's periods are 1:1 (emit_simple), and the first period
+ * and one past the last that a request walks in it. */
+static inline int stream_range(const struct kvp_pgroup *pg,
+			       const struct need *n, uint32_t *k0,
+			       uint32_t *k1)
+{
+	if (kvp_likely(pg->lper == 1 && pg->rper == 1)) {
+		*k0 = n->skip;
+		*k1 = n->lend < n->rend ? n->lend : n->rend;
+		return 1;
+	}
+	*k0 = n->k0;
+	*k1 = n->k1;
+	return 0;
 }
 
 /* Periods of one stream that a request walks. */
 static uint32_t stream_periods(const struct kvp_pgroup *pg,
 			       const struct need *n)
 {
-	uint32_t k1;
+	uint32_t k0, k1;
 
-	if (pg->lper == 1 && pg->rper == 1) {
-		k1 = n->lend < n->rend ? n->lend : n->rend;
-		return k1 > n->skip ? k1 - n->skip : 0;
-	}
-	return n->k1 - n->k0;
+	stream_range(pg, n, &k0, &k1);
+	return k1 > k0 ? k1 - k0 : 0;
 }
 
-/* One stream over the request's periods. */
-static void emit_stream(struct cursor *c, const kvp_plan *p,
-			const struct kvp_pstream *st, const struct need *n,
-			const struct kvp_ids *id)
+/* One stream over the request's periods, from period `period` (counted
+ * from the first one the request walks) and piece `piece` of it. Returns
+ * 0, or 1 when a bounded cursor is full: *at then holds the period
+ * (counted the same way) and piece not written. */
+static inline __attribute__((always_inline)) int
+emit_stream(struct cursor *c, const kvp_plan *p, const struct kvp_pstream *st,
+	    const struct need *n, const struct kvp_ids *id, uint32_t period,
+	    uint32_t piece, struct at *at, const int bounded)
 {
 	const struct kvp_pset *set = &p->sets[st->set];
 	const struct kvp_pgroup *pg = &p->groups[set->group];
@@ -297,24 +369,29 @@ static void emit_stream(struct cursor *c, const kvp_plan *p,
 	const struct kvp_pview *rv = &p->rviews[st->rview];
 	const struct kvp_piece *pc = p->pieces + set->first;
 	const struct kvp_piece *pe = pc + set->count;
+	uint32_t k0, k1;
 	struct live v;
+	int full = 0;
 
 	if (c->src != st->src)
 		c->open = 0;
 	c->src = st->src;
 	c->group = set->group;
 	v = live_begin(c, rv->region, lv->region);
-	if (kvp_likely(pg->lper == 1 && pg->rper == 1)) {
-		uint32_t k1 = n->lend < n->rend ? n->lend : n->rend;
-
-		if (n->skip < k1)
-			emit_simple(&v, c, lv, rv, pc, pe, id->local,
-				    id->remote, n->skip, k1);
-	} else {
-		emit_periods(&v, c, pg, lv, rv, pc, pe, n, id->local,
-			     id->remote);
+	if (stream_range(pg, n, &k0, &k1)) {
+		if (k0 < k1 && period < k1 - k0)
+			full = emit_simple(&v, c, lv, rv, pc, pe, id->local,
+					   id->remote, k0, k0 + period, piece,
+					   k1, at, bounded);
+	} else if (k0 < k1 && period < k1 - k0) {
+		full = emit_periods(&v, c, pg, lv, rv, pc, pe, n, id->local,
+				    id->remote, k0 + period, piece, at,
+				    bounded);
 	}
 	live_end(c, &v, rv->region, lv->region);
+	if (full)
+		at->k -= k0;
+	return full;
 }
 
 int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
@@ -323,6 +400,7 @@ int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
 {
 	struct need need[MAX_GROUPS];
 	struct cursor c;
+	struct at at;
 	uint64_t bound = 0;
 	uint32_t si, g, cur_src = 0;
 	int err;
@@ -356,13 +434,163 @@ int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
 			while (cur_src < st->src)
 				src_end[cur_src++] = c.nwr;
 		}
-		emit_stream(&c, p, st, &need[g], &ids[g]);
+		emit_stream(&c, p, st, &need[g], &ids[g], 0, 0, &at, 0);
 	}
 	if (src_end) {
 		while (cur_src < p->nsrc)
 			src_end[cur_src++] = c.nwr;
 	}
 	return (int)c.nwr;
+}
+
+int kvp_plan_emit_check(const kvp_plan *p, const struct kvp_ids *ids)
+{
+	struct need need[MAX_GROUPS];
+
+	if (!p || !ids)
+		return -EINVAL;
+	return prepare(p, ids, need);
+}
+
+/*
+ * The needs of a window's groups, computed when a stream of the group is
+ * first met (O(1) each, no id read): a source's streams may alternate
+ * between groups (pooled hybrid regions).
+ */
+struct needs {
+	uint64_t have; /* bit g: n[g] is set (MAX_GROUPS is 64) */
+	struct need n[MAX_GROUPS];
+};
+
+static inline int needs_get(struct needs *ns, const kvp_plan *p,
+			    const struct kvp_ids *ids, uint32_t g,
+			    const struct need **out)
+{
+	uint64_t bit = 1ull << g;
+	int err;
+
+	if (kvp_unlikely(!(ns->have & bit))) {
+		err = group_need(&p->groups[g], &ids[g], &ns->n[g]);
+		if (err)
+			return err;
+		ns->have |= bit;
+	}
+	*out = &ns->n[g];
+	return 0;
+}
+
+int kvp_plan_emit_start(const kvp_plan *p, const struct kvp_ids *ids,
+			uint32_t src, struct kvp_emit_pos *pos)
+{
+	struct needs ns;
+	const struct need *n;
+	uint32_t lo, hi, mid, si;
+	int err;
+
+	if (!p || !ids || !pos || src >= p->nsrc)
+		return -EINVAL;
+	/* Streams are sorted by source: the first of src, then of src + 1. */
+	for (lo = 0, hi = p->nstreams; lo < hi;) {
+		mid = lo + (hi - lo) / 2;
+		if (p->streams[mid].src < src)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (hi = p->nstreams, si = lo; si < hi;) {
+		mid = si + (hi - si) / 2;
+		if (p->streams[mid].src <= src)
+			si = mid + 1;
+		else
+			hi = mid;
+	}
+	/* Skip the streams this request walks no period of, so that a source
+	 * with nothing to read is done at once. */
+	ns.have = 0;
+	for (si = lo; si < hi; si++) {
+		uint32_t g = p->sets[p->streams[si].set].group;
+
+		err = needs_get(&ns, p, ids, g, &n);
+		if (err)
+			return err;
+		if (stream_periods(&p->groups[g], n))
+			break;
+	}
+	pos->stream = si;
+	pos->end = hi;
+	pos->period = 0;
+	pos->piece = 0;
+	pos->src = src;
+	return 0;
+}
+
+int kvp_plan_emit_window(const kvp_plan *p, const struct kvp_ids *ids,
+			 struct kvp_emit_pos *pos, struct kvp_wr *wr,
+			 uint32_t wr_cap, struct kvp_sge *sge,
+			 uint32_t sge_cap, uint64_t *bytes)
+{
+	struct needs ns;
+	const struct need *n;
+	struct cursor c;
+	struct at at;
+	uint64_t sum = 0;
+	uint32_t si, i, period, piece;
+	int err;
+
+	if (!p || !ids || !pos || (wr_cap && !wr) || (sge_cap && !sge) ||
+	    pos->end > p->nstreams)
+		return -EINVAL;
+	if (!wr_cap || !sge_cap || pos->stream >= pos->end) {
+		if (bytes)
+			*bytes = 0;
+		return 0;
+	}
+	memset(&c, 0, sizeof(c));
+	c.wr = wr;
+	c.sge = sge;
+	c.max_sge = p->max_sge;
+	c.wr_cap = wr_cap > INT_MAX ? INT_MAX : wr_cap; /* returned as int */
+	c.sge_cap = sge_cap;
+	c.src = UINT32_MAX;
+	ns.have = 0;
+	period = pos->period;
+	piece = pos->piece;
+	for (si = pos->stream; si < pos->end; si++, period = piece = 0) {
+		const struct kvp_pstream *st = &p->streams[si];
+		uint32_t g = p->sets[st->set].group;
+
+		/* Only on ids changed since kvp_plan_emit_start(): stop
+		 * before the group, so that the error comes with nothing
+		 * written (here, or on the next call). */
+		err = needs_get(&ns, p, ids, g, &n);
+		if (kvp_unlikely(err)) {
+			if (!c.nwr)
+				return err;
+			at.k = at.q = 0;
+			break;
+		}
+		if (emit_stream(&c, p, st, n, &ids[g], period, piece, &at, 1))
+			break;
+	}
+	if (si < pos->end) {
+		pos->stream = si;
+		pos->period = at.k;
+		pos->piece = at.q;
+	} else {
+		pos->stream = pos->end;
+		pos->period = pos->piece = 0;
+	}
+	if (bytes) {
+		for (i = 0; i < c.nwr; i++)
+			sum += wr[i].len;
+		*bytes = sum;
+	}
+	return (int)c.nwr;
+}
+
+int kvp_plan_emit_done(const struct kvp_emit_pos *pos)
+{
+	return pos->stream >= pos->end;
 }
 
 void kvp_plan_get_info(const kvp_plan *p, struct kvp_plan_info *info)
