@@ -32,44 +32,124 @@
 #define FI KVP_KV_FLASHINFER
 #define PK KVP_KV_PACKED
 
-static struct kvp_model tiny(uint32_t heads)
-{
-	struct kvp_model m = { 0 };
+/* One request's ids of one group. */
+#define IDS(l, nl, r, nr, tok)                                              \
+	((struct kvp_ids){ .local = (l), .remote = (r), .nlocal = (nl),     \
+			   .nremote = (nr), .tokens = (tok) })
 
-	m.layers = 1;
-	m.kv_heads = heads;
-	m.head_dim = 4;
-	m.dtype_bytes = 2;
-	return m;
+/* The hand-checked model: see the top of the file. */
+static const struct kvp_model hand_model = {
+	.name = "hand", .layers = 1, .kv_heads = 2, .head_dim = 4,
+	.dtype_bytes = 2,
+};
+
+/* Hybrid and MLA models small enough to check fast. */
+static const struct kvp_model mamba_tiny = {
+	.name = "mamba-tiny", .layers = 2, .kv_heads = 4, .head_dim = 4,
+	.dtype_bytes = 2, .state_kind = KVP_STATE_MAMBA2, .state_layers = 2,
+	.conv_kernel = 4, .ssm_heads = 8, .ssm_head_dim = 2, .ssm_state = 4,
+	.ssm_groups = 2, .state_dtype_bytes = 2,
+};
+
+static const struct kvp_model gdn_tiny = {
+	.name = "gdn-tiny", .layers = 1, .kv_heads = 2, .head_dim = 4,
+	.dtype_bytes = 2, .state_kind = KVP_STATE_GDN, .state_layers = 3,
+	.conv_kernel = 3, .ssm_heads = 8, .ssm_head_dim = 2, .ssm_state = 2,
+	.ssm_groups = 4, .state_dtype_bytes = 4,
+};
+
+static const struct kvp_model mla_tiny = {
+	.name = "mla-tiny", .layers = 3, .kv_heads = 1, .head_dim = 24,
+	.dtype_bytes = 2, .mla_latent = 24,
+};
+
+static const struct kvp_model sliding_tiny = {
+	.name = "sliding-tiny", .layers = 4, .kv_heads = 4, .head_dim = 4,
+	.dtype_bytes = 2, .sliding_layers = 3,
+};
+
+static const struct kvp_model dense8 = {
+	.name = "dense8", .layers = 2, .kv_heads = 8, .head_dim = 4,
+	.dtype_bytes = 2,
+};
+
+/* A producer engine of TP P and a consumer engine of TP D: block size,
+ * kernel block size, KV layout and conv layout on each side, max_sge. */
+struct wcase {
+	const struct kvp_model *m;
+	uint32_t P, D;
+	uint32_t rblock, rkernel, rkv, rconv;
+	uint32_t lblock, lkernel, lkv, lconv;
+	uint32_t max_sge;
+};
+
+#define NWCASE (sizeof(wcases) / sizeof(wcases[0]))
+#define NBLOCKS 256u
+#define MAXN 16u /* ids a side per group */
+#define NREQ 6u	 /* requests per consumer rank */
+#define MAXG 3u
+
+static kvp_layout *wbuild(const struct wcase *c, int remote, uint32_t rank)
+{
+	struct kvp_engine_desc e = { 0 };
+	kvp_layout *l = NULL;
+
+	e.engine_id = remote ? 1 : 2;
+	e.tp_size = remote ? c->P : c->D;
+	e.tp_rank = rank;
+	e.block_tokens = remote ? c->rblock : c->lblock;
+	e.kernel_block_tokens = remote ? c->rkernel : c->lkernel;
+	e.num_blocks = NBLOCKS;
+	e.kv_layout = remote ? c->rkv : c->lkv;
+	e.conv_layout = remote ? c->rconv : c->lconv;
+	assert_int_equal(kvp_layout_build(c->m, &e, &l), 0);
+	return l;
 }
 
-static kvp_plan *compile(const kvp_layout *loc, const kvp_layout *rem,
-			 uint32_t max_sge)
+/* A consumer rank's plan against its producer engine. */
+struct pair {
+	kvp_layout *loc, *rem;
+	kvp_plan *plan;
+};
+
+static void pair_open(struct pair *x, const struct wcase *c, uint32_t rank)
 {
-	struct kvp_plan_attr attr = { .max_sge = max_sge };
-	kvp_plan *plan = NULL;
+	struct kvp_plan_attr attr = { .max_sge = c->max_sge };
 	char msg[160] = "";
 	int err;
 
-	assert_non_null(loc);
-	assert_non_null(rem);
-	err = kvp_plan_compile(loc, rem, &attr, &plan, msg, sizeof(msg));
+	x->rem = wbuild(c, 1, 0);
+	x->loc = wbuild(c, 0, rank);
+	err = kvp_plan_compile(x->loc, x->rem, &attr, &x->plan, msg,
+			       sizeof(msg));
 	if (err)
 		fail_msg("compile: %d %s", err, msg);
-	return plan;
 }
 
-static struct kvp_ids mkids(const uint32_t *l, uint32_t nl, const uint32_t *r,
-			    uint32_t nr, uint64_t tokens)
+static void pair_close(struct pair *x)
 {
-	struct kvp_ids ids;
+	kvp_plan_destroy(x->plan);
+	kvp_layout_destroy(x->loc);
+	kvp_layout_destroy(x->rem);
+}
 
-	ids.local = l;
-	ids.remote = r;
-	ids.nlocal = nl;
-	ids.nremote = nr;
-	ids.tokens = tokens;
-	return ids;
+/* A hand-checked plan: producer TP P, remote blocks of rblock tokens,
+ * local ones of 4, and one request's windows. */
+struct hand {
+	struct pair x;
+	struct kvp_ids ids;
+	struct kvp_emit_pos pos;
+	struct kvp_wr wr[8];
+	struct kvp_sge sge[8];
+};
+
+static void hand_open(struct hand *h, uint32_t P, uint32_t rblock,
+		      uint32_t max_sge)
+{
+	const struct wcase c = { &hand_model, P, 1, rblock, 0, HND, 0,
+				 4, 0, HND, 0, max_sge };
+
+	pair_open(&h->x, &c, 0);
 }
 
 static void pos_is(const struct kvp_emit_pos *p, uint32_t stream,
@@ -85,11 +165,10 @@ static void pos_is(const struct kvp_emit_pos *p, uint32_t stream,
 /* WR i of a window: remote (offset, len, region), then nsge (offset, len)
  * SGEs in the same local region; sge_first is checked against the running
  * count. */
-static void wr_is(const struct kvp_wr *wr, const struct kvp_sge *sge,
-		  uint32_t i, uint64_t off, uint32_t len, uint32_t region,
-		  uint32_t nsge, ...)
+static void wr_is(const struct hand *h, uint32_t i, uint64_t off,
+		  uint32_t len, uint32_t region, uint32_t nsge, ...)
 {
-	const struct kvp_wr *w = &wr[i];
+	const struct kvp_wr *wr = h->wr, *w = &wr[i];
 	uint32_t k, first = 0;
 	va_list ap;
 
@@ -104,7 +183,7 @@ static void wr_is(const struct kvp_wr *wr, const struct kvp_sge *sge,
 			 (unsigned long long)off, len, region, nsge, first);
 	va_start(ap, nsge);
 	for (k = 0; k < nsge; k++) {
-		const struct kvp_sge *s = &sge[first + k];
+		const struct kvp_sge *s = &h->sge[first + k];
 		uint64_t so = va_arg(ap, uint64_t);
 		uint32_t sl = va_arg(ap, uint32_t);
 
@@ -133,6 +212,14 @@ static int window(const kvp_plan *plan, const struct kvp_ids *ids,
 	return n;
 }
 
+/* The next window of h's request. */
+static int win(struct hand *h, uint32_t wcap, uint32_t scap,
+	       uint64_t want_bytes)
+{
+	return window(h->x.plan, &h->ids, &h->pos, h->wr, wcap, h->sge, scap,
+		      want_bytes);
+}
+
 /* ---- exact windows ------------------------------------------------------ */
 
 /*
@@ -145,59 +232,53 @@ static int window(const kvp_plan *plan, const struct kvp_ids *ids,
 static void test_exact_simple(void **state)
 {
 	static const uint32_t l[] = { 3, 5, 7 }, r[] = { 7, 8, 9 };
-	struct kvp_ids ids = mkids(l, 3, r, 3, 0);
-	struct kvp_model m = tiny(2);
-	kvp_layout *loc = kvt_build(&m, 1, 0, 4, 0, 16, HND);
-	kvp_layout *rem = kvt_build(&m, 1, 0, 4, 0, 16, HND);
-	kvp_plan *plan = compile(loc, rem, 4);
-	struct kvp_emit_pos pos, zero = { 0 };
-	struct kvp_wr wr[8];
-	struct kvp_sge sge[8];
+	struct kvp_emit_pos zero = { 0 };
+	struct hand h;
 
 	(void)state;
-	assert_int_equal(kvp_plan_emit_check(plan, &ids), 0);
-	assert_int_equal(kvp_plan_emit_start(plan, &ids, 0, &pos), 0);
-	pos_is(&pos, 0, 2, 0, 0, 0);
-	assert_int_equal(kvp_plan_emit_done(&pos), 0);
+	hand_open(&h, 1, 4, 4);
+	h.ids = IDS(l, 3, r, 3, 0);
+	assert_int_equal(kvp_plan_emit_check(h.x.plan, &h.ids), 0);
+	assert_int_equal(kvp_plan_emit_start(h.x.plan, &h.ids, 0, &h.pos), 0);
+	pos_is(&h.pos, 0, 2, 0, 0, 0);
+	assert_int_equal(kvp_plan_emit_done(&h.pos), 0);
 
-	assert_int_equal(window(plan, &ids, &pos, wr, 1, sge, 2, 128), 1);
-	wr_is(wr, sge, 0, 448, 128, 0, 2, S(192, 64), S(320, 64));
-	pos_is(&pos, 0, 2, 2, 0, 0);
+	assert_int_equal(win(&h, 1, 2, 128), 1);
+	wr_is(&h, 0, 448, 128, 0, 2, S(192, 64), S(320, 64));
+	pos_is(&h.pos, 0, 2, 2, 0, 0);
 	/* the rest of K; V's first piece would open a second WR */
-	assert_int_equal(window(plan, &ids, &pos, wr, 1, sge, 2, 64), 1);
-	wr_is(wr, sge, 0, 576, 64, 0, 1, S(448, 64));
-	pos_is(&pos, 1, 2, 0, 0, 0);
+	assert_int_equal(win(&h, 1, 2, 64), 1);
+	wr_is(&h, 0, 576, 64, 0, 1, S(448, 64));
+	pos_is(&h.pos, 1, 2, 0, 0, 0);
 	/* two WRs' room, two SGEs: V's first two blocks, in one WR */
-	assert_int_equal(window(plan, &ids, &pos, wr, 2, sge, 2, 128), 1);
-	wr_is(wr, sge, 0, 448, 128, 1, 2, S(192, 64), S(320, 64));
-	pos_is(&pos, 1, 2, 2, 0, 0);
-	assert_int_equal(kvp_plan_emit_done(&pos), 0);
-	assert_int_equal(window(plan, &ids, &pos, wr, 8, sge, 8, 64), 1);
-	wr_is(wr, sge, 0, 576, 64, 1, 1, S(448, 64));
-	pos_is(&pos, 2, 2, 0, 0, 0);
-	assert_int_equal(kvp_plan_emit_done(&pos), 1);
-	assert_int_equal(window(plan, &ids, &pos, wr, 8, sge, 8, 0), 0);
-	pos_is(&pos, 2, 2, 0, 0, 0);
+	assert_int_equal(win(&h, 2, 2, 128), 1);
+	wr_is(&h, 0, 448, 128, 1, 2, S(192, 64), S(320, 64));
+	pos_is(&h.pos, 1, 2, 2, 0, 0);
+	assert_int_equal(kvp_plan_emit_done(&h.pos), 0);
+	assert_int_equal(win(&h, 8, 8, 64), 1);
+	wr_is(&h, 0, 576, 64, 1, 1, S(448, 64));
+	pos_is(&h.pos, 2, 2, 0, 0, 0);
+	assert_int_equal(kvp_plan_emit_done(&h.pos), 1);
+	assert_int_equal(win(&h, 8, 8, 0), 0);
+	pos_is(&h.pos, 2, 2, 0, 0, 0);
 
 	/* unbounded: kvp_plan_emit()'s two WRs, across both streams */
-	assert_int_equal(kvp_plan_emit_start(plan, &ids, 0, &pos), 0);
-	assert_int_equal(window(plan, &ids, &pos, wr, 8, sge, 8, 384), 2);
-	wr_is(wr, sge, 0, 448, 192, 0, 3, S(192, 64), S(320, 64), S(448, 64));
-	wr_is(wr, sge, 1, 448, 192, 1, 3, S(192, 64), S(320, 64), S(448, 64));
-	assert_int_equal(kvp_plan_emit_done(&pos), 1);
+	assert_int_equal(kvp_plan_emit_start(h.x.plan, &h.ids, 0, &h.pos), 0);
+	assert_int_equal(win(&h, 8, 8, 384), 2);
+	wr_is(&h, 0, 448, 192, 0, 3, S(192, 64), S(320, 64), S(448, 64));
+	wr_is(&h, 1, 448, 192, 1, 3, S(192, 64), S(320, 64), S(448, 64));
+	assert_int_equal(kvp_plan_emit_done(&h.pos), 1);
 
 	/* one SGE a window, two WRs of room: one block at a time */
-	assert_int_equal(kvp_plan_emit_start(plan, &ids, 0, &pos), 0);
-	assert_int_equal(window(plan, &ids, &pos, wr, 2, sge, 1, 64), 1);
-	wr_is(wr, sge, 0, 448, 64, 0, 1, S(192, 64));
-	pos_is(&pos, 0, 2, 1, 0, 0);
+	assert_int_equal(kvp_plan_emit_start(h.x.plan, &h.ids, 0, &h.pos), 0);
+	assert_int_equal(win(&h, 2, 1, 64), 1);
+	wr_is(&h, 0, 448, 64, 0, 1, S(192, 64));
+	pos_is(&h.pos, 0, 2, 1, 0, 0);
 
 	/* a zeroed position is finished */
 	assert_int_equal(kvp_plan_emit_done(&zero), 1);
-	assert_int_equal(window(plan, &ids, &zero, wr, 8, sge, 8, 0), 0);
-	kvp_plan_destroy(plan);
-	kvp_layout_destroy(loc);
-	kvp_layout_destroy(rem);
+	assert_int_equal(window(h.x.plan, &h.ids, &zero, h.wr, 8, h.sge, 8, 0), 0);
+	pair_close(&h.x);
 }
 
 /*
@@ -210,57 +291,49 @@ static void test_exact_simple(void **state)
 static void test_exact_periods(void **state)
 {
 	static const uint32_t l[] = { 2, 3 }, r[] = { 5 };
-	struct kvp_ids ids = mkids(l, 2, r, 1, 0);
-	struct kvp_model m = tiny(2);
-	kvp_layout *loc = kvt_build(&m, 1, 0, 4, 0, 16, HND);
-	kvp_layout *rem = kvt_build(&m, 1, 0, 8, 0, 16, HND);
-	kvp_plan *plan = compile(loc, rem, 4);
-	struct kvp_emit_pos pos;
-	struct kvp_wr wr[8];
-	struct kvp_sge sge[8];
+	/* where the hit's windows stop: (stream, piece) */
+	static const uint32_t stop[4][2] = { { 0, 3 }, { 1, 1 }, { 1, 3 },
+					     { 2, 0 } };
+	struct hand h;
+	uint32_t i;
 
 	(void)state;
-	assert_int_equal(kvp_plan_emit_start(plan, &ids, 0, &pos), 0);
-	assert_int_equal(window(plan, &ids, &pos, wr, 1, sge, 3, 96), 1);
-	wr_is(wr, sge, 0, 640, 96, 0, 3, S(128, 32), S(192, 32), S(160, 32));
-	pos_is(&pos, 0, 2, 0, 3, 0);
-	assert_int_equal(window(plan, &ids, &pos, wr, 1, sge, 3, 32), 1);
-	wr_is(wr, sge, 0, 736, 32, 0, 1, S(224, 32));
-	pos_is(&pos, 1, 2, 0, 0, 0);
-	assert_int_equal(window(plan, &ids, &pos, wr, 7, sge, 7, 128), 1);
-	wr_is(wr, sge, 0, 640, 128, 1, 4, S(128, 32), S(192, 32), S(160, 32),
+	hand_open(&h, 1, 8, 4);
+	h.ids = IDS(l, 2, r, 1, 0);
+	assert_int_equal(kvp_plan_emit_start(h.x.plan, &h.ids, 0, &h.pos), 0);
+	assert_int_equal(win(&h, 1, 3, 96), 1);
+	wr_is(&h, 0, 640, 96, 0, 3, S(128, 32), S(192, 32), S(160, 32));
+	pos_is(&h.pos, 0, 2, 0, 3, 0);
+	assert_int_equal(win(&h, 1, 3, 32), 1);
+	wr_is(&h, 0, 736, 32, 0, 1, S(224, 32));
+	pos_is(&h.pos, 1, 2, 0, 0, 0);
+	assert_int_equal(win(&h, 7, 7, 128), 1);
+	wr_is(&h, 0, 640, 128, 1, 4, S(128, 32), S(192, 32), S(160, 32),
 	      S(224, 32));
-	assert_int_equal(kvp_plan_emit_done(&pos), 1);
+	assert_int_equal(kvp_plan_emit_done(&h.pos), 1);
 
 	/* the hit: pieces 0 and 2 filtered, each window stops at the next
 	 * piece it cannot take, never at a filtered one */
-	ids = mkids(l + 1, 1, r, 1, 0);
-	assert_int_equal(kvp_plan_emit_check(plan, &ids), 0);
-	assert_int_equal(kvp_plan_emit_start(plan, &ids, 0, &pos), 0);
-	pos_is(&pos, 0, 2, 0, 0, 0);
-	assert_int_equal(window(plan, &ids, &pos, wr, 1, sge, 4, 32), 1);
-	wr_is(wr, sge, 0, 672, 32, 0, 1, S(192, 32));
-	pos_is(&pos, 0, 2, 0, 3, 0);
-	assert_int_equal(window(plan, &ids, &pos, wr, 1, sge, 4, 32), 1);
-	wr_is(wr, sge, 0, 736, 32, 0, 1, S(224, 32));
-	pos_is(&pos, 1, 2, 0, 1, 0);
-	assert_int_equal(window(plan, &ids, &pos, wr, 1, sge, 4, 32), 1);
-	wr_is(wr, sge, 0, 672, 32, 1, 1, S(192, 32));
-	pos_is(&pos, 1, 2, 0, 3, 0);
-	assert_int_equal(window(plan, &ids, &pos, wr, 1, sge, 4, 32), 1);
-	wr_is(wr, sge, 0, 736, 32, 1, 1, S(224, 32));
-	pos_is(&pos, 2, 2, 0, 0, 0);
-	assert_int_equal(kvp_plan_emit_done(&pos), 1);
+	h.ids = IDS(l + 1, 1, r, 1, 0);
+	assert_int_equal(kvp_plan_emit_check(h.x.plan, &h.ids), 0);
+	assert_int_equal(kvp_plan_emit_start(h.x.plan, &h.ids, 0, &h.pos), 0);
+	pos_is(&h.pos, 0, 2, 0, 0, 0);
+	for (i = 0; i < 4; i++) {
+		/* (K, V) x (block 3 head 0, block 3 head 1), one a window */
+		assert_int_equal(win(&h, 1, 4, 32), 1);
+		wr_is(&h, 0, 672 + 64 * (i & 1), 32, i / 2, 1,
+		      S(192 + 32 * (i & 1), 32));
+		pos_is(&h.pos, stop[i][0], 2, 0, stop[i][1], 0);
+	}
+	assert_int_equal(kvp_plan_emit_done(&h.pos), 1);
 
 	/* a full hit: done at once */
-	ids = mkids(NULL, 0, r, 1, 0);
-	assert_int_equal(kvp_plan_emit_start(plan, &ids, 0, &pos), 0);
-	pos_is(&pos, 2, 2, 0, 0, 0);
-	assert_int_equal(kvp_plan_emit_done(&pos), 1);
-	assert_int_equal(window(plan, &ids, &pos, wr, 8, sge, 8, 0), 0);
-	kvp_plan_destroy(plan);
-	kvp_layout_destroy(loc);
-	kvp_layout_destroy(rem);
+	h.ids = IDS(NULL, 0, r, 1, 0);
+	assert_int_equal(kvp_plan_emit_start(h.x.plan, &h.ids, 0, &h.pos), 0);
+	pos_is(&h.pos, 2, 2, 0, 0, 0);
+	assert_int_equal(kvp_plan_emit_done(&h.pos), 1);
+	assert_int_equal(win(&h, 8, 8, 0), 0);
+	pair_close(&h.x);
 }
 
 /* ---- rejections ---------------------------------------------------------- */
@@ -271,29 +344,29 @@ static void test_exact_periods(void **state)
 static void test_rejects(void **state)
 {
 	static const uint32_t l[] = { 3, 4, 5, 6 }, r[] = { 7, 8, 9, 10 };
-	static const uint32_t big[] = { 3, 16 }, rbig[] = { 16, 8 };
+	static const uint32_t big[] = { 3, NBLOCKS }, rbig[] = { NBLOCKS, 8 };
 	const struct kvp_ids bad[] = {
-		mkids(big, 2, r, 2, 0),	   /* local id 16 of 16: -ERANGE */
-		mkids(l, 2, rbig, 2, 0),   /* remote id 16 */
-		mkids(l, 4, r, 4, 9),	   /* 9 tokens span 3 local blocks */
-		mkids(l, 3, r, 2, 0),	   /* more local than remote */
-		mkids(l, 2, r, 4, 17),	   /* tokens past the remote blocks */
-		mkids(NULL, 2, r, 4, 0),   /* NULL with a length */
-		mkids(l, 2, NULL, 4, 0),
+		IDS(big, 2, r, 2, 0),	   /* local id NBLOCKS: -ERANGE */
+		IDS(l, 2, rbig, 2, 0),   /* remote id NBLOCKS */
+		IDS(l, 4, r, 4, 9),	   /* 9 tokens span 3 local blocks */
+		IDS(l, 3, r, 2, 0),	   /* more local than remote */
+		IDS(l, 2, r, 4, 17),	   /* tokens past the remote blocks */
+		IDS(NULL, 2, r, 4, 0),   /* NULL with a length */
+		IDS(l, 2, NULL, 4, 0),
 	};
-	const struct kvp_ids good = mkids(l, 2, r, 4, 0);
-	struct kvp_model m = tiny(2);
-	kvp_layout *loc = kvt_build(&m, 1, 0, 4, 0, 16, HND);
-	kvp_layout *rem = kvt_build(&m, 4, 0, 4, 0, 16, HND);
-	kvp_plan *plan = compile(loc, rem, 2);
+	const struct kvp_ids good = IDS(l, 2, r, 4, 0);
 	struct kvp_plan_info pi;
 	struct kvp_emit_pos pos, canary;
 	struct kvp_wr wr[4], wc[4];
 	struct kvp_sge sge[4], sc[4];
 	uint64_t bytes;
+	struct hand h;
+	kvp_plan *plan;
 	uint32_t i;
 
 	(void)state;
+	hand_open(&h, 4, 4, 2);
+	plan = h.x.plan;
 	/* 2 KV heads on 4 producers: the consumer reads one replica of each
 	 * head (2 sources) and notifies all 4 */
 	kvp_plan_get_info(plan, &pi);
@@ -377,52 +450,10 @@ static void test_rejects(void **state)
 	assert_memory_equal(&pos, &canary, sizeof(pos));
 	assert_memory_equal(wr, wc, sizeof(wr));
 	assert_memory_equal(sge, sc, sizeof(sge));
-	kvp_plan_destroy(plan);
-	kvp_layout_destroy(loc);
-	kvp_layout_destroy(rem);
+	pair_close(&h.x);
 }
 
 /* ---- equivalence with kvp_plan_emit() over a matrix ----------------------- */
-
-/* Hybrid and MLA models small enough to check fast. */
-static const struct kvp_model mamba_tiny = {
-	.name = "mamba-tiny", .layers = 2, .kv_heads = 4, .head_dim = 4,
-	.dtype_bytes = 2, .state_kind = KVP_STATE_MAMBA2, .state_layers = 2,
-	.conv_kernel = 4, .ssm_heads = 8, .ssm_head_dim = 2, .ssm_state = 4,
-	.ssm_groups = 2, .state_dtype_bytes = 2,
-};
-
-static const struct kvp_model gdn_tiny = {
-	.name = "gdn-tiny", .layers = 1, .kv_heads = 2, .head_dim = 4,
-	.dtype_bytes = 2, .state_kind = KVP_STATE_GDN, .state_layers = 3,
-	.conv_kernel = 3, .ssm_heads = 8, .ssm_head_dim = 2, .ssm_state = 2,
-	.ssm_groups = 4, .state_dtype_bytes = 4,
-};
-
-static const struct kvp_model mla_tiny = {
-	.name = "mla-tiny", .layers = 3, .kv_heads = 1, .head_dim = 24,
-	.dtype_bytes = 2, .mla_latent = 24,
-};
-
-static const struct kvp_model sliding_tiny = {
-	.name = "sliding-tiny", .layers = 4, .kv_heads = 4, .head_dim = 4,
-	.dtype_bytes = 2, .sliding_layers = 3,
-};
-
-static const struct kvp_model dense8 = {
-	.name = "dense8", .layers = 2, .kv_heads = 8, .head_dim = 4,
-	.dtype_bytes = 2,
-};
-
-/* A producer engine of TP P and a consumer engine of TP D: block size,
- * kernel block size, KV layout and conv layout on each side, max_sge. */
-struct wcase {
-	const struct kvp_model *m;
-	uint32_t P, D;
-	uint32_t rblock, rkernel, rkv, rconv;
-	uint32_t lblock, lkernel, lkv, lconv;
-	uint32_t max_sge;
-};
 
 static const struct wcase wcases[] = {
 	/* dense, same TP; TP 8 -> 2 and 2 -> 8 */
@@ -453,29 +484,6 @@ static const struct wcase wcases[] = {
 	/* sliding window beside full attention */
 	{ &sliding_tiny, 2, 1, 8, 0, HND, 0, 16, 0, NHD, 0, 2 },
 };
-
-#define NWCASE (sizeof(wcases) / sizeof(wcases[0]))
-#define NBLOCKS 256u
-#define MAXN 16u /* ids a side per group */
-#define NREQ 6u	 /* requests per consumer rank */
-#define MAXG 3u
-
-static kvp_layout *wbuild(const struct wcase *c, int remote, uint32_t rank)
-{
-	struct kvp_engine_desc e = { 0 };
-	kvp_layout *l = NULL;
-
-	e.engine_id = remote ? 1 : 2;
-	e.tp_size = remote ? c->P : c->D;
-	e.tp_rank = rank;
-	e.block_tokens = remote ? c->rblock : c->lblock;
-	e.kernel_block_tokens = remote ? c->rkernel : c->lkernel;
-	e.num_blocks = NBLOCKS;
-	e.kv_layout = remote ? c->rkv : c->lkv;
-	e.conv_layout = remote ? c->rconv : c->lconv;
-	assert_int_equal(kvp_layout_build(c->m, &e, &l), 0);
-	return l;
-}
 
 /* `n` distinct ids in [lo, hi): consecutive from a random start, or
  * random. */
@@ -812,13 +820,15 @@ static void test_matrix(void **state)
 	nwindows = nsources = nreqs = nmid = 0;
 	for (ci = 0; ci < NWCASE; ci++) {
 		const struct wcase *wc = &wcases[ci];
-		kvp_layout *rem = wbuild(wc, 1, 0);
 
 		for (c = 0; c < wc->D; c++) {
-			kvp_layout *loc = wbuild(wc, 0, c);
-			kvp_plan *plan = compile(loc, rem, wc->max_sge);
 			struct scratch sc;
 			struct wreq q;
+			struct pair x;
+			kvp_plan *plan;
+
+			pair_open(&x, wc, c);
+			plan = x.plan;
 
 			kvp_plan_emit_bound(plan, MAXN, &sc.maxw, &sc.maxs);
 			sc.ewr = malloc(sc.maxw * sizeof(*sc.ewr));
@@ -839,10 +849,8 @@ static void test_matrix(void **state)
 			free(sc.sge);
 			free(sc.er);
 			free(sc.wrun);
-			kvp_plan_destroy(plan);
-			kvp_layout_destroy(loc);
+			pair_close(&x);
 		}
-		kvp_layout_destroy(rem);
 	}
 	print_message("emit windows: %llu requests, %llu sources, %llu windows (%llu ending mid-period), mapping equal to kvp_plan_emit()\n",
 		      (unsigned long long)nreqs, (unsigned long long)nsources,
