@@ -124,7 +124,7 @@ $(BUILD)/tests/test_%: tests/test_%.c $(BUILD)/config $(TESTLIB_OBJ) $(BUILD)/li
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Iplan -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libkvpull_plan.a -lcmocka
 
-$(BUILD)/tests/rdma_%: tests/rdma_%.c $(BUILD)/config $(TESTLIB_OBJ) $(BUILD)/libkvpull.a
+$(BUILD)/tests/rdma_%: tests/rdma_%.c tests/rdma/harness.h $(BUILD)/config $(TESTLIB_OBJ) $(BUILD)/libkvpull.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libkvpull.a $(VERBS_LIBS)
 

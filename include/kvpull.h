@@ -719,6 +719,9 @@ typedef struct kvp_agent kvp_agent;
 enum kvp_role {
 	KVP_ROLE_PRODUCER = 0, /* owns blocks that others read (prefill) */
 	KVP_ROLE_CONSUMER,     /* reads blocks into its own (decode) */
+	KVP_ROLE_BOTH,	       /* both, one registration of the memory: a
+				* decode engine that also serves its prefix
+				* cache to others */
 	KVP_ROLE_COUNT
 };
 
@@ -746,7 +749,9 @@ struct kvp_agent_attr {
 	 * Producer: requests tracked at once (expected and not yet reported).
 	 * 0: 64. */
 	uint32_t max_inflight;
-	/* Producer: consumer ranks connected at once. 0: 64. */
+	/* Producer: consumer ranks connected at once. Consumer: producer
+	 * ranks connected at once, over every producer engine added (and so
+	 * at most that many engines). KVP_ROLE_BOTH: each. 0: 64. */
 	uint32_t max_peers;
 	/* Consumer: send queue entries per producer rank; 0: 512. Clamped to
 	 * the device's limits. */
@@ -771,6 +776,14 @@ struct kvp_agent_attr {
 	 * in ms; a consumer not done by then is dropped. 0: 10000; at most
 	 * 3,600,000. */
 	uint32_t handshake_ms;
+	/* Consumer: stall bound, in ms. A pull whose data is not all in
+	 * stall_ms after kvp_agent_pull(), or a notification that waits
+	 * that long for the producer rank's receive credit (a producer that
+	 * stopped polling), fails the producer engine it uses: its requests
+	 * not yet DONE are reported FAILED with -ETIMEDOUT, the engine goes
+	 * down (KVP_EV_ENGINE_DOWN, -ETIMEDOUT) and is reconnected on
+	 * demand. 0: 10000; at most 3,600,000. */
+	uint32_t stall_ms;
 };
 
 #define KVP_SECRET_MIN 16
@@ -909,6 +922,116 @@ KVP_API const kvp_plan *kvp_agent_plan(const kvp_agent *agent);
 KVP_API KVP_MUST_CHECK int kvp_agent_pull(kvp_agent *agent, uint64_t req_id,
 					  const struct kvp_ids *ids);
 
+/* ---- Producer engines (consumer side) ----
+ *
+ * A consumer agent pulls from any number of producer engines at once, each
+ * known by a handle (a uint32_t, never 0, unique for the agent's life). Its
+ * memory is registered once, before the first engine is added; engines
+ * come, fail, reconnect and go without touching it.
+ *
+ *   kvp_agent_add_engine(ranks) -> handle   (non-blocking)
+ *   kvp_agent_poll(): KVP_EV_ENGINE_UP      (or ENGINE_DOWN: why)
+ *   kvp_agent_pull_from(handle, req, ids):  DONE / FAILED events
+ *   a rank lost: FAILED for that engine's requests only, ENGINE_DOWN
+ *   kvp_agent_pull_from() again: -EAGAIN, reconnecting; ENGINE_UP
+ *   kvp_agent_remove_engine(handle)
+ *
+ * Engines whose layouts have the same geometry (TP size, memory layout,
+ * block sizes: everything but engine id, addresses and keys) share one
+ * compiled plan: adding the second such engine compiles nothing, and a
+ * restarted engine re-handshakes against the plan it had.
+ */
+
+/* Adds producer engine `ranks[0..n)` (as in kvp_agent_connect(): n is
+ * its TP size; carried blobs optional) and starts its handshake without
+ * blocking: carried blobs are decoded and checked here, the rest is driven
+ * by kvp_agent_poll(), which reports KVP_EV_ENGINE_UP once the engine can
+ * be pulled from, or KVP_EV_ENGINE_DOWN with the reason (the errors of
+ * kvp_agent_connect(); -ETIMEDOUT when it is not up within timeout_ms).
+ * Only the producer ranks the plan reads from or notifies are connected.
+ * The addresses are copied (for reconnects); carried blobs are decoded and
+ * kept for the in-band check of the first handshake only.
+ * Returns 0 and the handle in *engine; -EINVAL (not a consumer, bad
+ * arguments as for kvp_agent_connect(), timeout_ms 0); -ENXIO when a region
+ * is not registered; -EPROTO for a carried blob that fails its checks;
+ * -ENOSPC when max_peers engines are held or too few connection slots are
+ * free for the engine's notify ranks (known only once its plan is: then
+ * it is ENGINE_DOWN -ENOSPC); -ENOMEM. */
+KVP_API KVP_MUST_CHECK int kvp_agent_add_engine(kvp_agent *agent,
+						const struct kvp_peer *ranks,
+						uint32_t n, uint32_t timeout_ms,
+						uint32_t *engine);
+
+/* Re-handshakes an engine that is down (ENGINE_DOWN reported), with new
+ * addresses and carried blobs (ranks, n: as for kvp_agent_add_engine(), n
+ * may differ: a restarted engine may have another TP size), or with the
+ * addresses it had and no carried blob (ranks NULL, n 0). The plan is
+ * reused when the geometry is unchanged, recompiled (or taken from the
+ * cache) otherwise. Reported as for kvp_agent_add_engine(). Returns 0;
+ * -ENOENT for an unknown handle; -EBUSY when the engine is up or
+ * connecting; the errors of kvp_agent_add_engine(). */
+KVP_API KVP_MUST_CHECK int kvp_agent_reconnect_engine(kvp_agent *agent,
+						      uint32_t engine,
+						      const struct kvp_peer *ranks,
+						      uint32_t n,
+						      uint32_t timeout_ms);
+
+/* Removes an engine: its connections are torn down, its requests not yet
+ * DONE are reported FAILED with -ECANCELED (ids included), and no event of
+ * it follows but those. The handle is invalid on return. Returns 0, or
+ * -ENOENT for an unknown handle. */
+KVP_API KVP_MUST_CHECK int kvp_agent_remove_engine(kvp_agent *agent,
+						   uint32_t engine);
+
+/* Consumer: starts pulling request `req_id` from engine `engine`, as
+ * kvp_agent_pull() does. Returns what kvp_agent_pull() returns, and
+ * -ENOENT for an unknown handle; -EAGAIN while the engine is connecting,
+ * or when it is down: then a reconnect with its last addresses starts
+ * here (ENGINE_UP or ENGINE_DOWN follows), so a pull retried after
+ * ENGINE_UP succeeds; -ENOTCONN while the engine is going down. */
+KVP_API KVP_MUST_CHECK int kvp_agent_pull_from(kvp_agent *agent,
+					       uint32_t engine,
+					       uint64_t req_id,
+					       const struct kvp_ids *ids);
+
+enum kvp_engine_state {
+	KVP_ENGINE_CONNECTING = 1, /* handshake under way */
+	KVP_ENGINE_UP,		   /* can be pulled from */
+	KVP_ENGINE_FAILING,	   /* a rank was lost; draining */
+	KVP_ENGINE_DOWN,	   /* reconnect or remove */
+};
+
+/* Per-engine counters and facts, and the same summed over engines in
+ * struct kvp_agent_stats. */
+struct kvp_engine_info {
+	uint32_t state;	    /* enum kvp_engine_state */
+	int32_t status;	    /* DOWN: why (-errno) */
+	uint64_t engine_id; /* the producer engine's id, once known */
+	uint32_t tp_size;   /* producer TP size */
+	uint32_t conns;	    /* producer ranks connected (the notify list) */
+	const kvp_plan *plan; /* NULL before the first UP; borrowed: valid
+			       * until the engine is removed or reconnected */
+	uint64_t plan_bytes;  /* the plan's size (shared with engines of the
+			       * same geometry) */
+	uint64_t table_bytes; /* this engine's own tables: addresses, keys,
+			       * connection state, rank maps */
+	uint64_t pulls, done, failed;
+	uint64_t reads, read_bytes;
+	uint64_t transport_failures; /* ranks lost: errors, disconnects */
+	uint64_t stalls;	     /* stall_ms passed (-ETIMEDOUT) */
+	uint64_t handshake_failures;
+	uint64_t reconnects;	     /* handshakes after the first */
+	uint64_t add_ns;	     /* last handshake: add or reconnect call
+				      * to UP */
+	uint32_t plan_cached;	     /* last handshake reused a plan */
+};
+
+/* Copies engine `engine`'s facts into *info. Returns 0, -ENOENT for an
+ * unknown handle, -EINVAL. */
+KVP_API KVP_MUST_CHECK int kvp_agent_engine_info(const kvp_agent *agent,
+						 uint32_t engine,
+						 struct kvp_engine_info *info);
+
 /* Producer: consumer engine `consumer_engine` will pull request `req_id`;
  * its blocks must stay untouched until RELEASED (every consumer rank that
  * must notify this producer rank did) or EXPIRED (`deadline_ns`,
@@ -950,13 +1073,21 @@ enum kvp_event_type {
 	KVP_EV_DISCONNECTED, /* a peer rank is gone (consumer: or its
 			      * handshake failed; producer: a connected
 			      * consumer rank only) */
+	KVP_EV_ENGINE_UP,    /* consumer: a producer engine can be pulled
+			      * from (added or reconnected) */
+	KVP_EV_ENGINE_DOWN,  /* consumer: a producer engine's handshake
+			      * failed, or it lost a rank and its requests
+			      * failed; status says why */
 };
 
 struct kvp_event {
 	uint32_t type;	    /* enum kvp_event_type */
-	int32_t status;	    /* 0, or -errno: FAILED, DISCONNECTED */
+	int32_t status;	    /* 0, or -errno: FAILED, DISCONNECTED,
+			     * ENGINE_DOWN */
 	uint64_t req_id;    /* DONE, FAILED, RELEASED, EXPIRED */
-	uint64_t engine_id; /* RELEASED: consumer engine; DISCONNECTED: peer */
+	uint64_t engine_id; /* RELEASED: consumer engine; DISCONNECTED,
+			     * ENGINE_UP, ENGINE_DOWN: producer engine (0
+			     * when not yet known) */
 	uint32_t rank;	    /* DISCONNECTED: peer rank */
 	uint32_t ngroups;   /* FAILED: entries in ids */
 	/* FAILED: the request's ids per group, local lists only (remote NULL,
@@ -964,6 +1095,12 @@ struct kvp_event {
 	 * and must be recomputed. Owned by the agent, valid until the next
 	 * kvp_agent_poll() or kvp_agent_close(). NULL otherwise. */
 	const struct kvp_ids *ids;
+	uint32_t engine;    /* consumer: the engine handle (DONE, FAILED,
+			     * DISCONNECTED, ENGINE_UP, ENGINE_DOWN) */
+	uint32_t reads;	    /* DONE: RDMA READs the request took */
+	uint64_t bytes;	    /* DONE: bytes they moved */
+	uint64_t elapsed_ns; /* DONE: from kvp_agent_pull() to the last
+			      * READ's completion */
 };
 
 /* Drives the agent without blocking: completions (polled in arrays), queued
@@ -1016,6 +1153,16 @@ struct kvp_agent_stats {
 	uint64_t connects, disconnects; /* peer ranks connected and lost */
 	uint64_t refused; /* producer: connect requests and handshakes
 			   * refused (limits, secret, metadata) */
+	/* Consumer, summed over engines (struct kvp_engine_info has them per
+	 * engine): */
+	uint64_t transport_failures; /* producer ranks lost */
+	uint64_t stalls;	     /* engines failed by stall_ms */
+	uint64_t handshake_failures; /* engine handshakes that failed */
+	uint64_t reconnects;	     /* engine handshakes after the first */
+	uint64_t credit_waits;	     /* notifications that waited for a
+				      * producer rank's receive credit */
+	uint64_t plan_compiles, plan_hits; /* engine handshakes that compiled
+					    * a plan / reused one */
 };
 
 /* Copies the agent's counters into *st. */

@@ -28,7 +28,7 @@ const char *kvp_strerror(int err)
 	case -ERANGE:
 		return "block id out of range";
 	case -ENOSPC:
-		return "output arrays too small";
+		return "no space (output arrays too small, or no free engine or connection slot)";
 	case -ENOENT:
 		return "no such preset, device or entry";
 	case -ETIMEDOUT:
@@ -77,6 +77,8 @@ const char *kvp_strerror(int err)
 		return "value too large (count or size overflow)";
 	case -EUSERS:
 		return "too many connections from this peer or source";
+	case -ECANCELED:
+		return "canceled (its engine was removed)";
 	case -E2BIG:
 		return "argument list too long (too many ids, ranks or regions)";
 	default:

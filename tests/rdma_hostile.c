@@ -590,7 +590,7 @@ static int raw_auth(struct raw *r, const uint8_t *key)
 		return n;
 	if (n == 8 && kvp__get32(rx) == W_REFUSE_MAGIC)
 		return (int32_t)kvp__get32(rx + 4);
-	return n == 8 && kvp__get32(rx) == W_GO_MAGIC ? 0 : -EPROTO;
+	return n == 20 && kvp__get32(rx) == W_GO_MAGIC ? 0 : -EPROTO;
 }
 
 /* Sends blob[0..len) after GO and returns the producer's answer: 0 for its

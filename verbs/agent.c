@@ -14,6 +14,8 @@
 #define DEF_SQ 512
 #define DEF_SGE 4
 #define DEF_HANDSHAKE_MS 10000
+#define DEF_STALL_MS 10000
+#define PROD_SQ 4 /* a producer's sends: control, blob, drain marker */
 #define CM_INTERVAL_NS 1000000ull    /* rdma_cm channel check, busy polling */
 #define CQ_BATCHES 8
 #define CM_BUDGET 16 /* rdma_cm events per poll */
@@ -49,6 +51,8 @@ void kvp__ev_disconnected(kvp_agent *a, struct kvp_conn *c)
 	ev.status = c->status;
 	ev.engine_id = c->engine_id;
 	ev.rank = c->rank;
+	if (c->side == KVP_ROLE_CONSUMER)
+		ev.engine = kvp__engine_handle(a, &a->engs[c->eng]);
 	kvp__ev_push(a, &ev);
 	a->st.disconnects++;
 }
@@ -106,6 +110,103 @@ static int pick_device(kvp_agent *a, const struct kvp_agent_attr *attr)
 	return 0;
 }
 
+/* Everything both sides need for any number of peers, sized once from the
+ * attributes: connection slots with their control buffers (registered
+ * once), the completion queue, the event queue; the producer's request
+ * table and credit counters; the consumer's engines, request slots and
+ * notification buffers. Nothing is allocated per peer engine but its
+ * plan (shared by geometry), its tables and its connections' queues. */
+static int open_sides(kvp_agent *a)
+{
+	uint64_t cqe = 16;
+	uint32_t ncons = a->consumer ? a->max_peers : 0;
+	int err;
+
+	a->nprod = a->producer ? a->max_peers : 0;
+	a->nconns = a->nprod + ncons;
+	a->ncons_free = ncons;
+	if (a->producer) {
+		a->rq_depth = a->max_inflight < 128 ? 128 : a->max_inflight;
+		if (a->rq_depth > KVP_CREDIT_MAX)
+			a->rq_depth = KVP_CREDIT_MAX;
+		if (a->rq_depth + 2 > (uint32_t)a->dattr.max_qp_wr)
+			a->rq_depth = (uint32_t)a->dattr.max_qp_wr - 2;
+		cqe += (uint64_t)a->nprod * (PROD_SQ + a->rq_depth + 2);
+		a->ev_cap += a->max_inflight + 2 * a->max_peers + 8;
+	}
+	if (a->consumer) {
+		cqe += (uint64_t)ncons * (a->sq_depth + 5);
+		a->ev_cap += a->max_inflight + 4 * a->max_peers + 8;
+	}
+	a->evq = calloc(a->ev_cap, sizeof(*a->evq));
+	a->conns = kvp__conns_alloc(a->nconns);
+	if (!a->evq || !a->conns)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < a->nconns; i++)
+		a->conns[i].side = i < a->nprod ? KVP_ROLE_PRODUCER :
+						  KVP_ROLE_CONSUMER;
+	err = kvp__ctl_alloc(a, a->nconns);
+	if (err)
+		return err;
+	err = kvp__cq_make(a, cqe);
+	if (err)
+		return err;
+	if (a->producer) {
+		err = kvp__serve_alloc(a);
+		if (err)
+			return err;
+		a->ctr = calloc(a->nprod, sizeof(*a->ctr));
+		if (!a->ctr)
+			return -ENOMEM;
+		/* Consumers READ their slot's counter for credit. */
+		err = kvp__reg_mr(a->pd, a->ctr, a->nprod * sizeof(*a->ctr),
+				  IBV_ACCESS_REMOTE_READ, &a->ctr_mr);
+		if (err)
+			return err;
+	}
+	if (a->consumer) {
+		err = kvp__engines_alloc(a);
+		if (err)
+			return err;
+		err = kvp__data_alloc(a);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+/* Undoes open_sides(), whatever part of it was done. MRs before their
+ * PD; the CQ after the QPs. */
+static void close_sides(kvp_agent *a)
+{
+	uint32_t i;
+
+	for (i = 0; a->conns && i < a->nconns; i++) {
+		struct kvp_conn *c = &a->conns[i];
+
+		if (c->state == CS_FREE)
+			continue;
+		if (c->id && c->state >= CS_CONNECTING)
+			(void)kvp__disconnect(c->id);
+		kvp__conn_release(a, c);
+	}
+	kvp__engines_free(a);
+	kvp__data_free(a);
+	kvp__dereg_mr(a->ctr_mr);
+	a->ctr_mr = NULL;
+	free(a->ctr);
+	a->ctr = NULL;
+	kvp__serve_free(a);
+	kvp__ctl_free(a);
+	kvp__destroy_cq(a->cq);
+	a->cq = NULL;
+	free(a->conns);
+	a->conns = NULL;
+	a->nconns = 0;
+	free(a->evq);
+	a->evq = NULL;
+}
+
 int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 {
 	kvp_agent *a;
@@ -119,6 +220,8 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	if (!a)
 		return -ENOMEM;
 	a->role = attr->role;
+	a->producer = attr->role != KVP_ROLE_CONSUMER;
+	a->consumer = attr->role != KVP_ROLE_PRODUCER;
 	a->max_ids = attr->max_ids ? attr->max_ids : DEF_MAX_IDS;
 	a->max_inflight = attr->max_inflight ? attr->max_inflight : DEF_INFLIGHT;
 	a->max_peers = attr->max_peers ? attr->max_peers : DEF_PEERS;
@@ -133,8 +236,13 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	if (a->max_per_source > a->max_peers)
 		a->max_per_source = a->max_peers;
 	a->max_half_open = (a->max_peers + 1) / 2;
-	if (a->max_inflight > (1u << 20) || a->max_peers > 0xffff ||
+	a->stall_ns = (uint64_t)(attr->stall_ms ? attr->stall_ms :
+				 DEF_STALL_MS) * 1000000ull;
+	/* wr_ids carry a connection index in 16 bits. */
+	if (a->max_inflight > (1u << 20) ||
+	    a->max_peers > (a->producer && a->consumer ? 0x7fffu : 0xffffu) ||
 	    a->max_ids > (1u << 24) || attr->handshake_ms > 3600000 ||
+	    attr->stall_ms > 3600000 ||
 	    !attr->secret != !attr->secret_len ||
 	    (attr->secret && (attr->secret_len < KVP_SECRET_MIN ||
 			      attr->secret_len > KVP_SECRET_MAX))) {
@@ -195,18 +303,14 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	err = -ENOMEM;
 	if (!a->mrs || !a->lbase || !a->lkey)
 		goto err_arrays;
-	if (a->role == KVP_ROLE_PRODUCER) {
-		a->ev_cap = a->max_inflight + 2 * a->max_peers + 8;
-		a->evq = calloc(a->ev_cap, sizeof(*a->evq));
-		if (!a->evq || kvp__serve_alloc(a))
-			goto err_arrays;
-	}
+	err = open_sides(a);
+	if (err)
+		goto err_arrays;
 	*out = a;
 	return 0;
 
 err_arrays:
-	free(a->evq);
-	kvp__serve_free(a);
+	close_sides(a);
 	free(a->mrs);
 	free(a->lbase);
 	free(a->lkey);
@@ -233,23 +337,9 @@ void kvp_agent_close(kvp_agent *a)
 
 	if (!a)
 		return;
-	for (i = 0; a->conns && i < a->nconns; i++) {
-		struct kvp_conn *c = &a->conns[i];
-
-		if (c->state == CS_FREE)
-			continue;
-		if (c->id && c->state >= CS_CONNECTING)
-			(void)kvp__disconnect(c->id);
-		kvp__conn_release(a, c);
-	}
-	free(a->conns);
 	kvp__destroy_id(a->listen_id);
-	kvp__data_free(a);
-	kvp_plan_destroy(a->plan);
-	kvp__dereg_mr(a->blob_mr);
-	free(a->blob);
-	kvp__ctl_free(a); /* MRs before their PD */
-	kvp__destroy_cq(a->cq);
+	close_sides(a);
+	kvp__blob_free(a);
 	for (i = 0; i < a->li.nregions; i++)
 		kvp__dereg_mr(a->mrs[i]);
 	kvp__destroy_comp_channel(a->cch);
@@ -257,8 +347,6 @@ void kvp_agent_close(kvp_agent *a)
 	kvp__free_devices(a->devs);
 	kvp__destroy_event_channel(a->ech);
 	kvp_layout_destroy(a->layout);
-	free(a->evq);
-	kvp__serve_free(a);
 	secret_free(a);
 	free(a->mrs);
 	free(a->lbase);
@@ -275,15 +363,15 @@ int kvp_agent_register(kvp_agent *a, uint32_t region, void *addr, uint64_t len)
 
 	if (!a || !addr || region >= a->li.nregions || a->mrs[region])
 		return -EINVAL;
-	if (a->connected || a->listening)
+	if (a->started)
 		return -EBUSY;
 	if (kvp_layout_get_region(a->layout, region, &size) || len < size ||
 	    len > SIZE_MAX)
 		return -EINVAL;
 	/* Producer memory is only ever read remotely; consumer memory is only
 	 * written by our own READ responses. Nothing else is granted. */
-	access = a->role == KVP_ROLE_PRODUCER ? IBV_ACCESS_REMOTE_READ :
-						IBV_ACCESS_LOCAL_WRITE;
+	access = (a->producer ? IBV_ACCESS_REMOTE_READ : 0) |
+		 (a->consumer ? IBV_ACCESS_LOCAL_WRITE : 0);
 	err = kvp__reg_mr(a->pd, addr, (size_t)len, access, &mr);
 	if (err)
 		return err;
@@ -291,11 +379,6 @@ int kvp_agent_register(kvp_agent *a, uint32_t region, void *addr, uint64_t len)
 	a->lbase[region] = (uint64_t)(uintptr_t)addr;
 	a->lkey[region] = mr->lkey;
 	return 0;
-}
-
-const kvp_plan *kvp_agent_plan(const kvp_agent *a)
-{
-	return a ? a->plan : NULL;
 }
 
 void kvp_agent_get_stats(const kvp_agent *a, struct kvp_agent_stats *st)
@@ -332,6 +415,8 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 	case WK_READ:
 	case WK_SIGNAL:
 	case WK_NOTE:
+	case WK_LAST:
+	case WK_CREDIT:
 		kvp__send_wc(a, c, wc);
 		break;
 	case WK_DRAIN_SQ:
@@ -357,12 +442,15 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 			kvp__conn_fail(a, c, kvp__wc_errno(wc->status));
 			break;
 		}
-		if (WRID_VALUE(wc->wr_id) < a->rq_depth)
-			kvp__note_received(a, c,
-					   c->notes + (size_t)WRID_VALUE(wc->wr_id) *
-							      KVP_NOTE_LEN,
-					   wc->byte_len);
-		(void)kvp__post_note_recv(a, c, WRID_VALUE(wc->wr_id));
+		if (WRID_VALUE(wc->wr_id) >= a->rq_depth)
+			break;
+		kvp__note_received(a, c,
+				   c->notes + (size_t)WRID_VALUE(wc->wr_id) *
+						      KVP_NOTE_LEN,
+				   wc->byte_len);
+		/* The buffer goes back, and with it the consumer's credit. */
+		if (!kvp__post_note_recv(a, c, WRID_VALUE(wc->wr_id)))
+			a->ctr[c->idx]++;
 		break;
 	default:
 		break;
@@ -389,15 +477,17 @@ int kvp__cq_drain(kvp_agent *a)
 	return total;
 }
 
-/* Posts what waits for send queue room on every live connection. */
+/* Posts what waits for send queue room on every live consumer
+ * connection. */
 static void flush_backlog(kvp_agent *a)
 {
-	uint32_t k;
+	uint32_t i;
 
-	for (k = 0; k < a->pi.nnotify; k++) {
-		struct kvp_conn *c = &a->conns[a->note_conn[k]];
+	for (i = a->nprod; i < a->nconns; i++) {
+		struct kvp_conn *c = &a->conns[i];
 
-		if (c->c_post != c->c_tail)
+		if (c->state == CS_READY &&
+		    (c->c_post != c->c_tail || c->c_note != c->c_post))
 			kvp__conn_flush(a, c);
 	}
 }
@@ -409,7 +499,7 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 
 	if (!a || max < 0 || (max && !ev))
 		return -EINVAL;
-	if (a->role == KVP_ROLE_CONSUMER)
+	if (a->consumer)
 		kvp__req_reap(a);
 	now = kvp__now_ns();
 	if (a->armed) {
@@ -418,40 +508,31 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 		a->armed = 0;
 		a->next_cm_ns = 0;
 	}
-	if (kvp__cq_drain(a) && a->connected)
+	if (kvp__cq_drain(a) && a->consumer)
 		flush_backlog(a);
 	if (a->npending)
 		kvp__blob_check_one(a);
 	if (now >= a->next_cm_ns) {
 		kvp__cm_process(a, CM_BUDGET);
 		kvp__conn_timers(a, now);
+		if (a->consumer)
+			kvp__pull_timers(a, now);
 		a->next_cm_ns = now + CM_INTERVAL_NS;
 	}
-	if (a->role == KVP_ROLE_PRODUCER)
+	if (a->consumer && a->nconnecting)
+		kvp__engines_step(a, now);
+	if (a->producer)
 		kvp__serve_timers(a, now);
 	while (n < max && a->ev_head != a->ev_tail) {
 		struct kvp_event *e = &a->evq[a->ev_head % a->ev_cap];
 
 		ev[n] = *e;
 		a->ev_head++;
-		if (e->type == KVP_EV_DONE || e->type == KVP_EV_FAILED) {
-			struct kvp_req *r = &a->reqs[e->rank];
-
-			ev[n].rank = 0;
-			if (e->type == KVP_EV_FAILED) {
-				ev[n].ids = r->gids;
-				ev[n].ngroups = a->li.ngroups;
-				r->state = RQ_REPORTED;
-				a->nreq_reported++;
-			} else {
-				r->state = RQ_FREE;
-				r->next_free = a->free_req;
-				a->free_req = (uint32_t)(r - a->reqs);
-			}
-		} else if (e->type == KVP_EV_RELEASED ||
-			   e->type == KVP_EV_EXPIRED) {
+		if (e->type == KVP_EV_DONE || e->type == KVP_EV_FAILED)
+			kvp__req_delivered(a, &ev[n]);
+		else if (e->type == KVP_EV_RELEASED ||
+			 e->type == KVP_EV_EXPIRED)
 			a->nheld--;
-		}
 		n++;
 	}
 	return n;
@@ -465,28 +546,43 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 
 	if (!a || !wake_ns)
 		return -EINVAL;
-	if (a->role == KVP_ROLE_PRODUCER)
+	if (a->producer)
 		wake = a->next_deadline;
 	for (i = 0; i < a->nconns; i++) {
 		const struct kvp_conn *c = &a->conns[i];
 
 		/* Drain and handshake bounds (kvp__conn_timers()). */
 		if ((c->state == CS_DRAINING ||
-		     (a->role == KVP_ROLE_PRODUCER &&
+		     (c->side == KVP_ROLE_PRODUCER &&
 		      (c->state == CS_CONNECTING || c->state == CS_HANDSHAKE))) &&
 		    c->drain_deadline < wake)
 			wake = c->drain_deadline;
+		/* A notification waiting for credit: the counter is read
+		 * again each millisecond. */
+		if (c->side == KVP_ROLE_CONSUMER && c->state == CS_READY &&
+		    c->c_note != c->c_post && now + CM_INTERVAL_NS < wake)
+			wake = now + CM_INTERVAL_NS;
 	}
-	(void)now;
+	for (i = 0; a->consumer && i < a->max_peers; i++) {
+		const struct kvp_eng *e = &a->engs[i];
+
+		if (e->state == KVP_ENGINE_CONNECTING && e->deadline < wake)
+			wake = e->deadline;
+	}
+	/* The oldest pull's stall bound. */
+	if (a->consumer && a->pq_head != a->pq_tail) {
+		const struct kvp_req *r = &a->reqs[a->pq[a->pq_head & a->pq_mask]];
+
+		if (r->t0 + a->stall_ns < wake)
+			wake = r->t0 + a->stall_ns;
+	}
 	*wake_ns = wake;
-	if (a->cq) {
-		err = kvp__req_notify_cq(a->cq);
-		if (err)
-			return err;
-		a->armed = 1;
-		/* Completions that arrived before arming raise no event. */
-		if (kvp__cq_drain(a) && a->connected)
-			flush_backlog(a);
-	}
+	err = kvp__req_notify_cq(a->cq);
+	if (err)
+		return err;
+	a->armed = 1;
+	/* Completions that arrived before arming raise no event. */
+	if (kvp__cq_drain(a) && a->consumer)
+		flush_backlog(a);
 	return a->ev_head != a->ev_tail || a->npending ? 1 : 0;
 }

@@ -34,11 +34,11 @@
 
 #define DRAIN_NS 2000000000ull	       /* bound on waiting for flushes */
 
-void kvp__hello_fill(const kvp_agent *a, struct kvp_hello *h)
+void kvp__hello_fill(const kvp_agent *a, uint32_t side, struct kvp_hello *h)
 {
 	memset(h, 0, sizeof(*h));
 	h->version = KVP_HELLO_VERSION;
-	h->role = (uint16_t)a->role;
+	h->role = (uint16_t)side;
 	h->tp_size = a->li.tp_size;
 	h->tp_rank = a->li.tp_rank;
 	h->blob_len = (uint32_t)a->blob_len;
@@ -72,7 +72,7 @@ static int meta_encode(const kvp_agent *a, void *buf, size_t cap, size_t *len)
 	err = kvp_layout_clone(a->layout, &l);
 	if (err)
 		return err;
-	for (i = 0; a->role == KVP_ROLE_PRODUCER && i < a->li.nregions; i++) {
+	for (i = 0; a->producer && i < a->li.nregions; i++) {
 		err = kvp_layout_set_region_key(l, i, a->lbase[i],
 						a->mrs[i]->rkey);
 		if (err)
@@ -104,12 +104,15 @@ int kvp_agent_get_meta(const kvp_agent *a, void *buf, size_t cap, size_t *len)
 	return meta_encode(a, buf, cap, len);
 }
 
-/* Encodes our blob into a registered buffer for the handshake's SEND. */
+/* Encodes our blob into a registered buffer for the handshake's SEND,
+ * once: registration is closed from here on. */
 int kvp__blob_make(kvp_agent *a)
 {
 	size_t len = 0;
 	int err;
 
+	if (a->blob)
+		return 0;
 	err = meta_encode(a, NULL, 0, &len);
 	if (err != -ENOSPC)
 		return err ? err : -EPROTO;
@@ -123,6 +126,7 @@ int kvp__blob_make(kvp_agent *a)
 	err = kvp__reg_mr(a->pd, a->blob, a->blob_len, 0, &a->blob_mr);
 	if (err)
 		goto err_blob;
+	a->started = 1;
 	return 0;
 
 err_blob:
@@ -328,12 +332,19 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	kvp_layout_destroy(c->peer);
 	if (c->blob_pending)
 		a->npending--;
-	kvp__engine_leave(a, c);
+	if (c->side == KVP_ROLE_PRODUCER)
+		kvp__engine_leave(a, c);
 	free(c->raddr);
 	free(c->rkey);
 	free(c->chunks);
 	c->chunks = NULL;
 	c->outstanding = c->c_head = c->c_post = c->c_tail = 0;
+	c->c_data = c->c_note = 0;
+	c->notes_posted = c->credit_seen = c->ctr_raddr = 0;
+	c->ctr_rkey = c->credit_max = 0;
+	c->credit_reading = 0;
+	c->wait_since = 0;
+	c->psrc = NO_SRC;
 	c->status = 0;
 	c->drains = 0;
 	c->drain_deadline = 0;
@@ -368,23 +379,29 @@ void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err)
 {
 	struct ibv_send_wr swr, *sbad;
 	struct ibv_recv_wr rwr, *rbad;
+	int was_ready = c->state == CS_READY;
 
 	if (c->state == CS_FREE || c->state >= CS_DRAINING)
 		return;
 	if (!c->status) /* a refusal's reason wins over the disconnect */
 		c->status = err ? err : -ECONNRESET;
-	if (a->role == KVP_ROLE_CONSUMER && !a->connected) {
-		/* Inside kvp_agent_connect(): it tears everything down. */
-		c->state = CS_DEAD;
-		return;
-	}
-	if (a->role == KVP_ROLE_CONSUMER)
-		a->ndead++;
 	/* A producer reports only consumer ranks that were connected: a
 	 * stranger's failed handshakes are counted (stats.refused), never
-	 * queued as events. */
-	if (a->role == KVP_ROLE_CONSUMER || c->state == CS_READY)
+	 * queued as events. A consumer reports every producer rank of an
+	 * engine that is not being removed or connected by
+	 * kvp_agent_connect(). */
+	if (c->side == KVP_ROLE_CONSUMER) {
+		struct kvp_eng *e = &a->engs[c->eng];
+
+		if (!e->quiet && !e->removing)
+			kvp__ev_disconnected(a, c);
+		if (was_ready) {
+			e->st.transport_failures++;
+			a->st.transport_failures++;
+		}
+	} else if (was_ready) {
 		kvp__ev_disconnected(a, c);
+	}
 	c->state = CS_DRAINING;
 	c->drains = 0;
 	c->drain_deadline = kvp__now_ns() + DRAIN_NS;
@@ -407,7 +424,10 @@ void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err)
 			c->drains++;
 		(void)kvp__disconnect(c->id);
 	}
-	if (!c->drains)
+	/* The rest of the engine goes with it. */
+	if (c->side == KVP_ROLE_CONSUMER)
+		kvp__engine_fail(a, &a->engs[c->eng], c->status);
+	if (c->state == CS_DRAINING && !c->drains)
 		kvp__conn_drained(a, c);
 }
 
@@ -417,9 +437,17 @@ void kvp__conn_drained(kvp_agent *a, struct kvp_conn *c)
 		return;
 	a->ndraining--;
 	c->drains = 0;
-	if (a->role == KVP_ROLE_CONSUMER) {
+	if (c->side == KVP_ROLE_CONSUMER) {
+		struct kvp_eng *e = &a->engs[c->eng];
+		uint32_t rank = c->rank;
+		int err = c->status;
+
+		/* Every WR posted on it has completed or been flushed: no
+		 * READ can land any more, and its requests can be failed. */
 		kvp__chunks_fail(a, c);
-		c->state = CS_DEAD; /* the QP stays until close */
+		kvp__conn_release(a, c);
+		a->ncons_free++;
+		kvp__engine_conn_gone(a, e, rank, err);
 		return;
 	}
 	kvp__conn_release(a, c);
@@ -435,7 +463,7 @@ void kvp__conn_timers(kvp_agent *a, uint64_t now)
 		if (c->state == CS_DRAINING && now >= c->drain_deadline) {
 			c->drains = 0;
 			kvp__conn_drained(a, c);
-		} else if (a->role == KVP_ROLE_PRODUCER &&
+		} else if (c->side == KVP_ROLE_PRODUCER &&
 			   (c->state == CS_CONNECTING ||
 			    c->state == CS_HANDSHAKE) &&
 			   now >= c->drain_deadline) {
@@ -456,8 +484,7 @@ void kvp__cm_process(kvp_agent *a, int budget)
 	for (i = 0; i < budget; i++) {
 		/* Each event queues at most one DISCONNECTED; request events
 		 * keep their reserve. */
-		if ((a->connected || a->listening) &&
-		    kvp__ev_room(a) <= (int)a->max_inflight)
+		if (kvp__ev_room(a) <= (int)a->max_inflight + 2)
 			return;
 		if (kvp__get_cm_event(a->ech, &ev) <= 0)
 			return;
@@ -477,7 +504,7 @@ void kvp__cm_process(kvp_agent *a, int budget)
 		kvp__ack_event(ev);
 
 		if (type == RDMA_CM_EVENT_CONNECT_REQUEST) {
-			if (a->role != KVP_ROLE_PRODUCER || !a->listening) {
+			if (!a->producer || !a->listening) {
 				kvp__destroy_id(id);
 				continue;
 			}
@@ -489,7 +516,7 @@ void kvp__cm_process(kvp_agent *a, int budget)
 		}
 		if (!id || !id->context)
 			continue; /* the listening id */
-		if (a->role == KVP_ROLE_CONSUMER)
+		if (((struct kvp_conn *)id->context)->side == KVP_ROLE_CONSUMER)
 			kvp__consumer_event(a, id->context, type, pdata, plen);
 		else
 			kvp__producer_event(a, id->context, type);
@@ -504,7 +531,7 @@ int kvp__handshake_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 		kvp__conn_fail(a, c, kvp__wc_errno(wc->status));
 		return 0;
 	}
-	if (a->role == KVP_ROLE_PRODUCER)
+	if (c->side == KVP_ROLE_PRODUCER)
 		kvp__producer_wc(a, c, wc);
 	else
 		kvp__consumer_wc(a, c, wc);

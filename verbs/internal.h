@@ -136,6 +136,8 @@ enum wr_kind {
 	WK_NOTE_RECV,  /* producer: a notification buffer */
 	WK_CTL_SEND,   /* handshake control message (auth, go, refusal) */
 	WK_CTL_RECV,
+	WK_LAST,       /* a chunk's last READ: its data is in; retires */
+	WK_CREDIT,     /* READ of the producer's credit counter; retires */
 };
 
 static inline uint64_t kvp__wrid(uint32_t kind, uint32_t gen, uint32_t conn,
@@ -172,10 +174,13 @@ struct kvp_hello {
 };
 KVP_HIDDEN void kvp__hello_put(uint8_t *p, const struct kvp_hello *h);
 KVP_HIDDEN int kvp__hello_get(const void *p, size_t len, struct kvp_hello *h);
+struct kvp_emit_pos;
 
 /* Handshake control messages, SENT on the connection before any blob:
  *   consumer -> producer  AUTH  u32 magic, u32 0, MAC (KVP_MAC_LEN)
- *   producer -> consumer  GO    u32 magic, u32 0
+ *   producer -> consumer  GO    u32 magic, u32 credits (notification
+ *                         receive buffers, 1..KVP_CREDIT_MAX), u64 the
+ *                         address and u32 the rkey of its credit counter
  *   producer -> consumer  REFUSE u32 magic, i32 -errno (also the private
  *                         data of a rejected connect request)
  * Each side receives them into a fixed buffer of KVP_CTL_LEN bytes set up
@@ -185,7 +190,13 @@ KVP_HIDDEN int kvp__hello_get(const void *p, size_t len, struct kvp_hello *h);
 #define KVP_AUTH_MAGIC 0x4b565041u
 #define KVP_AUTH_LEN (8 + KVP_MAC_LEN)
 #define KVP_GO_MAGIC 0x4b565047u
-#define KVP_GO_LEN 8
+#define KVP_GO_LEN 20
+/* A producer's send queue: control, blob, drain marker. */
+#define PROD_SQ 4
+/* RNR retries (7 would be for ever): with credits a notification never
+ * meets an empty receive queue, so only a misbehaving peer hits this. */
+#define KVP_RNR_RETRY 6
+#define KVP_CREDIT_MAX 65536
 #define KVP_REFUSE_MAGIC 0x4b565052u
 #define KVP_REFUSE_LEN 8
 
@@ -240,12 +251,14 @@ enum conn_state {
 };
 
 /* One in-flight request's share of one connection: its READs from that
- * producer rank, then the notification. */
+ * producer rank (emitted in windows from `pos`), then the notification. */
+#define CH_READS 1u  /* has READs whose data is not in yet */
 struct kvp_chunk {
 	uint32_t slot;	   /* request slot */
-	uint32_t wr_pos;   /* next READ to post, index in the WR ring */
-	uint32_t wr_end;
-	uint32_t sge_base; /* WR ring entries' sge_first are relative to it */
+	uint32_t flags;
+	uint32_t posted;   /* READs posted */
+	uint32_t pad;
+	struct kvp_emit_pos pos;
 };
 
 struct kvp_conn {
@@ -257,9 +270,12 @@ struct kvp_conn {
 	 * neighbouring connections, which the post loop streams through. */
 	struct {
 		uint32_t outstanding; /* SQ WRs posted, not yet retired */
-		uint32_t c_head;      /* oldest chunk not completed */
-		uint32_t c_post;      /* first chunk not fully posted */
+		uint32_t c_head;      /* oldest chunk, notification pending */
+		uint32_t c_data;      /* oldest chunk whose data may be out */
+		uint32_t c_note;      /* first chunk, notification unposted */
+		uint32_t c_post;      /* first chunk, READs not all posted */
 		uint32_t c_tail;      /* next free chunk */
+		uint32_t side;	      /* the side we play: enum kvp_role */
 		uint32_t state;	      /* enum conn_state */
 		int32_t status;	      /* why it died */
 		uint32_t drains;      /* drain markers still expected */
@@ -277,6 +293,20 @@ struct kvp_conn {
 	uint32_t rank;		  /* peer rank */
 	uint64_t engine_id;	  /* peer engine */
 	int reported;		  /* DISCONNECTED event queued */
+	uint32_t eng;		  /* consumer: engine index */
+	uint32_t psrc;		  /* consumer: plan source index, or NO_SRC */
+
+	/* Consumer: notification credits. The producer rank re-posts a
+	 * receive buffer per notification it took and counts them in a
+	 * counter we READ when out of credit: a notification is only sent
+	 * into a posted buffer, so no RNR wait ever holds the send queue. */
+	uint64_t notes_posted;	  /* notifications posted */
+	uint64_t credit_seen;	  /* the counter, as last read */
+	uint64_t ctr_raddr;
+	uint32_t ctr_rkey;
+	uint32_t credit_max;	  /* the producer's receive depth */
+	int credit_reading;	  /* a counter READ is posted */
+	uint64_t wait_since;	  /* a notification waits for credit since */
 
 	/* Handshake. */
 	uint8_t hello_c[KVP_HELLO_LEN]; /* both hellos, as sent: the MACs */
@@ -300,27 +330,73 @@ struct kvp_conn {
 	uint32_t peer_tp;	  /* the consumer engine's TP size */
 	uint32_t nearly;	  /* early entries this connection created */
 } __attribute__((aligned(KVP_CACHELINE)));
+#define NO_SRC UINT32_MAX
+#define NO_CONN UINT32_MAX
 
 /* ---- requests ----------------------------------------------------------- */
 
+/* ACTIVE: data on the way; FINISHED: DONE or FAILED queued or delivered
+ * (the slot lives on while notifications are posted or queued);
+ * REPORTED: FAILED delivered, ids lent to the user until the next poll. */
 enum req_state { RQ_FREE = 0, RQ_ACTIVE, RQ_FINISHED, RQ_REPORTED };
 
 struct kvp_req {
 	uint64_t req_id;
+	uint64_t t0;	   /* pull time */
+	uint64_t bytes;	   /* READ bytes posted */
+	uint32_t reads;	   /* READs posted */
 	uint32_t state;
-	uint32_t pending;  /* chunks not completed */
-	uint32_t unposted; /* chunks not fully posted */
+	uint32_t pending;  /* chunks whose data is not in */
+	uint32_t notes;	   /* notifications not completed nor dropped */
 	int32_t status;	   /* first failure, 0 */
-	uint32_t rec;	   /* its record in the ring FIFO */
+	uint32_t eng;	   /* engine index */
+	uint32_t seq;	   /* pull sequence number (the stall FIFO) */
+	uint32_t delivered; /* its event was handed to the user */
 	uint32_t next_free;
-	uint32_t *ids;		/* ngroups * max_ids local ids */
-	struct kvp_ids *gids;	/* per group, local lists into ids */
+	uint32_t pad;
+	uint32_t *ids;		/* ngroups * max_ids local, then remote ids */
+	struct kvp_ids *gids;	/* per group, lists into ids */
 };
 
-/* A WR ring allocation, released in pull order once fully posted. */
-struct kvp_rec {
-	uint32_t wr_start, wr_end, sge_start, sge_end;
-	uint32_t done;
+/* Consumer: a producer engine (engine.c). */
+enum eng_phase { EP_FIRST = 1, EP_REST };
+struct kvp_peer_addr {
+	char ip[64];
+	uint16_t port;
+};
+/* A compiled plan, shared by the engines of one geometry. */
+struct kvp_pcache {
+	kvp_layout *geo;	/* a layout of that geometry (any rank's) */
+	uint64_t hash;		/* its compat hash */
+	kvp_plan *plan;		/* NULL: free entry */
+	struct kvp_plan_info pi;
+	uint32_t *note_rank;	/* per notify index: producer rank */
+	uint32_t *note_src;	/* per notify index: source index or NO_SRC */
+	uint32_t refs;
+	uint64_t used;		/* last use, for eviction */
+};
+struct kvp_eng {
+	uint32_t state;		/* 0: free; enum kvp_engine_state */
+	uint32_t gen;		/* handle: gen << 16 | (index + 1) */
+	int32_t status;
+	uint32_t n;		/* producer TP size */
+	uint32_t phase;
+	uint32_t first;		/* rank met first, or whose blob was carried */
+	uint32_t nconn;		/* connection slots held */
+	uint32_t quiet;		/* kvp_agent_connect(): no engine events */
+	uint32_t removing;
+	uint32_t ups;		/* handshakes that succeeded */
+	uint64_t engine_id;
+	uint64_t t0, deadline;	/* the handshake's */
+	struct kvp_peer_addr *addr;	/* n */
+	uint8_t **craw;		/* carried blobs as given, or NULL */
+	uint32_t *craw_len;
+	kvp_layout *ref;	/* the layout checks hold every rank to */
+	struct kvp_pcache *pc;
+	uint32_t *rank_conn;	/* n: connection index or NO_CONN */
+	uint32_t *note_conn;	/* per notify index: connection index */
+	uint32_t plan_cached;
+	struct kvp_engine_info st;
 };
 
 /* Producer: one request in the table, keyed by (consumer engine, req_id).
@@ -359,7 +435,8 @@ struct kvp_gone {
 
 struct kvp_agent {
 	uint32_t role;
-	uint32_t connected, listening;
+	uint32_t producer, consumer; /* the sides this agent plays */
+	uint32_t started, listening; /* blob made (registration closed) */
 	char *src_addr; /* consumer: source address of connections */
 	kvp_layout *layout;
 	struct kvp_layout_info li;
@@ -397,34 +474,37 @@ struct kvp_agent {
 	size_t blob_len;
 	struct ibv_mr *blob_mr;
 
-	/* Connections: consumer: one per producer rank (nconns = producer TP
-	 * size; only the notify list is used); producer: max_peers slots. */
+	/* Connections: producer slots [0, nprod), consumer slots [nprod,
+	 * nconns). */
 	struct kvp_conn *conns;
-	uint32_t nconns;
-	uint32_t ndead;	    /* consumer: connections lost */
+	uint32_t nconns, nprod;
 	uint32_t ndraining; /* connections waiting for drain markers */
+	uint32_t ncons_free; /* consumer slots free */
+	uint64_t *ctr;	    /* producer: per slot, notifications re-posted */
+	struct ibv_mr *ctr_mr;
 
-	/* Consumer data path. */
-	kvp_plan *plan;
-	struct kvp_plan_info pi;
-	uint32_t *note_conn;   /* per notify index: connection (= rank) */
-	int32_t *note_src;     /* per notify index: source index or -1 */
-	uint32_t *src_end;     /* per source, from kvp_plan_emit() */
-	struct kvp_wr *ring_wr;
-	struct kvp_sge *ring_sge;
-	uint32_t ring_wr_cap, ring_sge_cap;
-	uint32_t bound_wr, bound_sge; /* per request */
-	uint32_t wr_head, wr_tail, sge_head, sge_tail;
-	struct kvp_rec *recs;
-	uint32_t rec_head, rec_tail, rec_mask;
+	/* Consumer: engines, plans, requests (engine.c, post.c). */
+	struct kvp_eng *engs;	/* max_peers */
+	uint32_t nengs;		/* held */
+	uint32_t nconnecting;	/* engines handshaking */
+	uint32_t def_eng;	/* kvp_agent_connect()'s handle, 0: none */
+	struct kvp_pcache *pcache; /* max_peers */
+	uint64_t pc_clock;
+	uint64_t stall_ns;
 	struct kvp_req *reqs;
 	uint32_t free_req, nreq_reported;
+	uint32_t *pq;		/* stall FIFO: slots in pull order */
+	uint32_t *pq_seq;
+	uint32_t pq_head, pq_tail, pq_mask, seq;
 	uint32_t chunk_mask;
 	uint8_t *note_buf;     /* per request slot: KVP_NOTE_LEN bytes */
 	struct ibv_mr *note_mr;
 	uint32_t sq_cap, sig_every;
 	struct ibv_send_wr *swr;
 	struct ibv_sge *ssge;
+	struct kvp_wr *wtmp;	/* an emission window: sq_cap WRs */
+	struct kvp_sge *stmp;	/* and their SGEs */
+	int bulk_now;
 
 	/* Producer requests (serve.c). */
 	struct kvp_ent *tab;
@@ -479,7 +559,10 @@ KVP_HIDDEN void kvp__conn_timers(kvp_agent *a, uint64_t now);
 KVP_HIDDEN int kvp__post_note_recv(kvp_agent *a, struct kvp_conn *c,
 				   uint32_t i);
 KVP_HIDDEN int kvp__regions_ready(const kvp_agent *a);
-KVP_HIDDEN void kvp__hello_fill(const kvp_agent *a, struct kvp_hello *h);
+KVP_HIDDEN void kvp__hello_fill(const kvp_agent *a, uint32_t side,
+				 struct kvp_hello *h);
+/* Makes our blob once (registration closes): listen and the first
+ * engine. */
 KVP_HIDDEN int kvp__blob_make(kvp_agent *a);
 KVP_HIDDEN void kvp__blob_free(kvp_agent *a);
 KVP_HIDDEN int kvp__cq_make(kvp_agent *a, uint64_t want);
@@ -523,6 +606,25 @@ KVP_HIDDEN void kvp__consumer_event(kvp_agent *a, struct kvp_conn *c,
 				    const uint8_t *pdata, uint32_t plen);
 KVP_HIDDEN void kvp__consumer_wc(kvp_agent *a, struct kvp_conn *c,
 				 const struct ibv_wc *wc);
+/* Starts connecting consumer slot c to producer rank `rank` of engine e
+ * at p. 0 or -errno (c left free). */
+KVP_HIDDEN int kvp__conn_start(kvp_agent *a, struct kvp_conn *c,
+			       struct kvp_eng *e, uint32_t rank,
+			       const struct kvp_peer_addr *p);
+
+/* engine.c: the consumer's producer engines */
+KVP_HIDDEN int kvp__engines_alloc(kvp_agent *a);
+KVP_HIDDEN void kvp__engines_free(kvp_agent *a);
+/* Moves handshaking engines on (after completions and rdma_cm events). */
+KVP_HIDDEN void kvp__engines_step(kvp_agent *a, uint64_t now);
+/* A consumer connection of engine e was released (drained, failed). */
+KVP_HIDDEN void kvp__engine_conn_gone(kvp_agent *a, struct kvp_eng *e,
+				      uint32_t rank, int err);
+/* Fails engine e: every connection to error, requests not DONE fail. */
+KVP_HIDDEN void kvp__engine_fail(kvp_agent *a, struct kvp_eng *e, int err);
+KVP_HIDDEN struct kvp_eng *kvp__engine_get(const kvp_agent *a, uint32_t h);
+KVP_HIDDEN uint32_t kvp__engine_handle(const kvp_agent *a,
+				       const struct kvp_eng *e);
 
 /* post.c */
 KVP_HIDDEN void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c);
@@ -531,8 +633,16 @@ KVP_HIDDEN void kvp__send_wc(kvp_agent *a, struct kvp_conn *c,
 /* Fails every chunk a drained connection still holds. */
 KVP_HIDDEN void kvp__chunks_fail(kvp_agent *a, struct kvp_conn *c);
 KVP_HIDDEN int kvp__wc_errno(enum ibv_wc_status st);
+/* Request slots, notification buffers, posting scratch: at open. */
 KVP_HIDDEN int kvp__data_alloc(kvp_agent *a);
 KVP_HIDDEN void kvp__data_free(kvp_agent *a);
+/* Per connection, when its engine comes up: the chunk FIFO, remote keys. */
+KVP_HIDDEN int kvp__conn_data_alloc(kvp_agent *a, struct kvp_conn *c);
 KVP_HIDDEN void kvp__req_reap(kvp_agent *a);
+/* Stalls: pulls not in and notifications starved past stall_ns;
+ * credit counter re-reads. About once a millisecond. */
+KVP_HIDDEN void kvp__pull_timers(kvp_agent *a, uint64_t now);
+/* Hands a DONE or FAILED event to the user: what its slot becomes. */
+KVP_HIDDEN void kvp__req_delivered(kvp_agent *a, struct kvp_event *ev);
 
 #endif

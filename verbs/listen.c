@@ -17,16 +17,15 @@
 #include "hmac.h"
 #include "internal.h"
 
-#define PROD_SQ 4
 #define REFUSE_OFF 32 /* in the control send buffer, after GO */
 
 int kvp_agent_listen(kvp_agent *a, const char *ip, uint16_t port)
 {
 	struct sockaddr_storage ss;
-	uint64_t cqe, cap;
+	uint64_t cap;
 	int err;
 
-	if (!a || a->role != KVP_ROLE_PRODUCER)
+	if (!a || !a->producer)
 		return -EINVAL;
 	if (a->listening)
 		return -EBUSY;
@@ -35,9 +34,6 @@ int kvp_agent_listen(kvp_agent *a, const char *ip, uint16_t port)
 	err = kvp__parse_addr(ip, port, &ss);
 	if (err)
 		return err;
-	a->rq_depth = a->max_inflight < 128 ? 128 : a->max_inflight;
-	if (a->rq_depth + 2 > (uint32_t)a->dattr.max_qp_wr)
-		a->rq_depth = (uint32_t)a->dattr.max_qp_wr - 2;
 	err = kvp__blob_make(a);
 	if (err)
 		return err;
@@ -45,21 +41,9 @@ int kvp_agent_listen(kvp_agent *a, const char *ip, uint16_t port)
 	if (cap < KVP_PEER_BLOB_FLOOR)
 		cap = KVP_PEER_BLOB_FLOOR;
 	a->peer_blob_cap = cap > KVP_META_MAX ? KVP_META_MAX : (uint32_t)cap;
-	cqe = (uint64_t)a->max_peers * (PROD_SQ + a->rq_depth + 2);
-	err = kvp__cq_make(a, cqe);
-	if (err)
-		goto err_blob;
-	err = -ENOMEM;
-	a->conns = kvp__conns_alloc(a->max_peers);
-	if (!a->conns)
-		goto err_cq;
-	a->nconns = a->max_peers;
-	err = kvp__ctl_alloc(a, a->nconns);
-	if (err)
-		goto err_conns;
 	err = kvp__create_id(a->ech, NULL, &a->listen_id);
 	if (err)
-		goto err_ctl;
+		return err;
 	err = kvp__bind_addr(a->listen_id, (struct sockaddr *)&ss);
 	if (err)
 		goto err_id;
@@ -75,17 +59,6 @@ int kvp_agent_listen(kvp_agent *a, const char *ip, uint16_t port)
 err_id:
 	kvp__destroy_id(a->listen_id);
 	a->listen_id = NULL;
-err_ctl:
-	kvp__ctl_free(a);
-err_conns:
-	free(a->conns);
-	a->conns = NULL;
-	a->nconns = 0;
-err_cq:
-	kvp__destroy_cq(a->cq);
-	a->cq = NULL;
-err_blob:
-	kvp__blob_free(a);
 	return err;
 }
 
@@ -109,7 +82,7 @@ static struct kvp_conn *slot_for(kvp_agent *a, const uint8_t *src, int *err)
 	struct kvp_conn *free_slot = NULL;
 	uint32_t i, same = 0, half = 0;
 
-	for (i = 0; i < a->nconns; i++) {
+	for (i = 0; i < a->nprod; i++) {
 		struct kvp_conn *c = &a->conns[i];
 
 		if (c->state == CS_FREE) {
@@ -161,6 +134,7 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 		return 0;
 	}
 	c->id = id;
+	a->ctr[c->idx] = 0;
 	c->rank = h.tp_rank;
 	c->engine_id = h.engine_id;
 	c->peer_tp = h.tp_size;
@@ -182,7 +156,7 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 	id->context = c;
 	if (kvp__post_ctl_recv(a, c))
 		goto err_conn;
-	kvp__hello_fill(a, &mine);
+	kvp__hello_fill(a, KVP_ROLE_PRODUCER, &mine);
 	if (kvp__random(mine.nonce, sizeof(mine.nonce)))
 		goto err_conn;
 	kvp__hello_put(c->hello_p, &mine);
@@ -201,7 +175,9 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 		param.responder_resources = (uint8_t)a->dattr.max_qp_rd_atom;
 	param.initiator_depth = 0;
 	param.retry_count = 7;
-	param.rnr_retry_count = 7;
+	/* Our sends are the handshake's, into posted buffers: an RNR would
+	 * be a consumer's fault, and is not waited out for long. */
+	param.rnr_retry_count = KVP_RNR_RETRY;
 	if (kvp__accept(id, &param))
 		goto err_conn;
 	c->drain_deadline = kvp__now_ns() + a->handshake_ns;
@@ -264,8 +240,13 @@ static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 	for (i = 0; i < a->rq_depth; i++)
 		if (kvp__post_note_recv(a, c, i))
 			return -EBUSY;
+	/* Credit: the buffers just posted; the counter of those re-posted
+	 * since is this slot's, for the consumer to READ. */
 	kvp__put32(kvp__ctl_tx(a, c), KVP_GO_MAGIC);
-	kvp__put32(kvp__ctl_tx(a, c) + 4, 0);
+	kvp__put32(kvp__ctl_tx(a, c) + 4, a->rq_depth);
+	kvp__put64(kvp__ctl_tx(a, c) + 8,
+		   (uint64_t)(uintptr_t)&a->ctr[c->idx]);
+	kvp__put32(kvp__ctl_tx(a, c) + 16, a->ctr_mr->rkey);
 	if (kvp__post_ctl_send(a, c, KVP_GO_LEN))
 		return -EBUSY;
 	c->state = CS_HANDSHAKE;
@@ -311,16 +292,16 @@ void kvp__blob_check_one(kvp_agent *a)
 	uint32_t i, k;
 	int err;
 
-	for (k = 0; k < a->nconns; k++) {
-		i = (a->next_pending + k) % a->nconns;
+	for (k = 0; k < a->nprod; k++) {
+		i = (a->next_pending + k) % a->nprod;
 		if (a->conns[i].blob_pending)
 			break;
 	}
-	if (k == a->nconns) {
+	if (k == a->nprod) {
 		a->npending = 0; /* unreachable */
 		return;
 	}
-	a->next_pending = (i + 1) % a->nconns;
+	a->next_pending = (i + 1) % a->nprod;
 	a->conns[i].blob_pending = 0;
 	a->npending--;
 	err = producer_meta(a, &a->conns[i]);

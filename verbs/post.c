@@ -1,23 +1,31 @@
 // SPDX-License-Identifier: MIT
 /*
- * The consumer's data path: pull, posting, send completions.
+ * The consumer's data path: pull, posting, send completions, stalls.
  *
- * A pull emits its READs with kvp_plan_emit() straight into a ring of
- * kvp_wr/kvp_sge (allocated at connect, two requests' worth at the bound),
- * then queues one chunk per connection: that producer rank's READs followed
- * by the fenced notification SEND. kvp__conn_flush() turns chunks into one
- * chain of ibv_send_wr per connection and posts it with one doorbell, as far
- * as the send queue has room; the rest stays in the ring and is posted from
- * poll when completions free room. Ring space is given back, in pull order,
- * once a request's chunks are all posted (the provider copies WRs at post
- * time), so the ring only ever holds what waits for room.
+ * A pull checks its ids, copies them into its request slot and queues one
+ * chunk on each connection of the engine's notify list: that producer
+ * rank's READs (if it is a source) and then the notification. Nothing is
+ * emitted at pull time: kvp__conn_flush() emits each chunk's READs with
+ * kvp_plan_emit_window() straight into the free room of that connection's
+ * send queue, and resumes from the chunk's position when completions free
+ * more. Memory is therefore bounded by the queue depths: one window of
+ * sq_depth work requests per agent, whatever max_ids, the plan or the
+ * number of engines.
  *
  * Send queue accounting: a WR occupies the SQ until a later signalled WR of
- * the same QP completes (RC completes in order). Each chain's last WR is
- * signalled, and one in every sig_every inside long chains, so room comes
- * back while a big request is still streaming; every signalled wr_id
- * carries how many WRs it retires. One SQ slot stays free for the drain
- * marker.
+ * the same QP completes (RC completes in order). A chunk's last READ is
+ * signalled (WK_LAST: that rank's data is in), and one WR in every
+ * sig_every inside long chains, so room comes back while a big request is
+ * still streaming; every signalled wr_id carries how many WRs it retires.
+ * One SQ slot stays free for the drain marker.
+ *
+ * DONE is reported when the last READ of every source completed: the data
+ * is in. The notifications follow (fenced behind the READs on their QP),
+ * each only into a receive buffer the producer rank has posted: the rank
+ * gives its receive depth as credit at the handshake and counts the
+ * buffers it re-posts in a counter we READ when out of credit. A request
+ * slot is free again once its event is delivered and its notifications
+ * completed (or were dropped with their connection).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +33,8 @@
 #include "internal.h"
 
 #define NO_REQ UINT32_MAX
+#define CREDIT_OFF (KVP_CTL_LEN - 8) /* the counter lands in the ctl rx
+				      * buffer, idle after the handshake */
 
 int kvp__wc_errno(enum ibv_wc_status st)
 {
@@ -46,46 +56,86 @@ int kvp__wc_errno(enum ibv_wc_status st)
 
 /* ---- request bookkeeping ------------------------------------------------ */
 
-/* Gives ring space back, oldest first, for requests fully posted. */
-static void rec_done(kvp_agent *a, struct kvp_req *r)
+static void req_free(kvp_agent *a, struct kvp_req *r)
 {
-	a->recs[r->rec & a->rec_mask].done = 1;
-	while (a->rec_head != a->rec_tail &&
-	       a->recs[a->rec_head & a->rec_mask].done)
-		a->rec_head++;
-	if (a->rec_head == a->rec_tail) {
-		a->wr_head = a->wr_tail = 0;
-		a->sge_head = a->sge_tail = 0;
-	} else {
-		const struct kvp_rec *h = &a->recs[a->rec_head & a->rec_mask];
-
-		a->wr_head = h->wr_start;
-		a->sge_head = h->sge_start;
-	}
+	r->state = RQ_FREE;
+	r->next_free = a->free_req;
+	a->free_req = (uint32_t)(r - a->reqs);
 }
 
-static void req_chunk_done(kvp_agent *a, struct kvp_req *r, int err)
+static void req_maybe_free(kvp_agent *a, struct kvp_req *r)
 {
+	if (r->delivered && !r->notes && r->state == RQ_FINISHED)
+		req_free(a, r);
+}
+
+/* The request's event: DONE once every source's data is in, FAILED when
+ * one failed first (the others then completed or were flushed: no READ
+ * of it can land any more). */
+static void req_finish(kvp_agent *a, struct kvp_req *r)
+{
+	struct kvp_eng *e = &a->engs[r->eng];
 	struct kvp_event ev;
 
-	if (err && !r->status)
-		r->status = err;
-	if (--r->pending)
-		return;
 	r->state = RQ_FINISHED;
 	memset(&ev, 0, sizeof(ev));
 	ev.type = r->status ? KVP_EV_FAILED : KVP_EV_DONE;
 	ev.status = r->status;
 	ev.req_id = r->req_id;
 	ev.rank = (uint32_t)(r - a->reqs); /* the slot, until delivered */
-	kvp__ev_push(a, &ev);
-	if (r->status)
-		a->st.failed++;
-	else
+	ev.engine = kvp__engine_handle(a, e);
+	ev.engine_id = e->engine_id;
+	if (!r->status) {
+		ev.reads = r->reads;
+		ev.bytes = r->bytes;
+		ev.elapsed_ns = kvp__now_ns() - r->t0;
 		a->st.done++;
+		e->st.done++;
+	} else {
+		a->st.failed++;
+		e->st.failed++;
+	}
+	kvp__ev_push(a, &ev);
 }
 
-/* FAILED slots live until the poll after the one that reported them. */
+static void req_data_in(kvp_agent *a, struct kvp_req *r, int err)
+{
+	if (err && !r->status)
+		r->status = err;
+	if (!--r->pending)
+		req_finish(a, r);
+}
+
+static void req_note_done(kvp_agent *a, struct kvp_req *r)
+{
+	r->notes--;
+	req_maybe_free(a, r);
+}
+
+void kvp__req_delivered(kvp_agent *a, struct kvp_event *ev)
+{
+	struct kvp_req *r = &a->reqs[ev->rank];
+	uint32_t g;
+
+	ev->rank = 0;
+	r->delivered = 1;
+	if (ev->type == KVP_EV_FAILED) {
+		/* Local lists only: nothing is emitted for it any more. */
+		for (g = 0; g < a->li.ngroups; g++) {
+			r->gids[g].remote = NULL;
+			r->gids[g].nremote = 0;
+		}
+		ev->ids = r->gids;
+		ev->ngroups = a->li.ngroups;
+		r->state = RQ_REPORTED;
+		a->nreq_reported++;
+		return;
+	}
+	req_maybe_free(a, r);
+}
+
+/* FAILED slots lend their ids until the poll after the one that reported
+ * them. */
 void kvp__req_reap(kvp_agent *a)
 {
 	uint32_t i;
@@ -97,9 +147,8 @@ void kvp__req_reap(kvp_agent *a)
 
 		if (r->state != RQ_REPORTED)
 			continue;
-		r->state = RQ_FREE;
-		r->next_free = a->free_req;
-		a->free_req = i;
+		r->state = RQ_FINISHED;
+		req_maybe_free(a, r);
 	}
 	a->nreq_reported = 0;
 }
@@ -109,20 +158,38 @@ void kvp__chunks_fail(kvp_agent *a, struct kvp_conn *c)
 	uint32_t i;
 
 	for (i = c->c_head; i != c->c_tail; i++) {
-		struct kvp_req *r = &a->reqs[c->chunks[i & a->chunk_mask].slot];
+		const struct kvp_chunk *ch = &c->chunks[i & a->chunk_mask];
+		struct kvp_req *r = &a->reqs[ch->slot];
 
-		if (i - c->c_post < c->c_tail - c->c_post && !--r->unposted)
-			rec_done(a, r);
-		req_chunk_done(a, r, c->status);
+		if (ch->flags & CH_READS) /* its data is not in */
+			req_data_in(a, r, c->status);
+		req_note_done(a, r);
 	}
-	c->c_head = c->c_post = c->c_tail;
+	c->c_head = c->c_data = c->c_note = c->c_post = c->c_tail;
 }
 
 /* ---- completions -------------------------------------------------------- */
 
-void kvp__send_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
+/* Chunk c_data onwards: the first that still has READs out is the one
+ * whose last READ just completed. */
+static void chunk_data_in(kvp_agent *a, struct kvp_conn *c)
 {
 	struct kvp_chunk *ch;
+
+	while (c->c_data != c->c_post &&
+	       !(c->chunks[c->c_data & a->chunk_mask].flags & CH_READS))
+		c->c_data++;
+	if (kvp_unlikely(c->c_data == c->c_post))
+		return; /* unreachable: a WK_LAST per chunk with READs */
+	ch = &c->chunks[c->c_data++ & a->chunk_mask];
+	ch->flags &= ~CH_READS;
+	req_data_in(a, &a->reqs[ch->slot], 0);
+}
+
+void kvp__send_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
+{
+	uint32_t kind = WRID_KIND(wc->wr_id);
+	uint64_t seen;
 
 	if (kvp_unlikely(c->state != CS_READY && c->state != CS_DRAINING))
 		return;
@@ -131,37 +198,130 @@ void kvp__send_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 		return;
 	}
 	c->outstanding -= WRID_VALUE(wc->wr_id);
-	if (WRID_KIND(wc->wr_id) != WK_NOTE)
+	switch (kind) {
+	case WK_LAST:
+		chunk_data_in(a, c);
 		return;
-	/* A notification completed: by RC ordering and the fence, so did
-	 * every READ of its chunk. */
-	ch = &c->chunks[c->c_head & a->chunk_mask];
-	c->c_head++;
-	req_chunk_done(a, &a->reqs[ch->slot], 0);
+	case WK_NOTE:
+		/* Notifications complete in order. */
+		req_note_done(a, &a->reqs[c->chunks[c->c_head++ &
+						    a->chunk_mask].slot]);
+		return;
+	case WK_CREDIT:
+		c->credit_reading = 0;
+		seen = kvp__get64(kvp__ctl_rx(a, c) + CREDIT_OFF);
+		/* A producer cannot grant more than we sent. */
+		if (seen > c->notes_posted)
+			seen = c->notes_posted;
+		if (seen > c->credit_seen)
+			c->credit_seen = seen;
+		return;
+	default:
+		return;
+	}
 }
 
 /* ---- posting ------------------------------------------------------------ */
+
+static inline uint64_t credits(const struct kvp_conn *c)
+{
+	return c->credit_max + c->credit_seen - c->notes_posted;
+}
+
+/* Sets up WR s to signal `kind`, retiring `since` WRs. */
+static inline void signal_wr(struct ibv_send_wr *s, const struct kvp_conn *c,
+			     uint32_t kind, uint32_t since)
+{
+	s->send_flags |= IBV_SEND_SIGNALED;
+	s->wr_id = kvp__wrid(kind, c->gen, c->idx, since);
+}
 
 void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 {
 	struct ibv_send_wr *w = a->swr, *s = NULL, *bad;
 	struct ibv_sge *g = a->ssge;
+	const struct kvp_eng *e = &a->engs[c->eng];
+	const kvp_plan *plan = e->pc ? e->pc->plan : NULL;
 	const uint32_t gen = c->gen, idx = c->idx, mask = a->chunk_mask;
-	uint32_t room, n = 0, since = 0, j;
-	uint64_t bytes = 0, reads = 0;
-	int err;
+	uint32_t room, n = 0, since = 0, j, k;
+	uint64_t bytes, tbytes = 0, reads = 0, queued = 0;
+	int err, rc;
 
 	if (kvp_unlikely(c->state != CS_READY))
 		return;
 	room = a->sq_cap - c->outstanding;
-	while (c->c_post != c->c_tail && n < room) {
-		struct kvp_chunk *ch = &c->chunks[c->c_post & mask];
+	while (n < room) {
+		struct kvp_chunk *ch;
 		struct kvp_req *r;
 
-		while (ch->wr_pos < ch->wr_end && n < room) {
-			const struct kvp_wr *rw = &a->ring_wr[ch->wr_pos++];
-			const struct kvp_sge *rs =
-				&a->ring_sge[ch->sge_base + rw->sge_first];
+		if (c->c_note != c->c_post) {
+			if (credits(c)) {
+				/* The notification: fenced behind this QP's
+				 * READs. */
+				ch = &c->chunks[c->c_note++ & mask];
+				s = &w[n++];
+				s->next = s + 1;
+				s->sg_list = g;
+				s->num_sge = 1;
+				g->addr = (uint64_t)(uintptr_t)(a->note_buf +
+					(size_t)ch->slot * KVP_NOTE_LEN);
+				g->length = KVP_NOTE_LEN;
+				g->lkey = a->note_mr->lkey;
+				g++;
+				s->opcode = IBV_WR_SEND;
+				s->send_flags = IBV_SEND_FENCE;
+				signal_wr(s, c, WK_NOTE, since + 1);
+				since = 0;
+				c->notes_posted++;
+				c->wait_since = 0;
+				a->st.notes_sent++;
+				continue;
+			}
+			if (!c->credit_reading) {
+				/* Out of credit: read the producer's count
+				 * of re-posted buffers. */
+				s = &w[n++];
+				s->next = s + 1;
+				s->sg_list = g;
+				s->num_sge = 1;
+				g->addr = (uint64_t)(uintptr_t)(kvp__ctl_rx(a, c) +
+								CREDIT_OFF);
+				g->length = 8;
+				g->lkey = a->ctl_mr->lkey;
+				g++;
+				s->opcode = IBV_WR_RDMA_READ;
+				s->wr.rdma.remote_addr = c->ctr_raddr;
+				s->wr.rdma.rkey = c->ctr_rkey;
+				s->send_flags = 0;
+				signal_wr(s, c, WK_CREDIT, since + 1);
+				since = 0;
+				c->credit_reading = 1;
+				a->st.credit_waits++;
+				continue;
+			}
+		}
+		if (c->c_post == c->c_tail)
+			break;
+		ch = &c->chunks[c->c_post & mask];
+		r = &a->reqs[ch->slot];
+		if (!(ch->flags & CH_READS)) {
+			c->c_post++;
+			continue;
+		}
+		rc = kvp_plan_emit_window(plan, r->gids, &ch->pos, a->wtmp,
+					  room - n, a->stmp,
+					  (room - n) * a->max_sge, &bytes);
+		if (kvp_unlikely(rc < 0)) {
+			/* Unreachable: the ids passed kvp_plan_emit_check().
+			 * What is chained so far is dropped with the QP. */
+			kvp__conn_fail(a, c, -EPROTO);
+			return;
+		}
+		k = (uint32_t)rc;
+		for (j = 0; j < k; j++) {
+			const struct kvp_wr *rw = &a->wtmp[j];
+			const struct kvp_sge *rs = &a->stmp[rw->sge_first];
+			uint32_t q;
 
 			s = &w[n++];
 			s->next = s + 1;
@@ -170,50 +330,55 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 			s->opcode = IBV_WR_RDMA_READ;
 			s->wr.rdma.remote_addr = c->raddr[rw->region] + rw->offset;
 			s->wr.rdma.rkey = c->rkey[rw->region];
-			for (j = 0; j < rw->nsge; j++, g++) {
-				g->addr = a->lbase[rs[j].region] + rs[j].offset;
-				g->length = rs[j].len;
-				g->lkey = a->lkey[rs[j].region];
+			for (q = 0; q < rw->nsge; q++, g++) {
+				g->addr = a->lbase[rs[q].region] + rs[q].offset;
+				g->length = rs[q].len;
+				g->lkey = a->lkey[rs[q].region];
 			}
+			s->send_flags = 0;
+			s->wr_id = kvp__wrid(WK_READ, gen, idx, 0);
 			if (kvp_unlikely(++since == a->sig_every)) {
-				s->send_flags = IBV_SEND_SIGNALED;
-				s->wr_id = kvp__wrid(WK_SIGNAL, gen, idx, since);
+				signal_wr(s, c, WK_SIGNAL, since);
 				since = 0;
-			} else {
-				s->send_flags = 0;
-				s->wr_id = kvp__wrid(WK_READ, gen, idx, 0);
 			}
-			bytes += rw->len;
-			reads++;
 		}
-		if (ch->wr_pos < ch->wr_end || n == room)
-			break;
-		/* The notification: fenced behind this QP's READs. */
-		r = &a->reqs[ch->slot];
-		s = &w[n++];
-		s->next = s + 1;
-		s->sg_list = g;
-		s->num_sge = 1;
-		g->addr = (uint64_t)(uintptr_t)(a->note_buf +
-						(size_t)ch->slot * KVP_NOTE_LEN);
-		g->length = KVP_NOTE_LEN;
-		g->lkey = a->note_mr->lkey;
-		g++;
-		s->opcode = IBV_WR_SEND;
-		s->send_flags = IBV_SEND_SIGNALED | IBV_SEND_FENCE;
-		s->wr_id = kvp__wrid(WK_NOTE, gen, idx, since + 1);
-		since = 0;
+		ch->posted += k;
+		r->reads += k;
+		r->bytes += bytes;
+		tbytes += bytes;
+		reads += k;
+		if (!kvp_plan_emit_done(&ch->pos))
+			break; /* the window is full */
+		if (k) {
+			/* Its last READ tells us the rank's data is in. */
+			signal_wr(s, c, WK_LAST, since);
+			since = 0;
+		} else if (!ch->posted) {
+			/* Nothing to read from this rank after all. */
+			ch->flags &= ~CH_READS;
+			req_data_in(a, r, 0);
+		} else {
+			/* The previous window ended on the last READ: a
+			 * zero-length READ marks the end. */
+			s = &w[n++];
+			s->next = s + 1;
+			s->sg_list = NULL;
+			s->num_sge = 0;
+			s->opcode = IBV_WR_RDMA_READ;
+			s->wr.rdma.remote_addr = c->raddr[0];
+			s->wr.rdma.rkey = c->rkey[0];
+			s->send_flags = 0;
+			signal_wr(s, c, WK_LAST, since + 1);
+			since = 0;
+		}
 		c->c_post++;
-		a->st.notes_sent++;
-		if (!--r->unposted)
-			rec_done(a, r);
 	}
+	if (c->c_post != c->c_tail)
+		queued = 1;
 	if (!n)
-		return;
-	if (since) {
-		s->send_flags |= IBV_SEND_SIGNALED;
-		s->wr_id = kvp__wrid(WK_SIGNAL, gen, idx, since);
-	}
+		goto out;
+	if (since)
+		signal_wr(s, c, WK_SIGNAL, since);
 	s->next = NULL;
 	err = kvp__post_send(c->qp, w, &bad);
 	a->st.doorbells++;
@@ -225,73 +390,81 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 	}
 	c->outstanding += n;
 	a->st.reads += reads;
-	a->st.read_bytes += bytes;
+	a->st.read_bytes += tbytes;
+	a->engs[c->eng].st.reads += reads;
+	a->engs[c->eng].st.read_bytes += tbytes;
+out:
+	a->st.queued += queued;
 }
 
-/* Contiguous room for `need` entries in a ring whose live part runs from
- * head to tail (wrapping); `empty` when nothing is live. */
-static int ring_take(uint32_t head, uint32_t tail, uint32_t cap, int empty,
-		     uint32_t need, uint32_t *pos)
+/* Drops the stall FIFO's entries of requests no longer in flight. */
+static void pq_compact(kvp_agent *a)
 {
-	if (empty) {
-		*pos = 0;
-		return need <= cap;
+	uint32_t i, t = a->pq_head;
+
+	for (i = a->pq_head; i != a->pq_tail; i++) {
+		uint32_t slot = a->pq[i & a->pq_mask];
+		uint32_t seq = a->pq_seq[i & a->pq_mask];
+		const struct kvp_req *r = &a->reqs[slot];
+
+		if (r->state != RQ_ACTIVE || r->seq != seq)
+			continue;
+		a->pq[t & a->pq_mask] = slot;
+		a->pq_seq[t & a->pq_mask] = seq;
+		t++;
 	}
-	if (tail > head) {
-		if (cap - tail >= need) {
-			*pos = tail;
-			return 1;
-		}
-		*pos = 0;
-		return head >= need;
-	}
-	*pos = tail;
-	return tail < head && head - tail >= need;
+	a->pq_tail = t;
 }
 
-int kvp_agent_pull(kvp_agent *a, uint64_t req_id, const struct kvp_ids *ids)
+static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
+		const struct kvp_ids *ids)
 {
-	uint32_t wpos, spos, nsge = 0, slot, g, k, queued = 0;
-	const uint32_t ngroups = a ? a->li.ngroups : 0;
+	const struct kvp_pcache *pc = e->pc;
+	const uint32_t ngroups = a->li.ngroups, mi = a->max_ids;
+	uint32_t slot, g, k;
 	struct kvp_req *r;
-	struct kvp_rec *rec;
 	uint8_t *note;
-	int n, empty;
+	int err;
 
-	if (kvp_unlikely(!a || !ids || a->role != KVP_ROLE_CONSUMER))
-		return -EINVAL;
-	if (kvp_unlikely(!a->connected || a->ndead))
-		return -ENOTCONN;
 	for (g = 0; g < ngroups; g++)
-		if (ids[g].nlocal > a->max_ids || ids[g].nremote > a->max_ids)
+		if (ids[g].nlocal > mi || ids[g].nremote > mi)
 			return -EINVAL;
-	if (kvp_unlikely(a->free_req == NO_REQ ||
-			 a->rec_tail - a->rec_head > a->rec_mask))
+	if (kvp_unlikely(a->free_req == NO_REQ))
 		return -EBUSY;
-	empty = a->rec_head == a->rec_tail;
-	if (kvp_unlikely(!ring_take(a->wr_head, a->wr_tail, a->ring_wr_cap,
-				    empty, a->bound_wr, &wpos) ||
-			 !ring_take(a->sge_head, a->sge_tail, a->ring_sge_cap,
-				    empty, a->bound_sge, &spos)))
-		return -EBUSY;
-	n = kvp_plan_emit(a->plan, ids, a->ring_wr + wpos, a->bound_wr,
-			  a->ring_sge + spos, a->bound_sge, a->src_end);
-	if (kvp_unlikely(n < 0))
-		return n;
-	if (n)
-		nsge = a->ring_wr[wpos + n - 1].sge_first +
-		       a->ring_wr[wpos + n - 1].nsge;
+	for (k = 0; k < pc->pi.nnotify; k++) {
+		const struct kvp_conn *c = &a->conns[e->note_conn[k]];
+
+		if (kvp_unlikely(c->c_tail - c->c_head > a->chunk_mask))
+			return -EBUSY;
+	}
+	if (kvp_unlikely(a->pq_tail - a->pq_head > a->pq_mask)) {
+		pq_compact(a);
+		if (a->pq_tail - a->pq_head > a->pq_mask)
+			return -EBUSY;
+	}
+	err = kvp_plan_emit_check(pc->plan, ids);
+	if (kvp_unlikely(err))
+		return err;
 
 	slot = a->free_req;
 	r = &a->reqs[slot];
 	a->free_req = r->next_free;
 	for (g = 0; g < ngroups; g++) {
 		struct kvp_ids *d = &r->gids[g];
+		uint32_t *l = r->ids + (size_t)g * mi;
+		uint32_t *rm = r->ids + ((size_t)ngroups + g) * mi;
 
-		if (ids[g].nlocal) /* a full hit may pass local NULL */
-			memcpy(r->ids + (size_t)g * a->max_ids, ids[g].local,
+		/* A full hit may pass local NULL. */
+		if (ids[g].nlocal)
+			memcpy(l, ids[g].local,
 			       (size_t)ids[g].nlocal * sizeof(uint32_t));
+		if (ids[g].nremote)
+			memcpy(rm, ids[g].remote,
+			       (size_t)ids[g].nremote * sizeof(uint32_t));
+		d->local = l;
+		d->remote = rm;
 		d->nlocal = ids[g].nlocal;
+		d->nremote = ids[g].nremote;
 		d->tokens = ids[g].tokens;
 	}
 	note = a->note_buf + (size_t)slot * KVP_NOTE_LEN;
@@ -301,48 +474,131 @@ int kvp_agent_pull(kvp_agent *a, uint64_t req_id, const struct kvp_ids *ids)
 	kvp__put64(note + 16, a->li.engine_id);
 	kvp__put64(note + 24, 0);
 
-	rec = &a->recs[a->rec_tail & a->rec_mask];
-	rec->wr_start = wpos;
-	rec->wr_end = wpos + (uint32_t)n;
-	rec->sge_start = spos;
-	rec->sge_end = spos + nsge;
-	rec->done = 0;
-	r->rec = a->rec_tail++;
-	a->wr_tail = rec->wr_end;
-	a->sge_tail = rec->sge_end;
-
 	r->req_id = req_id;
+	r->t0 = kvp__now_ns();
+	r->bytes = 0;
+	r->reads = 0;
 	r->state = RQ_ACTIVE;
 	r->status = 0;
-	r->pending = a->pi.nnotify;
-	r->unposted = a->pi.nnotify;
-	for (k = 0; k < a->pi.nnotify; k++) {
-		struct kvp_conn *c = &a->conns[a->note_conn[k]];
+	r->eng = (uint32_t)(e - a->engs);
+	r->delivered = 0;
+	r->seq = ++a->seq;
+	r->notes = pc->pi.nnotify;
+	r->pending = 1; /* held until every chunk is queued */
+	a->pq[a->pq_tail & a->pq_mask] = slot;
+	a->pq_seq[a->pq_tail & a->pq_mask] = r->seq;
+	a->pq_tail++;
+	for (k = 0; k < pc->pi.nnotify; k++) {
+		struct kvp_conn *c = &a->conns[e->note_conn[k]];
 		struct kvp_chunk *ch = &c->chunks[c->c_tail++ & a->chunk_mask];
-		int32_t s = a->note_src[k];
 
 		ch->slot = slot;
-		ch->sge_base = spos;
-		ch->wr_pos = wpos + (s > 0 ? a->src_end[s - 1] : 0);
-		ch->wr_end = s >= 0 ? wpos + a->src_end[s] : ch->wr_pos;
-	}
-	for (k = 0; k < a->pi.nnotify; k++) {
-		struct kvp_conn *c = &a->conns[a->note_conn[k]];
-
-		kvp__conn_flush(a, c);
-		if (kvp_unlikely(c->c_post != c->c_tail)) {
-			const struct kvp_chunk *ch =
-				&c->chunks[(c->c_tail - 1) & a->chunk_mask];
-
-			queued += ch->wr_end - ch->wr_pos + 1;
+		ch->posted = 0;
+		ch->flags = 0;
+		if (c->psrc != NO_SRC &&
+		    !kvp_plan_emit_start(pc->plan, r->gids, c->psrc, &ch->pos) &&
+		    !kvp_plan_emit_done(&ch->pos)) {
+			ch->flags = CH_READS;
+			r->pending++;
 		}
 	}
-	a->st.queued += queued;
 	a->st.pulls++;
+	e->st.pulls++;
+	for (k = 0; k < pc->pi.nnotify; k++)
+		kvp__conn_flush(a, &a->conns[e->note_conn[k]]);
+	/* Every chunk is queued: the request may finish (at once when no
+	 * rank has anything to read: a full prefix hit). */
+	req_data_in(a, r, 0);
 	return 0;
 }
 
-/* ---- allocation at connect ---------------------------------------------- */
+int kvp_agent_pull_from(kvp_agent *a, uint32_t engine, uint64_t req_id,
+			const struct kvp_ids *ids)
+{
+	struct kvp_eng *e;
+
+	if (kvp_unlikely(!a || !ids || !a->consumer))
+		return -EINVAL;
+	e = kvp__engine_get(a, engine);
+	if (kvp_unlikely(!e))
+		return -ENOENT;
+	if (kvp_likely(e->state == KVP_ENGINE_UP))
+		return pull(a, e, req_id, ids);
+	if (e->state == KVP_ENGINE_FAILING)
+		return -ENOTCONN;
+	if (e->state == KVP_ENGINE_DOWN) {
+		/* On demand: with the addresses it had. */
+		int err = kvp_agent_reconnect_engine(a, engine, NULL, 0,
+						     (uint32_t)(a->handshake_ns /
+								1000000ull));
+
+		if (err)
+			return err;
+	}
+	return -EAGAIN;
+}
+
+int kvp_agent_pull(kvp_agent *a, uint64_t req_id, const struct kvp_ids *ids)
+{
+	struct kvp_eng *e;
+
+	if (kvp_unlikely(!a || !ids || !a->consumer))
+		return -EINVAL;
+	e = kvp__engine_get(a, a->def_eng);
+	if (kvp_unlikely(!e || e->state != KVP_ENGINE_UP))
+		return -ENOTCONN;
+	return pull(a, e, req_id, ids);
+}
+
+/* ---- stalls ------------------------------------------------------------- */
+
+static void stall(kvp_agent *a, struct kvp_eng *e)
+{
+	if (e->state != KVP_ENGINE_UP)
+		return;
+	e->st.stalls++;
+	a->st.stalls++;
+	kvp__engine_fail(a, e, -ETIMEDOUT);
+}
+
+void kvp__pull_timers(kvp_agent *a, uint64_t now)
+{
+	uint32_t i;
+
+	/* Pulls whose data is not in: the oldest first. */
+	while (a->pq_head != a->pq_tail) {
+		uint32_t slot = a->pq[a->pq_head & a->pq_mask];
+		const struct kvp_req *r = &a->reqs[slot];
+
+		if (r->state != RQ_ACTIVE ||
+		    r->seq != a->pq_seq[a->pq_head & a->pq_mask]) {
+			a->pq_head++;
+			continue;
+		}
+		if (now < r->t0 + a->stall_ns)
+			break;
+		a->pq_head++;
+		stall(a, &a->engs[r->eng]);
+	}
+	/* Notifications starved of credit: read the counter again, and give
+	 * up on a rank that has not re-posted a buffer for stall_ns. */
+	for (i = a->nprod; i < a->nconns; i++) {
+		struct kvp_conn *c = &a->conns[i];
+
+		if (c->state != CS_READY || c->c_note == c->c_post)
+			continue;
+		if (!c->wait_since) {
+			c->wait_since = now;
+		} else if (now - c->wait_since >= a->stall_ns) {
+			stall(a, &a->engs[c->eng]);
+			continue;
+		}
+		if (!c->credit_reading)
+			kvp__conn_flush(a, c);
+	}
+}
+
+/* ---- allocation --------------------------------------------------------- */
 
 void kvp__data_free(kvp_agent *a)
 {
@@ -356,136 +612,96 @@ void kvp__data_free(kvp_agent *a)
 	}
 	free(a->reqs);
 	a->reqs = NULL;
-	free(a->recs);
-	a->recs = NULL;
-	free(a->ring_wr);
-	a->ring_wr = NULL;
-	free(a->ring_sge);
-	a->ring_sge = NULL;
-	free(a->note_conn);
-	a->note_conn = NULL;
-	free(a->note_src);
-	a->note_src = NULL;
-	free(a->src_end);
-	a->src_end = NULL;
+	free(a->pq);
+	a->pq = NULL;
+	free(a->pq_seq);
+	a->pq_seq = NULL;
 	free(a->swr);
 	a->swr = NULL;
 	free(a->ssge);
 	a->ssge = NULL;
-	if (a->role == KVP_ROLE_CONSUMER) {
-		free(a->evq);
-		a->evq = NULL;
-		a->ev_cap = 0;
-	}
+	free(a->wtmp);
+	a->wtmp = NULL;
+	free(a->stmp);
+	a->stmp = NULL;
 }
 
-/* Sizes everything the data path touches, from the plan and the attrs. */
+/* Request slots (with room for their ids), the notification buffers and
+ * one posting window: everything the data path touches, from the attrs,
+ * once per agent. */
 int kvp__data_alloc(kvp_agent *a)
 {
-	const uint32_t nn = a->pi.nnotify, ns = a->pi.nsrc;
 	const uint32_t ng = a->li.ngroups, mi = a->max_inflight;
-	uint32_t i, k, *ids;
+	uint32_t i, *ids;
 	struct kvp_ids *gids;
-	int err = -ENOMEM;
+	int err;
 
-	kvp_plan_emit_bound(a->plan, a->max_ids, &a->bound_wr, &a->bound_sge);
-	if (a->bound_wr >= UINT32_MAX / 2 || a->bound_sge >= UINT32_MAX / 2)
-		return -ENOMEM;
-	if (!a->bound_wr)
-		a->bound_wr = 1;
-	if (!a->bound_sge)
-		a->bound_sge = 1;
-	a->ring_wr_cap = 2 * a->bound_wr;
-	a->ring_sge_cap = 2 * a->bound_sge;
-	a->ring_wr = calloc(a->ring_wr_cap, sizeof(*a->ring_wr));
-	a->ring_sge = calloc(a->ring_sge_cap, sizeof(*a->ring_sge));
-	a->rec_mask = kvp__pow2_at_least(mi) - 1;
-	a->recs = calloc(a->rec_mask + 1, sizeof(*a->recs));
 	a->chunk_mask = kvp__pow2_at_least(mi) - 1;
-	a->note_conn = calloc(nn + 1, sizeof(*a->note_conn));
-	a->note_src = calloc(nn + 1, sizeof(*a->note_src));
-	a->src_end = calloc(ns + 1, sizeof(*a->src_end));
+	a->pq_mask = kvp__pow2_at_least(2 * mi) - 1;
 	a->reqs = calloc(mi, sizeof(*a->reqs));
-	ids = calloc((size_t)mi * ng * a->max_ids + 1, sizeof(*ids));
+	ids = calloc((size_t)mi * ng * 2 * a->max_ids + 1, sizeof(*ids));
 	gids = calloc((size_t)mi * ng + 1, sizeof(*gids));
+	a->pq = calloc(a->pq_mask + 1, sizeof(*a->pq));
+	a->pq_seq = calloc(a->pq_mask + 1, sizeof(*a->pq_seq));
 	a->sq_cap = a->sq_depth - 1;
 	a->sig_every = a->sq_cap / 4 ? a->sq_cap / 4 : 1;
 	a->swr = calloc(a->sq_cap, sizeof(*a->swr));
 	a->ssge = calloc((size_t)a->sq_cap * a->max_sge, sizeof(*a->ssge));
+	a->wtmp = calloc(a->sq_cap, sizeof(*a->wtmp));
+	a->stmp = calloc((size_t)a->sq_cap * a->max_sge, sizeof(*a->stmp));
 	a->note_buf = calloc(mi, KVP_NOTE_LEN);
-	a->ev_cap = mi + a->nconns + 8;
-	a->evq = calloc(a->ev_cap, sizeof(*a->evq));
 	if (a->reqs) {
 		a->reqs[0].ids = ids;
 		a->reqs[0].gids = gids;
+	} else {
+		free(ids);
+		free(gids);
 	}
-	if (!a->ring_wr || !a->ring_sge || !a->recs || !a->note_conn ||
-	    !a->note_src || !a->src_end || !a->reqs || !ids || !gids ||
-	    !a->swr || !a->ssge || !a->note_buf || !a->evq) {
-		if (!a->reqs) {
-			free(ids);
-			free(gids);
-		}
-		goto err_free;
-	}
+	if (!a->reqs || !ids || !gids || !a->pq || !a->pq_seq || !a->swr ||
+	    !a->ssge || !a->wtmp || !a->stmp || !a->note_buf)
+		return -ENOMEM;
 	for (i = 0; i < mi; i++) {
 		struct kvp_req *r = &a->reqs[i];
 
-		r->ids = ids + (size_t)i * ng * a->max_ids;
+		r->ids = ids + (size_t)i * ng * 2 * a->max_ids;
 		r->gids = gids + (size_t)i * ng;
-		for (k = 0; k < ng; k++)
-			r->gids[k].local = r->ids + (size_t)k * a->max_ids;
 		r->next_free = i + 1 < mi ? i + 1 : NO_REQ;
 	}
 	a->free_req = 0;
-	for (k = 0; k < nn; k++) {
-		int r = kvp_plan_notify(a->plan, k);
-
-		a->note_conn[k] = (uint32_t)r;
-		a->note_src[k] = -1;
-		for (i = 0; i < ns; i++)
-			if (kvp_plan_source(a->plan, i) == r)
-				a->note_src[k] = (int32_t)i;
-	}
 	/* Only ever the source of SENDs: local read access suffices. */
 	err = kvp__reg_mr(a->pd, a->note_buf, (size_t)mi * KVP_NOTE_LEN, 0,
 			  &a->note_mr);
-	if (err)
-		goto err_free;
-	for (k = 0; k < nn; k++) {
-		struct kvp_conn *c = &a->conns[a->note_conn[k]];
-		struct kvp_layout_info pi;
-
-		kvp_layout_get_info(c->peer, &pi);
-		err = -ENOMEM;
-		c->chunks = calloc(a->chunk_mask + 1, sizeof(*c->chunks));
-		c->raddr = calloc(pi.nregions + 1, sizeof(*c->raddr));
-		c->rkey = calloc(pi.nregions + 1, sizeof(*c->rkey));
-		if (!c->chunks || !c->raddr || !c->rkey)
-			goto err_conns;
-		err = -EPROTO;
-		for (i = 0; i < pi.nregions; i++)
-			if (kvp_layout_get_region_key(c->peer, i, &c->raddr[i],
-						      &c->rkey[i]))
-				goto err_conns;
-		c->outstanding = 0;
-		c->c_head = c->c_post = c->c_tail = 0;
-	}
-	a->ev_head = a->ev_tail = 0;
-	return 0;
-
-err_conns:
-	for (k = 0; k < nn; k++) {
-		struct kvp_conn *c = &a->conns[a->note_conn[k]];
-
-		free(c->chunks);
-		free(c->raddr);
-		free(c->rkey);
-		c->chunks = NULL;
-		c->raddr = NULL;
-		c->rkey = NULL;
-	}
-err_free:
-	kvp__data_free(a);
 	return err;
+}
+
+/* A connection of an engine coming up: its chunk FIFO and the remote
+ * keys; the blob it came with is no longer needed. */
+int kvp__conn_data_alloc(kvp_agent *a, struct kvp_conn *c)
+{
+	struct kvp_layout_info pi;
+	uint32_t i;
+
+	kvp_layout_get_info(c->peer, &pi);
+	c->chunks = calloc(a->chunk_mask + 1, sizeof(*c->chunks));
+	c->raddr = calloc(pi.nregions + 1, sizeof(*c->raddr));
+	c->rkey = calloc(pi.nregions + 1, sizeof(*c->rkey));
+	if (!c->chunks || !c->raddr || !c->rkey)
+		return -ENOMEM; /* freed with the connection */
+	for (i = 0; i < pi.nregions; i++)
+		if (kvp_layout_get_region_key(c->peer, i, &c->raddr[i],
+					      &c->rkey[i]))
+			return -EPROTO;
+	c->outstanding = 0;
+	c->c_head = c->c_data = c->c_note = c->c_post = c->c_tail = 0;
+	c->notes_posted = c->credit_seen = 0;
+	c->credit_reading = 0;
+	c->wait_since = 0;
+	kvp_layout_destroy(c->peer);
+	c->peer = NULL;
+	kvp__dereg_mr(c->blob_mr);
+	c->blob_mr = NULL;
+	free(c->blob);
+	c->blob = NULL;
+	c->blob_len = 0;
+	return 0;
 }

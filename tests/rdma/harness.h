@@ -623,6 +623,13 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 						kvp_strerror(ev[i].status));
 				continue;
 			}
+			if (ev[i].type == KVP_EV_ENGINE_DOWN) {
+				/* The engine goes down with its lost rank. */
+				if (tc->kill_rank < 0 || !ev[i].status)
+					RT_FAIL("engine down: %s",
+						kvp_strerror(ev[i].status));
+				continue;
+			}
 			if (k >= tc->nreq || got[k]++)
 				RT_FAIL("event %u for bad or repeated id %llu",
 					ev[i].type,
