@@ -1117,11 +1117,14 @@ struct kvp_event {
 KVP_API KVP_MUST_CHECK int kvp_agent_poll(kvp_agent *agent,
 					  struct kvp_event *ev, int max);
 
+#define KVP_AGENT_FDS 3
 /* File descriptors to sleep on (epoll/poll for reading): the completion
- * channel's, then the rdma_cm event channel's. Writes up to `max` of them
- * and returns how many there are (2), or -EINVAL (agent NULL, max < 0, fds
- * NULL with max > 0). Owned by the agent: do not read or
- * close them. Both are non-blocking. To sleep:
+ * channel's, the rdma_cm event channel's and the device's asynchronous
+ * events' (port down, QP fatal: kvp_agent_poll() fails what they hit).
+ * Writes up to `max` of them and returns how many there are
+ * (KVP_AGENT_FDS), or -EINVAL (agent NULL, max < 0, fds NULL with max >
+ * 0). Owned by the agent: do not read or close them. All are
+ * non-blocking. To sleep:
  *   1. kvp_agent_arm(); if it returns > 0, poll instead of sleeping;
  *   2. wait for either fd to be readable, up to *wake_ns;
  *   3. kvp_agent_poll() (it consumes the fd's events and re-arms nothing:
@@ -1163,6 +1166,12 @@ struct kvp_agent_stats {
 				      * producer rank's receive credit */
 	uint64_t plan_compiles, plan_hits; /* engine handshakes that compiled
 					    * a plan / reused one */
+	uint64_t async_errors; /* device events that failed connections (QP
+				* fatal, port down, device fatal) */
+	uint64_t mem_bytes; /* what the agent allocated for its peers and its
+			     * data path: connection slots, queues, request
+			     * slots, posting window, plans and engine tables;
+			     * not the registered memory itself */
 };
 
 /* Copies the agent's counters into *st. */

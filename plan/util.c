@@ -77,6 +77,8 @@ const char *kvp_strerror(int err)
 		return "value too large (count or size overflow)";
 	case -EUSERS:
 		return "too many connections from this peer or source";
+	case -ENETDOWN:
+		return "network down (the device's port failed)";
 	case -ECANCELED:
 		return "canceled (its engine was removed)";
 	case -E2BIG:

@@ -22,12 +22,12 @@ static const struct rt_case sc = {
  * that something already waits (no sleep), -1 on error. */
 static int sleep_on(kvp_agent *a, int max_ms)
 {
-	struct pollfd p[2];
+	struct pollfd p[KVP_AGENT_FDS];
 	uint64_t wake, now;
-	int fds[2], n, ms, r;
+	int fds[KVP_AGENT_FDS], n, ms, r, i;
 
-	n = kvp_agent_fds(a, fds, 2);
-	if (n != 2)
+	n = kvp_agent_fds(a, fds, KVP_AGENT_FDS);
+	if (n != KVP_AGENT_FDS)
 		return -1;
 	r = kvp_agent_arm(a, &wake);
 	if (r < 0)
@@ -40,11 +40,12 @@ static int sleep_on(kvp_agent *a, int max_ms)
 		ms = wake <= now ? 0 : (int)((wake - now) / 1000000 + 1);
 	if (ms > max_ms)
 		ms = max_ms;
-	p[0].fd = fds[0];
-	p[1].fd = fds[1];
-	p[0].events = p[1].events = POLLIN;
-	p[0].revents = p[1].revents = 0;
-	r = poll(p, 2, ms);
+	for (i = 0; i < n; i++) {
+		p[i].fd = fds[i];
+		p[i].events = POLLIN;
+		p[i].revents = 0;
+	}
+	r = poll(p, (nfds_t)n, ms);
 	return r < 0 ? -1 : r > 0;
 }
 

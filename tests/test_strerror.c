@@ -25,6 +25,7 @@ static const struct {
 	{ -EPROTO, "malformed or incompatible peer data" },
 	{ -ERANGE, "block id out of range" },
 	{ -ENOSPC, "no space (output arrays too small, or no free engine or connection slot)" },
+	{ -ENETDOWN, "network down (the device's port failed)" },
 	{ -ECANCELED, "canceled (its engine was removed)" },
 	{ -ENOENT, "no such preset, device or entry" },
 	{ -ETIMEDOUT, "timed out" },

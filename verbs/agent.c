@@ -290,6 +290,9 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	err = kvp__alloc_pd(a->ctx, &a->pd);
 	if (err)
 		goto err_devs;
+	err = kvp__set_nonblock(a->ctx->async_fd);
+	if (err)
+		goto err_pd;
 	err = kvp__create_comp_channel(a->ctx, &a->cch);
 	if (err)
 		goto err_pd;
@@ -381,21 +384,114 @@ int kvp_agent_register(kvp_agent *a, uint32_t region, void *addr, uint64_t len)
 	return 0;
 }
 
+/* What the agent allocated besides the registered memory: sized at open,
+ * plus what its peers hold now (connection queues, blobs, plans, engine
+ * tables). */
+static uint64_t mem_bytes(const kvp_agent *a)
+{
+	uint64_t m = sizeof(*a), ng = a->li.ngroups;
+	uint32_t i;
+
+	m += (uint64_t)a->nconns * (sizeof(*a->conns) + 2 * KVP_CTL_LEN);
+	m += (uint64_t)a->ev_cap * sizeof(*a->evq);
+	m += a->blob_len;
+	if (a->producer) {
+		m += (uint64_t)(a->tab_mask + 1) * sizeof(*a->tab);
+		m += (uint64_t)(a->max_inflight + a->early_cap) *
+		     (KVP_BM_WORDS * sizeof(*a->bm) + sizeof(*a->bm_free));
+		m += (uint64_t)a->gone_cap * sizeof(*a->gone);
+		m += (uint64_t)a->max_peers * sizeof(*a->peng);
+		m += (uint64_t)a->nprod * sizeof(*a->ctr);
+	}
+	if (a->consumer) {
+		m += (uint64_t)a->max_inflight *
+		     (sizeof(*a->reqs) + KVP_NOTE_LEN +
+		      ng * (2 * a->max_ids * sizeof(uint32_t) +
+			    sizeof(struct kvp_ids)));
+		m += (uint64_t)(a->pq_mask + 1) * 2 * sizeof(uint32_t);
+		m += (uint64_t)a->sq_cap *
+		     (sizeof(*a->swr) + sizeof(*a->wtmp) +
+		      a->max_sge * (sizeof(*a->ssge) + sizeof(*a->stmp)));
+		m += (uint64_t)a->max_peers *
+		     (sizeof(*a->engs) + sizeof(*a->pcache));
+		for (i = 0; i < a->max_peers; i++) {
+			const struct kvp_eng *e = &a->engs[i];
+			const struct kvp_pcache *pc = &a->pcache[i];
+
+			if (pc->plan)
+				m += pc->pi.bytes +
+				     2ull * pc->pi.nnotify * sizeof(uint32_t);
+			if (e->state)
+				m += (uint64_t)e->n * (sizeof(*e->addr) +
+						      sizeof(*e->rank_conn));
+		}
+	}
+	for (i = 0; i < a->nconns; i++) {
+		const struct kvp_conn *c = &a->conns[i];
+
+		m += c->blob_len;
+		if (c->notes)
+			m += (uint64_t)a->rq_depth * KVP_NOTE_LEN;
+		if (c->chunks)
+			m += (uint64_t)(a->chunk_mask + 1) * sizeof(*c->chunks);
+	}
+	return m;
+}
+
 void kvp_agent_get_stats(const kvp_agent *a, struct kvp_agent_stats *st)
 {
-	if (a && st)
-		*st = a->st;
+	if (!a || !st)
+		return;
+	*st = a->st;
+	st->mem_bytes = mem_bytes(a);
 }
 
 int kvp_agent_fds(const kvp_agent *a, int *fds, int max)
 {
+	const int all[KVP_AGENT_FDS] = { a ? a->cch->fd : -1,
+					 a ? a->ech->fd : -1,
+					 a ? a->ctx->async_fd : -1 };
+	int i;
+
 	if (!a || max < 0 || (max && !fds))
 		return -EINVAL;
-	if (max > 0)
-		fds[0] = a->cch->fd;
-	if (max > 1)
-		fds[1] = a->ech->fd;
-	return 2;
+	for (i = 0; i < max && i < KVP_AGENT_FDS; i++)
+		fds[i] = all[i];
+	return KVP_AGENT_FDS;
+}
+
+/* The device's asynchronous events: a QP in error fails its connection
+ * (its engine, on a consumer), a port or the device failing fails every
+ * connection. At most 8 per call. */
+static void async_events(kvp_agent *a)
+{
+	struct kvp_async ev;
+	uint32_t i;
+	int k, err;
+
+	for (k = 0; k < 8 && kvp__get_async_event(a->ctx, &ev) > 0; k++) {
+		switch (ev.type) {
+		case IBV_EVENT_QP_FATAL:
+		case IBV_EVENT_QP_REQ_ERR:
+		case IBV_EVENT_QP_ACCESS_ERR:
+		case IBV_EVENT_PATH_MIG_ERR:
+			for (i = 0; i < a->nconns; i++)
+				if (a->conns[i].qp == ev.qp)
+					kvp__conn_fail(a, &a->conns[i], -EIO);
+			a->st.async_errors++;
+			break;
+		case IBV_EVENT_PORT_ERR:
+		case IBV_EVENT_DEVICE_FATAL:
+			err = ev.type == IBV_EVENT_PORT_ERR ? -ENETDOWN :
+							      -ENODEV;
+			for (i = 0; i < a->nconns; i++)
+				kvp__conn_fail(a, &a->conns[i], err);
+			a->st.async_errors++;
+			break;
+		default:
+			break;
+		}
+	}
 }
 
 /* ---- completions -------------------------------------------------------- */
@@ -513,6 +609,7 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 	if (a->npending)
 		kvp__blob_check_one(a);
 	if (now >= a->next_cm_ns) {
+		async_events(a);
 		kvp__cm_process(a, CM_BUDGET);
 		kvp__conn_timers(a, now);
 		if (a->consumer)

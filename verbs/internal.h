@@ -81,6 +81,15 @@ KVP_HIDDEN int kvp__req_notify_cq(struct ibv_cq *cq);
  * (acknowledged), 0 if none, or -errno. */
 KVP_HIDDEN int kvp__get_cq_event(struct ibv_comp_channel *ch);
 KVP_HIDDEN int kvp__qp_to_error(struct ibv_qp *qp);
+/* One asynchronous device event without blocking (the context's async fd
+ * is non-blocking): 1 and *out (acknowledged), 0 if none, or -errno. */
+struct kvp_async {
+	enum ibv_event_type type;
+	struct ibv_qp *qp; /* QP events */
+	uint32_t port;	   /* port events */
+};
+KVP_HIDDEN int kvp__get_async_event(struct ibv_context *ctx,
+				    struct kvp_async *out);
 
 KVP_HIDDEN int kvp__create_event_channel(struct rdma_event_channel **out);
 KVP_HIDDEN void kvp__destroy_event_channel(struct rdma_event_channel *ch);

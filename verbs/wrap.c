@@ -155,6 +155,45 @@ int kvp__get_cq_event(struct ibv_comp_channel *ch)
 	return 1;
 }
 
+int kvp__get_async_event(struct ibv_context *ctx, struct kvp_async *out)
+{
+	struct ibv_async_event ev;
+
+	errno = 0;
+	if (ibv_get_async_event(ctx, &ev)) {
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return 0;
+		return err_now(EIO);
+	}
+	memset(out, 0, sizeof(*out));
+	out->type = ev.event_type;
+	switch (ev.event_type) {
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		out->qp = ev.element.qp;
+		break;
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE:
+	case IBV_EVENT_SM_CHANGE:
+	case IBV_EVENT_CLIENT_REREGISTER:
+	case IBV_EVENT_GID_CHANGE:
+		out->port = (uint32_t)ev.element.port_num;
+		break;
+	default:
+		break;
+	}
+	ibv_ack_async_event(&ev);
+	return 1;
+}
+
 int kvp__qp_to_error(struct ibv_qp *qp)
 {
 	struct ibv_qp_attr attr;

@@ -104,12 +104,12 @@ int tool_connect(kvp_agent *a, const char *addr, uint16_t port, uint32_t n)
 
 int tool_agent_sleep(kvp_agent *a, int stop_fd, int max_ms)
 {
-	struct pollfd w[3];
+	struct pollfd w[KVP_AGENT_FDS + 1];
 	uint64_t wake, t;
-	int fds[2], ms = max_ms, err;
+	int fds[KVP_AGENT_FDS], ms = max_ms, err, i;
 
-	err = kvp_agent_fds(a, fds, 2);
-	if (err != 2)
+	err = kvp_agent_fds(a, fds, KVP_AGENT_FDS);
+	if (err != KVP_AGENT_FDS)
 		return err < 0 ? err : -EPROTO;
 	err = kvp_agent_arm(a, &wake);
 	if (err)
@@ -117,11 +117,14 @@ int tool_agent_sleep(kvp_agent *a, int stop_fd, int max_ms)
 	t = tool_now_ns();
 	if (wake != UINT64_MAX && wake < t + (uint64_t)max_ms * 1000000)
 		ms = wake <= t ? 0 : (int)((wake - t) / 1000000 + 1);
-	w[0].fd = fds[0];
-	w[1].fd = fds[1];
-	w[2].fd = stop_fd;
-	w[0].events = w[1].events = w[2].events = POLLIN;
-	(void)poll(w, 3, ms);
+	for (i = 0; i < KVP_AGENT_FDS; i++)
+		w[i].fd = fds[i];
+	w[KVP_AGENT_FDS].fd = stop_fd;
+	for (i = 0; i <= KVP_AGENT_FDS; i++) {
+		w[i].events = POLLIN;
+		w[i].revents = 0;
+	}
+	(void)poll(w, KVP_AGENT_FDS + 1, ms);
 	return 0;
 }
 
