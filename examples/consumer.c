@@ -58,7 +58,7 @@ int main(int argc, char **argv)
 	struct kvp_peer peer;
 	struct kvp_ids ids;
 	kvp_agent *a = NULL;
-	uint32_t lids[EXAMPLE_BLOCKS], rids[EXAMPLE_BLOCKS], i;
+	uint32_t lids[EXAMPLE_BLOCKS], rids[EXAMPLE_BLOCKS], i, engine;
 	uint64_t bad;
 	int err, ret = 1;
 
@@ -69,7 +69,7 @@ int main(int argc, char **argv)
 	memset(&attr, 0, sizeof(attr));
 	attr.role = KVP_ROLE_CONSUMER;
 	attr.layout = ex.layout;
-	attr.max_ids = EXAMPLE_BLOCKS; /* sizes the WR arrays at connect */
+	attr.max_ids = EXAMPLE_BLOCKS; /* the longest id list of a pull */
 	example_secret(&attr);
 	err = kvp_agent_open(&attr, &a);
 	if (err) {
@@ -80,16 +80,21 @@ int main(int argc, char **argv)
 	if (example_register(&ex, a))
 		goto out;
 	/* peers[i]: where producer rank i listens; the producer has TP 1.
-	 * No carried blob (meta NULL): it comes in-band. */
+	 * No carried blob (meta NULL): it comes in-band. Adding an engine
+	 * does not block: its handshake runs in kvp_agent_poll(), which
+	 * reports ENGINE_UP (or ENGINE_DOWN and why). An agent may add any
+	 * number of producer engines and pull from each by its handle. */
 	memset(&peer, 0, sizeof(peer));
 	peer.addr = ex.addr;
 	peer.port = ex.port;
-	err = kvp_agent_connect(a, &peer, 1, CONNECT_MS);
+	err = kvp_agent_add_engine(a, &peer, 1, CONNECT_MS, &engine);
 	if (err) {
-		fprintf(stderr, "consumer: kvp_agent_connect(%s, %u): %s\n",
+		fprintf(stderr, "consumer: kvp_agent_add_engine(%s, %u): %s\n",
 			ex.addr, (unsigned)ex.port, kvp_strerror(err));
 		goto out;
 	}
+	if (example_wait(&ex, a, KVP_EV_ENGINE_UP, CONNECT_MS / 1000))
+		goto out;
 
 	/* The producer's blocks 0..7 hold the sequence; they land in our
 	 * blocks 20..27. One group (full attention): ids[0]. */
@@ -102,9 +107,9 @@ int main(int argc, char **argv)
 	ids.nlocal = EXAMPLE_BLOCKS;
 	ids.remote = rids;
 	ids.nremote = EXAMPLE_BLOCKS;
-	err = kvp_agent_pull(a, EXAMPLE_REQ_ID, &ids);
+	err = kvp_agent_pull_from(a, engine, EXAMPLE_REQ_ID, &ids);
 	if (err) {
-		fprintf(stderr, "consumer: kvp_agent_pull: %s\n",
+		fprintf(stderr, "consumer: kvp_agent_pull_from: %s\n",
 			kvp_strerror(err));
 		goto out;
 	}

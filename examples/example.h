@@ -186,9 +186,10 @@ static inline void example_pause(void)
 	(void)nanosleep(&ts, NULL); /* a signal only polls sooner */
 }
 
-/* Polls agent `a` until the event `want` (DONE on a consumer, RELEASED on
- * a producer) arrives for EXAMPLE_REQ_ID. Returns 0; -EIO after a FAILED
- * or EXPIRED event; -ETIMEDOUT after `timeout_s` seconds; or the error of
+/* Polls agent `a` until the event `want` arrives: ENGINE_UP (a consumer's
+ * producer engine), or DONE on a consumer and RELEASED on a producer for
+ * EXAMPLE_REQ_ID. Returns 0; -EIO after a FAILED, EXPIRED or ENGINE_DOWN
+ * event; -ETIMEDOUT after `timeout_s` seconds; or the error of
  * kvp_agent_poll(). Prints why it failed. */
 static inline int example_wait(const struct example *ex, kvp_agent *a,
 			       uint32_t want, int timeout_s)
@@ -205,8 +206,15 @@ static inline int example_wait(const struct example *ex, kvp_agent *a,
 			return n;
 		}
 		for (i = 0; i < n; i++) {
-			if (ev[i].type == want && ev[i].req_id == EXAMPLE_REQ_ID)
+			if (ev[i].type == want &&
+			    (want == KVP_EV_ENGINE_UP ||
+			     ev[i].req_id == EXAMPLE_REQ_ID))
 				return 0;
+			if (ev[i].type == KVP_EV_ENGINE_DOWN) {
+				fprintf(stderr, "%s: producer engine down: %s\n",
+					ex->prog, kvp_strerror(ev[i].status));
+				return -EIO;
+			}
 			if (ev[i].type == KVP_EV_FAILED ||
 			    ev[i].type == KVP_EV_EXPIRED) {
 				fprintf(stderr, "%s: request %llu %s: %s\n",

@@ -980,8 +980,7 @@ KVP_API KVP_MUST_CHECK int kvp_agent_reconnect_engine(kvp_agent *agent,
  * DONE are reported FAILED with -ECANCELED (ids included), and no event of
  * it follows but those. The handle is invalid on return. Returns 0, or
  * -ENOENT for an unknown handle. */
-KVP_API KVP_MUST_CHECK int kvp_agent_remove_engine(kvp_agent *agent,
-						   uint32_t engine);
+KVP_API int kvp_agent_remove_engine(kvp_agent *agent, uint32_t engine);
 
 /* Consumer: starts pulling request `req_id` from engine `engine`, as
  * kvp_agent_pull() does. Returns what kvp_agent_pull() returns, and

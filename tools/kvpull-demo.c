@@ -580,6 +580,7 @@ static int copy_mem(const kvp_layout *l, struct kvt_mem *dst,
 struct wr_count {
 	uint64_t wrs[MAX_GROUPS], naive[MAX_GROUPS], blocks[MAX_GROUPS];
 	uint32_t streams[MAX_GROUPS];
+	uint64_t bytes; /* what the plan's READs move */
 };
 
 static int count_wrs(const struct demo *d, const kvp_plan *plan,
@@ -609,9 +610,11 @@ static int count_wrs(const struct demo *d, const kvp_plan *plan,
 	n = wr && sge ? 0 : -ENOMEM;
 	for (i = 0; i < d->o->nreq && n >= 0; i++) {
 		n = kvp_plan_emit(plan, d->rq[i].ids, wr, mw, sge, ms, NULL);
-		for (s = 0; s < (uint32_t)(n > 0 ? n : 0); s++)
+		for (s = 0; s < (uint32_t)(n > 0 ? n : 0); s++) {
 			if (wr[s].group < MAX_GROUPS)
 				c->wrs[wr[s].group]++;
+			c->bytes += wr[s].len;
+		}
 	}
 	free(wr);
 	free(sge);
@@ -623,6 +626,7 @@ static int decode_rank(const struct demo *d, uint32_t rank)
 	const struct opts *o = d->o;
 	struct kvp_agent_attr at;
 	struct kvp_agent_stats st;
+	struct kvp_engine_info ei;
 	struct kvt_mem mem = { 0 }, exp = { 0 };
 	struct kvp_event ev[16];
 	struct wr_count wc;
@@ -630,7 +634,7 @@ static int decode_rank(const struct demo *d, uint32_t rank)
 	kvp_agent *a = NULL;
 	const kvp_plan *plan;
 	struct rank_out *r = &d->out[rank];
-	uint32_t i, g, next = 0, done = 0;
+	uint32_t i, g, next = 0, done = 0, eng = 0;
 	uint64_t naive = 0, planned = 0;
 	double t0, t1, t2, t3;
 	char words[32];
@@ -656,13 +660,15 @@ static int decode_rank(const struct demo *d, uint32_t rank)
 	err = tool_agent_open(&at, &mem, &a);
 	t0 = tool_now_s();
 	if (!err)
-		err = tool_connect(a, o->addr, o->port, o->P);
+		err = tool_add_engine(a, o->addr, o->port, o->P, &eng);
+	if (!err)
+		err = kvp_agent_engine_info(a, eng, &ei);
 	if (err) {
 		fprintf(stderr, "decode %u: %s\n", rank, kvp_strerror(err));
 		goto out;
 	}
 	t1 = tool_now_s();
-	plan = kvp_agent_plan(a);
+	plan = ei.plan;
 	print_plan(r, plan, rank);
 	err = count_wrs(d, plan, &wc);
 	if (err) {
@@ -676,7 +682,8 @@ static int decode_rank(const struct demo *d, uint32_t rank)
 	t2 = tool_now_s();
 	while (done < o->nreq) {
 		while (next < o->nreq) {
-			err = kvp_agent_pull(a, d->rq[next].id, d->rq[next].ids);
+			err = kvp_agent_pull_from(a, eng, d->rq[next].id,
+						  d->rq[next].ids);
 			if (err == -EBUSY)
 				break;
 			if (err) {
@@ -712,12 +719,15 @@ static int decode_rank(const struct demo *d, uint32_t rank)
 		fprintf(stderr, "decode rank %u: VERIFY FAILED\n", rank);
 		goto out;
 	}
-	/* The agent posts what kvp_plan_emit() writes, no more, no less. */
-	if (st.reads != planned) {
-		fprintf(stderr, "decode rank %u: %llu READs posted, the plan "
-				"emits %llu\n", rank,
+	/* The agent reads exactly the plan's bytes, in at least its READs
+	 * (a READ that a send queue window ends is split there). */
+	if (st.read_bytes != wc.bytes || st.reads < planned) {
+		fprintf(stderr, "decode rank %u: %llu READs of %llu bytes "
+				"posted, the plan emits %llu of %llu\n", rank,
 			(unsigned long long)st.reads,
-			(unsigned long long)planned);
+			(unsigned long long)st.read_bytes,
+			(unsigned long long)planned,
+			(unsigned long long)wc.bytes);
 		goto out;
 	}
 	outf(r, "transfer (decode rank %u): %llu bytes (%.1f MiB) in %llu "
@@ -735,9 +745,13 @@ static int decode_rank(const struct demo *d, uint32_t rank)
 		     (unsigned long long)wc.blocks[g], wc.streams[g],
 		     ratio_words(words, sizeof(words), wc.naive[g], wc.wrs[g]));
 	outf(r, "  %llu doorbells, %llu completion notifications to the "
-		"prefill ranks; connect + handshake %.0f ms\n",
+		"prefill ranks; engine added and up (handshake, plan "
+		"compiled) in %.0f ms\n",
 	     (unsigned long long)st.doorbells,
 	     (unsigned long long)st.notes_sent, (t1 - t0) * 1e3);
+	outf(r, "  agent memory besides the KV cache: %.1f KiB (plan %.1f "
+		"KiB, engine tables %.1f KiB)\n", st.mem_bytes / 1024.0,
+	     ei.plan_bytes / 1024.0, ei.table_bytes / 1024.0);
 	outf(r, "  %u requests in %.1f ms: %.1f MB/s (%s)\n", done,
 	     (t3 - t2) * 1e3, st.read_bytes / (t3 - t2) / 1e6, d->where);
 	outf(r, "verified (decode rank %u): every byte of the %u requests, "

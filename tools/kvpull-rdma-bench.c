@@ -169,7 +169,7 @@ static int consumer(const struct opts *o)
 	kvp_layout *l = build(o, 0);
 	kvp_agent *a = NULL;
 	struct kvp_ids ids;
-	uint32_t *lid, *rid, i, maxw, maxs;
+	uint32_t *lid, *rid, i, maxw, maxs, eng = 0;
 	uint64_t seed = 9, next, done = 0, t0, t1, pull_ns = 0, pull_user = 0;
 	uint64_t pull_sys = 0, pull_cpu = 0;
 	uint64_t emit_ns, emit_wrs = 0, poll_ns = 0, wrs;
@@ -204,13 +204,13 @@ static int consumer(const struct opts *o)
 	at.max_sge = 1;
 	err = tool_agent_open(&at, &mem, &a);
 	if (!err)
-		err = tool_connect(a, o->addr, o->port, 1);
+		err = tool_add_engine(a, o->addr, o->port, 1, &eng);
 	if (err) {
 		fprintf(stderr, "consumer: %s\n", kvp_strerror(err));
 		goto out;
 	}
 	/* Warm-up request 0, not timed. */
-	if (kvp_agent_pull(a, 0, &ids))
+	if (kvp_agent_pull_from(a, eng, 0, &ids))
 		goto out;
 	while (!done) {
 		n = kvp_agent_poll(a, ev, 32);
@@ -233,7 +233,7 @@ static int consumer(const struct opts *o)
 			uint64_t c0 = cpu_ns();
 
 			thread_cpu(&u0, &s0_);
-			err = kvp_agent_pull(a, next, &ids);
+			err = kvp_agent_pull_from(a, eng, next, &ids);
 			thread_cpu(&u1, &s1_);
 			c0 = cpu_ns() - c0;
 			if (err == -EBUSY)

@@ -87,10 +87,13 @@ int tool_producer_open(const kvp_layout *l, const char *addr, uint16_t port,
 	return 0;
 }
 
-int tool_connect(kvp_agent *a, const char *addr, uint16_t port, uint32_t n)
+int tool_add_engine(kvp_agent *a, const char *addr, uint16_t port, uint32_t n,
+		    uint32_t *engine)
 {
 	struct kvp_peer peers[TOOL_MAX_RANKS];
-	uint32_t i;
+	struct kvp_event ev[8];
+	uint32_t i, h;
+	int err, k;
 
 	if (n > TOOL_MAX_RANKS)
 		return -EINVAL;
@@ -99,7 +102,32 @@ int tool_connect(kvp_agent *a, const char *addr, uint16_t port, uint32_t n)
 		peers[i].addr = addr;
 		peers[i].port = (uint16_t)(port + i);
 	}
-	return kvp_agent_connect(a, peers, n, 60000);
+	err = kvp_agent_add_engine(a, peers, n, 60000, &h);
+	if (err)
+		return err;
+	/* The handshake runs inside poll; its end is an event. */
+	for (;;) {
+		k = kvp_agent_poll(a, ev, 8);
+		if (k < 0)
+			return k;
+		for (i = 0; i < (uint32_t)k; i++) {
+			if (ev[i].engine != h)
+				continue;
+			if (ev[i].type == KVP_EV_ENGINE_UP) {
+				*engine = h;
+				return 0;
+			}
+			if (ev[i].type == KVP_EV_ENGINE_DOWN) {
+				(void)kvp_agent_remove_engine(a, h);
+				return ev[i].status ? ev[i].status : -EIO;
+			}
+		}
+		if (!k) {
+			err = tool_agent_sleep(a, -1, 10);
+			if (err)
+				return err;
+		}
+	}
 }
 
 int tool_agent_sleep(kvp_agent *a, int stop_fd, int max_ms)

@@ -39,9 +39,12 @@ int tool_producer_open(const kvp_layout *l, const char *addr, uint16_t port,
 		       uint32_t max_inflight, struct kvt_mem *mem,
 		       kvp_agent **a);
 
-/* A consumer: connects to the n producer ranks listening at addr:port+i
- * (60 s at most). Returns 0 or a negative errno. */
-int tool_connect(kvp_agent *a, const char *addr, uint16_t port, uint32_t n);
+/* A consumer: adds the producer engine whose n ranks listen at addr:port+i
+ * (kvp_agent_add_engine()) and polls until it is up (60 s at most).
+ * Returns 0 and its handle in *engine, or a negative errno (the
+ * ENGINE_DOWN event's reason). */
+int tool_add_engine(kvp_agent *a, const char *addr, uint16_t port, uint32_t n,
+		    uint32_t *engine);
 
 /* Sleeps until the agent's fds or stop_fd are readable, the agent's next
  * deadline, or max_ms have passed, as kvp_agent_fds() describes; returns at
