@@ -636,16 +636,24 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
 /*
  * An agent is one engine rank's endpoint on one RDMA device: a protection
  * domain, the rank's registered regions, one completion queue, and one RC
- * queue pair per peer rank, set up over librdmacm.
+ * queue pair per peer rank, set up over librdmacm. Everything an agent
+ * needs for max_peers peer ranks is allocated and registered at open; its
+ * memory is registered once and serves every peer engine for the agent's
+ * life, whatever comes and goes.
  *
  *   producer rank                         consumer rank
  *   kvp_agent_open(PRODUCER)              kvp_agent_open(CONSUMER)
  *   kvp_agent_register() every region     kvp_agent_register() every region
- *   kvp_agent_listen(ip, port)            kvp_agent_connect(producer ranks)
- *   kvp_agent_expect(req, deadline)       kvp_agent_pull(req, ids)
- *   kvp_agent_poll(): RELEASED/EXPIRED    kvp_agent_poll(): DONE/FAILED
+ *   kvp_agent_listen(ip, port)            kvp_agent_add_engine(ranks) -> h
+ *                                         (any number of producer engines)
+ *   kvp_agent_expect(req, deadline)       kvp_agent_pull_from(h, req, ids)
+ *   kvp_agent_poll(): RELEASED/EXPIRED    kvp_agent_poll(): ENGINE_UP/DOWN,
+ *                                         DONE/FAILED
  *
- * Handshake: a consumer rank first connects to one producer rank, receives
+ * An agent opened with KVP_ROLE_BOTH does both with one registration.
+ *
+ * Handshake, per producer engine, driven by kvp_agent_poll(): a consumer
+ * rank first connects to one producer rank, receives
  * its metadata blob (kvp_meta_encode(): layout, region addresses and rkeys),
  * compiles its plan with kvp_plan_compile(), then connects to exactly the
  * producer ranks the plan reads from or must notify (kvp_plan_source(),
@@ -702,9 +710,27 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  * agents are independent. Nothing is called back; everything is reported
  * through kvp_agent_poll().
  *
- * Cost: after connect, kvp_agent_pull() and kvp_agent_expect() neither
- * allocate nor make system calls other than ibv_post_send() (a store to the
- * NIC's doorbell on hardware; a system call on soft-RoCE). kvp_agent_poll()
+ * Liveness: nothing waits without a bound. A producer rank tells each
+ * consumer rank its notification receive depth at the handshake, and
+ * counts in a counter the consumer READs the receive buffers it re-posts:
+ * a consumer sends a notification only into a posted buffer, so an RNR
+ * wait never holds its queue pair (RNR retries are finite, 6, for a peer
+ * that lies). A producer that stops polling therefore holds back only
+ * notifications; once one has waited stall_ms, or a pull's data is not in
+ * after stall_ms, the engine goes down with -ETIMEDOUT (its requests not
+ * DONE fail first) and is reconnected on demand. The device's
+ * asynchronous events (a QP fatal, the port or the device failing) fail
+ * the connections they hit. A producer learns of a consumer process that
+ * died from rdma_cm's disconnect (or the transport's retries): it does not
+ * probe a silent consumer host, whose requests are freed when they
+ * expire.
+ *
+ * Cost: once an engine is up, kvp_agent_pull_from() and kvp_agent_expect()
+ * neither allocate nor make system calls other than ibv_post_send() (a
+ * store to the NIC's doorbell on hardware; a system call on soft-RoCE).
+ * Pull copies the request's ids and queues it; its READs are emitted from
+ * the plan in windows that fit each send queue's free room, at pull time
+ * and from kvp_agent_poll() as completions free room. kvp_agent_poll()
  * polls completions and, at most once per millisecond, reads the rdma_cm
  * channel without blocking; its cold paths (a producer accepting a consumer
  * rank, a connection failing or being torn down) register memory and create
@@ -739,11 +765,11 @@ struct kvp_agent_attr {
 	 * region keys in it are ignored. */
 	const kvp_layout *layout;
 	/* Consumer: the most ids any list of a request may hold (local or
-	 * remote, any group). Sizes the work request arrays allocated at
-	 * connect (kvp_plan_emit_bound()): max_ids blocks' worth of every
-	 * stream's pieces, so a layout pair with many pieces per block (a
-	 * conv state in SD against DS: one piece per element) wants a small
-	 * max_ids. 0: 256. */
+	 * remote, any group). Sizes the request slots' copies of their ids
+	 * (max_inflight x groups x 2 x max_ids x 4 bytes); the READs
+	 * themselves are emitted in windows of the send queue's free room
+	 * (kvp_plan_emit_window()), so nothing else grows with it. 0:
+	 * 256. */
 	uint32_t max_ids;
 	/* Consumer: pulls in flight (pulled, not yet reported by poll).
 	 * Producer: requests tracked at once (expected and not yet reported).
@@ -807,12 +833,15 @@ KVP_API void kvp_agent_close(kvp_agent *agent);
 
 /* Registers the memory of layout region `region`: `len` bytes at `addr`,
  * at least the region's size. A producer's memory is registered for remote
- * READ only, a consumer's for local write only. The memory is borrowed: it
- * must stay valid until kvp_agent_close(). Every region must be registered,
- * once, before kvp_agent_listen() or kvp_agent_connect(). Returns 0;
+ * READ only, a consumer's for local write only, a KVP_ROLE_BOTH agent's for
+ * both. The memory is borrowed: it must stay valid until kvp_agent_close().
+ * Every region must be registered, once, before kvp_agent_listen() or the
+ * first kvp_agent_add_engine() (or kvp_agent_connect()); it then serves
+ * every peer engine, added, failed or reconnected, until close. Returns 0;
  * -EINVAL for a bad region index, a NULL address, a length below the
  * region's size, or a region already registered; -EBUSY after listen or
- * connect; another -errno from memory registration (-ENOMEM, -EFAULT). */
+ * the first engine; another -errno from memory registration (-ENOMEM,
+ * -EFAULT). */
 KVP_API KVP_MUST_CHECK int kvp_agent_register(kvp_agent *agent,
 					      uint32_t region, void *addr,
 					      uint64_t len);
@@ -865,7 +894,12 @@ struct kvp_peer {
  * ranks[i], i < n, n being the producer's TP size. Runs the handshake
  * described above and leaves the agent ready to pull. Blocks for at most
  * `timeout_ms` milliseconds in total (> 0), the producer ranks' polling
- * included. One producer engine per consumer agent; connect succeeds once.
+ * included. A convenience over kvp_agent_add_engine() for an agent that
+ * pulls from one producer engine: it adds the engine, drives the agent
+ * until the engine is up or down (queueing no ENGINE_UP, ENGINE_DOWN or
+ * DISCONNECTED event of it meanwhile), and makes it the engine of
+ * kvp_agent_pull() and kvp_agent_plan(). Connect succeeds once per agent;
+ * other engines may be added beside it.
  *
  * Carried blobs (ranks[i].meta, for any subset of the ranks) are decoded
  * and checked first, without a device call or a network exchange: each
@@ -913,12 +947,19 @@ KVP_API const kvp_plan *kvp_agent_plan(const kvp_agent *agent);
  * Allocation-free. The local id lists are copied (they come back with a
  * FAILED event); the caller's arrays may be reused on return. The local
  * blocks must not be read until DONE is reported for req_id.
+ * DONE is reported as soon as the last READ from every producer rank has
+ * completed (the data is in); the notifications that free the producer's
+ * blocks follow, and the request's slot is reused once they completed.
+ * The engine is kvp_agent_connect()'s (see kvp_agent_pull_from() for
+ * others).
  * Returns 0, and exactly one DONE or FAILED event follows for req_id;
  * -EINVAL (bad arguments, a list longer than max_ids, lists that do not fit
  * the group); -ERANGE for a block id out of range; -EBUSY when max_inflight
- * pulls are unreported or the work request queue is full (poll, then retry);
- * -ENOTCONN before connect or after a producer rank was lost. On error
- * nothing was posted and no event follows. */
+ * requests are held (not yet reported, or their notifications not yet
+ * sent) or a connection's queue of requests is full (poll, then retry);
+ * -ENOTCONN before connect or while its engine is not up (a producer rank
+ * was lost: kvp_agent_pull_from() reconnects it). On error nothing was
+ * posted and no event follows. */
 KVP_API KVP_MUST_CHECK int kvp_agent_pull(kvp_agent *agent, uint64_t req_id,
 					  const struct kvp_ids *ids);
 
@@ -1105,14 +1146,18 @@ struct kvp_event {
 /* Drives the agent without blocking: completions (polled in arrays), queued
  * work requests, connection events, deadlines. Writes up to `max` events
  * to ev[] and returns how many (>= 0), or -EINVAL. Events not returned stay
- * queued for the next call. FAILED status: -ECONNRESET (a producer rank
- * disconnected), -ETIMEDOUT (the transport gave up retrying: a few seconds
- * without an answer from a peer that vanished without disconnecting),
- * -EACCES (remote access refused), -EIO (other completion errors). A
- * producer rank dying mid-transfer fails every request that used it: its
- * queue pair is moved to error, every posted work request is flushed, and
- * requests waiting to be posted fail with them (waiting for the flush is
- * bounded by 2 s); later pulls return -ENOTCONN. */
+ * queued for the next call. FAILED (and ENGINE_DOWN) status: -ECONNRESET
+ * (a producer rank disconnected), -ETIMEDOUT (the transport gave up
+ * retrying: a few seconds without an answer from a peer that vanished
+ * without disconnecting; or stall_ms passed), -EACCES (remote access
+ * refused), -EIO (other completion errors, a QP reported fatal by the
+ * device), -ENETDOWN (the device's port went down), -ENODEV (the device
+ * failed), -ECANCELED (kvp_agent_remove_engine()). A producer rank dying
+ * mid-transfer fails its engine and every request of that engine not yet
+ * DONE, and nothing else: the engine's queue pairs are moved to error,
+ * every posted work request is flushed, and requests waiting to be posted
+ * fail with them (waiting for the flush is bounded by 2 s) before
+ * ENGINE_DOWN; kvp_agent_pull_from() then reconnects it on demand. */
 KVP_API KVP_MUST_CHECK int kvp_agent_poll(kvp_agent *agent,
 					  struct kvp_event *ev, int max);
 
