@@ -126,6 +126,7 @@ struct live {
 	struct kvp_sge *s;
 	uint64_t rend, lend; /* next contiguous offsets; UINT64_MAX: none */
 	uint32_t nwr, nsge, wn, wlen, slen;
+	uint32_t wmax; /* with both caps (bounded 2): SGEs the open WR may hold */
 };
 
 /* Where bounded emission stopped: the first piece not written, as the
@@ -134,19 +135,34 @@ struct at {
 	uint32_t k, q;
 };
 
+/* SGEs a WR whose list starts at sge_first may hold: max_sge, or fewer
+ * where a window's SGE room ends first. Folding the window's SGE cap into
+ * this limit keeps its test off the path that adds an SGE: a WR that
+ * reaches it goes to the path that opens a WR, which stops there. */
+static inline uint32_t wr_sge_limit(const struct cursor *c,
+				    uint32_t sge_first)
+{
+	uint32_t room = c->sge_cap - sge_first;
+
+	return room < c->max_sge ? room : c->max_sge;
+}
+
 /* Takes over the cursor's open WR if it reads the same remote region (and
  * continues its last SGE only on the same local region). */
-static inline struct live live_begin(const struct cursor *c, uint32_t rreg,
-				     uint32_t lreg)
+static inline __attribute__((always_inline)) struct live
+live_begin(const struct cursor *c, uint32_t rreg, uint32_t lreg,
+	   const int bounded)
 {
 	struct live v = { c->w, c->s, UINT64_MAX, UINT64_MAX,
-			  c->nwr, c->nsge, 0, 0, 0 };
+			  c->nwr, c->nsge, 0, 0, 0, 0 };
 
 	if (c->open && c->rreg == rreg) {
 		v.rend = c->rend;
 		v.wn = v.w->nsge;
 		v.wlen = v.w->len;
 		v.slen = v.s->len;
+		if (bounded == 2)
+			v.wmax = wr_sge_limit(c, v.w->sge_first);
 		if (c->lreg == lreg)
 			v.lend = c->lend;
 	}
@@ -179,8 +195,10 @@ static inline void live_end(struct cursor *c, const struct live *v,
  * room for one more WR and SGE per piece was checked before emission
  * started, and this returns 0. Bounded (a window), it returns 1 without
  * writing anything when the piece needs a WR or an SGE past the cursor's
- * caps; the tests sit on the paths that take an SGE, never on the extending
- * one. `bounded` is a constant: each caller gets its own copy.
+ * caps; those tests sit on the path that opens a WR only (see
+ * wr_sge_limit()). `bounded` is a constant, each caller gets its own copy:
+ * 0 unbounded, 1 a cap on WRs only (SGE room for max_sge per WR), 2 caps
+ * on WRs and SGEs.
  */
 static inline __attribute__((always_inline)) int
 live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
@@ -194,9 +212,7 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 			v->lend += len;
 			return 0;
 		}
-		if (v->wn < c->max_sge) {
-			if (bounded && v->nsge == c->sge_cap)
-				return 1;
+		if (v->wn < (bounded == 2 ? v->wmax : c->max_sge)) {
 			v->s->len = v->slen;
 			v->s = &c->sge[v->nsge++];
 			v->s->offset = lo;
@@ -209,7 +225,8 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 			return 0;
 		}
 	}
-	if (bounded && (v->nwr == c->wr_cap || v->nsge == c->sge_cap))
+	if (bounded && kvp_unlikely(v->nwr == c->wr_cap ||
+				    (bounded == 2 && v->nsge == c->sge_cap)))
 		return 1;
 	if (v->rend != UINT64_MAX) { /* close the open WR */
 		v->w->len = v->wlen;
@@ -222,7 +239,10 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 	v->w->region = rreg;
 	v->w->src = c->src;
 	v->w->group = c->group;
-	v->w->sge_first = v->nsge++;
+	v->w->sge_first = v->nsge;
+	if (bounded == 2)
+		v->wmax = wr_sge_limit(c, v->nsge);
+	v->nsge++;
 	v->s->offset = lo;
 	v->s->region = lreg;
 	v->wn = 1;
@@ -377,7 +397,7 @@ emit_stream(struct cursor *c, const kvp_plan *p, const struct kvp_pstream *st,
 		c->open = 0;
 	c->src = st->src;
 	c->group = set->group;
-	v = live_begin(c, rv->region, lv->region);
+	v = live_begin(c, rv->region, lv->region, bounded);
 	if (stream_range(pg, n, &k0, &k1)) {
 		if (k0 < k1 && period < k1 - k0)
 			full = emit_simple(&v, c, lv, rv, pc, pe, id->local,
@@ -524,18 +544,52 @@ int kvp_plan_emit_start(const kvp_plan *p, const struct kvp_ids *ids,
 	return 0;
 }
 
+/*
+ * A window's streams, from pos: stores where it stopped in *at and returns
+ * the stream it stopped in (pos->end when the source is done), or a
+ * negative errno with nothing written.
+ */
+static inline __attribute__((always_inline)) int64_t
+window_streams(struct cursor *c, const kvp_plan *p, const struct kvp_ids *ids,
+	       const struct kvp_emit_pos *pos, struct at *at, const int bounded)
+{
+	uint32_t si, period = pos->period, piece = pos->piece;
+	const struct need *n;
+	struct needs ns;
+	int err;
+
+	ns.have = 0;
+	for (si = pos->stream; si < pos->end; si++, period = piece = 0) {
+		const struct kvp_pstream *st = &p->streams[si];
+		uint32_t g = p->sets[st->set].group;
+
+		/* Only on ids changed since kvp_plan_emit_start(): stop
+		 * before the group, so that the error comes with nothing
+		 * written (here, or on the next call). */
+		err = needs_get(&ns, p, ids, g, &n);
+		if (kvp_unlikely(err)) {
+			if (!c->nwr)
+				return err;
+			at->k = at->q = 0;
+			break;
+		}
+		if (emit_stream(c, p, st, n, &ids[g], period, piece, at,
+				bounded))
+			break;
+	}
+	return si;
+}
+
 int kvp_plan_emit_window(const kvp_plan *p, const struct kvp_ids *ids,
 			 struct kvp_emit_pos *pos, struct kvp_wr *wr,
 			 uint32_t wr_cap, struct kvp_sge *sge,
 			 uint32_t sge_cap, uint64_t *bytes)
 {
-	struct needs ns;
-	const struct need *n;
 	struct cursor c;
-	struct at at;
+	struct at at = { 0, 0 };
 	uint64_t sum = 0;
-	uint32_t si, i, period, piece;
-	int err;
+	uint32_t i;
+	int64_t si;
 
 	if (!p || !ids || !pos || (wr_cap && !wr) || (sge_cap && !sge) ||
 	    pos->end > p->nstreams)
@@ -552,28 +606,16 @@ int kvp_plan_emit_window(const kvp_plan *p, const struct kvp_ids *ids,
 	c.wr_cap = wr_cap > INT_MAX ? INT_MAX : wr_cap; /* returned as int */
 	c.sge_cap = sge_cap;
 	c.src = UINT32_MAX;
-	ns.have = 0;
-	period = pos->period;
-	piece = pos->piece;
-	for (si = pos->stream; si < pos->end; si++, period = piece = 0) {
-		const struct kvp_pstream *st = &p->streams[si];
-		uint32_t g = p->sets[st->set].group;
-
-		/* Only on ids changed since kvp_plan_emit_start(): stop
-		 * before the group, so that the error comes with nothing
-		 * written (here, or on the next call). */
-		err = needs_get(&ns, p, ids, g, &n);
-		if (kvp_unlikely(err)) {
-			if (!c.nwr)
-				return err;
-			at.k = at.q = 0;
-			break;
-		}
-		if (emit_stream(&c, p, st, n, &ids[g], period, piece, &at, 1))
-			break;
-	}
+	/* With max_sge SGEs of room for each WR (a send queue's slots), the
+	 * SGE cap cannot bind: a loop without its tests. */
+	if ((uint64_t)c.wr_cap * c.max_sge <= sge_cap)
+		si = window_streams(&c, p, ids, pos, &at, 1);
+	else
+		si = window_streams(&c, p, ids, pos, &at, 2);
+	if (si < 0)
+		return (int)si;
 	if (si < pos->end) {
-		pos->stream = si;
+		pos->stream = (uint32_t)si;
 		pos->period = at.k;
 		pos->piece = at.q;
 	} else {

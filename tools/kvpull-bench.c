@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
  * kvpull-bench: planner benchmark. Prints plan compile time, plan size and
- * emission cost per WR for a model pair. Public API only.
+ * emission cost per WR for a model pair, emitting each request whole
+ * (kvp_plan_emit()) and in windows of WINDOW_WRS WRs per source, the way a
+ * transport fills a send queue (kvp_plan_emit_window()). Public API only.
  *
  *   kvpull-bench [--model NAME] [--remote-tp P] [--local-tp D]
  *                [--num-blocks N] [--request B] [--max-sge S]
@@ -21,6 +23,10 @@
 #include "kvpull.h"
 #include "names.h"
 
+/* A send queue's free room in the windowed figure: WRs, and max_sge SGEs
+ * for each. */
+#define WINDOW_WRS 256u
+
 static double now_ns(void)
 {
 	struct timespec ts;
@@ -39,8 +45,10 @@ static void usage(FILE *f)
 		"Compiles the plan of consumer rank 0 (TP D) pulling from a producer\n"
 		"engine (TP P) and emits requests of B blocks per group. Prints the\n"
 		"median compile time, the plan size, and emission ns per WR and per\n"
-		"block. --random draws block ids at random (no coalescing across\n"
-		"blocks); the default uses consecutive ids.\n");
+		"block, whole (kvp_plan_emit) and in windows of %u WRs per source\n"
+		"(kvp_plan_emit_window). --random draws block ids at random (no\n"
+		"coalescing across blocks); the default uses consecutive ids.\n",
+		WINDOW_WRS);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -192,6 +200,48 @@ int main(int argc, char **argv)
 		       n, (unsigned long long)sges, req,
 		       random_ids ? "random" : "consecutive", dt / sum,
 		       dt / reps / (double)sges, dt / reps / 1e3);
+	}
+	{
+		/* The same requests source by source, in windows: memory is
+		 * WINDOW_WRS WRs whatever the request. */
+		uint32_t reps = 2000, ws = WINDOW_WRS * max_sge, s;
+		struct kvp_wr *w = calloc(WINDOW_WRS, sizeof(*w));
+		struct kvp_sge *ss = calloc(ws, sizeof(*ss));
+		uint64_t nw = 0, windows = 0;
+		double t0 = now_ns(), dt;
+
+		for (i = 0; i < reps; i++) {
+			err = kvp_plan_emit_check(plan, ids);
+			for (s = 0; !err && s < info.nsrc; s++) {
+				struct kvp_emit_pos pos;
+
+				err = kvp_plan_emit_start(plan, ids, s, &pos);
+				while (!err && !kvp_plan_emit_done(&pos)) {
+					int k = kvp_plan_emit_window(
+						plan, ids, &pos, w, WINDOW_WRS,
+						ss, ws, NULL);
+
+					if (k < 0)
+						err = k;
+					nw += k > 0 ? (uint32_t)k : 0;
+					windows++;
+				}
+			}
+			if (err) {
+				fprintf(stderr, "kvpull-bench: windows: %s\n",
+					kvp_strerror(err));
+				return 1;
+			}
+		}
+		dt = now_ns() - t0;
+		printf("windows of %u WRs: %llu WRs in %llu windows per request; %.2f ns per WR, %.1f us per request; %zu bytes of arrays (whole: %zu)\n",
+		       WINDOW_WRS, (unsigned long long)(nw / reps),
+		       (unsigned long long)(windows / reps), dt / (double)nw,
+		       dt / reps / 1e3,
+		       WINDOW_WRS * sizeof(*w) + ws * sizeof(*ss),
+		       maxw * sizeof(*wr) + maxs * sizeof(*sge));
+		free(w);
+		free(ss);
 	}
 	free(t);
 	free(lid);
