@@ -810,6 +810,11 @@ struct kvp_agent_attr {
 	 * down (KVP_EV_ENGINE_DOWN, -ETIMEDOUT) and is reconnected on
 	 * demand. 0: 10000; at most 3,600,000. */
 	uint32_t stall_ms;
+	/* Producer: notification receive buffers per consumer rank, the
+	 * credit a consumer rank may spend before it must read how many the
+	 * producer re-posted (KVP_NOTE_LEN bytes each). 0: max_inflight, at
+	 * least 128; at most 65536; clamped to the device's limit. */
+	uint32_t rq_depth;
 };
 
 #define KVP_SECRET_MIN 16
@@ -818,17 +823,23 @@ struct kvp_agent_attr {
 /* Opens an agent on an RDMA device. Returns 0 and an agent owned by the
  * caller (kvp_agent_close()); -EINVAL for a bad attribute (unknown role,
  * non-zero comp_mask, no layout, a device name and an address of different
- * devices, max_inflight above 2^20, max_peers above 65535, max_ids above
- * 2^24, handshake_ms above 3,600,000, a secret NULL with a length or a
- * length outside KVP_SECRET_MIN..KVP_SECRET_MAX); -ENODEV when there is no RDMA device or no device of that name or
- * address; -ENOMEM; another -errno from the device. Blocks only as long as
- * opening the device does. */
+ * devices, max_inflight above 2^20, max_peers above 65535 (32767 for
+ * KVP_ROLE_BOTH), max_ids above 2^24, handshake_ms or stall_ms above
+ * 3,600,000, rq_depth above 65536, a secret NULL with a length or a length
+ * outside KVP_SECRET_MIN..KVP_SECRET_MAX); -ENODEV when there is no RDMA
+ * device or no device of that name or address; -ENOMEM; another -errno
+ * from the device. Allocates and registers what max_peers peer ranks
+ * need (see kvp_agent_stats.mem_bytes). Blocks only as long as opening
+ * the device does. */
 KVP_API KVP_MUST_CHECK int kvp_agent_open(const struct kvp_agent_attr *attr,
 					  kvp_agent **out);
 
-/* Disconnects every peer, deregisters memory and releases the agent. Pulls
- * and expected requests in flight are dropped without events; producer
- * memory must stay valid until this returns. NULL is a no-op. */
+/* Disconnects every peer, deregisters memory and releases the agent. A
+ * consumer first sends the notifications it still owes (of requests DONE,
+ * or whose data is on the way), waiting for them for at most one second,
+ * so that producers release those requests rather than let them expire.
+ * Pulls and expected requests in flight are then dropped without events;
+ * producer memory must stay valid until this returns. NULL is a no-op. */
 KVP_API void kvp_agent_close(kvp_agent *agent);
 
 /* Registers the memory of layout region `region`: `len` bytes at `addr`,
@@ -1098,8 +1109,8 @@ KVP_API KVP_MUST_CHECK int kvp_agent_engine_info(const kvp_agent *agent,
  * when it was reported within the last 30 s; -EBUSY when max_inflight
  * requests are expected or unreported. Notifications land in receive
  * buffers that kvp_agent_poll() re-posts: a producer that stops polling
- * holds its consumers' notifications (and so their DONE events) back until
- * it polls again. */
+ * holds its consumers' notifications back until it polls again (their
+ * DONE events do not wait for them: see stall_ms). */
 KVP_API KVP_MUST_CHECK int kvp_agent_expect(kvp_agent *agent,
 					    uint64_t consumer_engine,
 					    uint64_t req_id,

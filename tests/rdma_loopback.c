@@ -44,6 +44,11 @@ static const struct rt_case cases[] = {
 	  .pkernel = 16, .pblocks = 12, .sq_depth = 8, .nreq = 6,
 	  .max_inflight = 2 },
 	{ LLAMA("llama 2->1 prefix hit", 2, 1), .hit_tokens = 48 },
+	/* Two receive buffers per producer rank for 16 notifications each:
+	 * the consumer reads the producers' credit counters again and
+	 * again. */
+	{ LLAMA("llama 2->1, producer receive depth 2 (credit reads)", 2, 1),
+	  .prq = 2, .nreq = 16, .tokens = 32, .max_inflight = 16 },
 	{ LLAMA("llama 2->2 full hit", 2, 2), .full_hit = 1 },
 	{ .name = "qwen2.5-1.5b 4->2 (2 KV heads)", .model = "qwen2.5-1.5b",
 	  .layers = 3, .P = 4, .D = 2, .pblock = 16, .dblock = 16,

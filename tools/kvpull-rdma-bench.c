@@ -164,6 +164,7 @@ static int consumer(const struct opts *o)
 {
 	struct kvp_agent_attr at;
 	struct kvp_agent_stats s0, s1;
+	struct kvp_engine_info ei;
 	struct kvt_mem mem = { 0 };
 	struct kvp_event ev[32];
 	kvp_layout *l = build(o, 0);
@@ -272,7 +273,9 @@ static int consumer(const struct opts *o)
 	secs = (t1 - t0) * 1e-9;
 
 	/* Emission alone, same ids, into arrays of the same bound. */
-	kvp_plan_emit_bound(kvp_agent_plan(a), o->blocks, &maxw, &maxs);
+	if (kvp_agent_engine_info(a, eng, &ei))
+		goto out;
+	kvp_plan_emit_bound(ei.plan, o->blocks, &maxw, &maxs);
 	wr = calloc(maxw, sizeof(*wr));
 	sge = calloc(maxs, sizeof(*sge));
 	if (!wr || !sge)
@@ -283,7 +286,7 @@ static int consumer(const struct opts *o)
 		/* Wall time over many runs: pure CPU work, and the guest's
 		 * thread CPU clock can be tick-granular under emulation. */
 		for (i = 0; i < 2000; i++) {
-			n = kvp_plan_emit(kvp_agent_plan(a), &ids, wr, maxw, sge,
+			n = kvp_plan_emit(ei.plan, &ids, wr, maxw, sge,
 					  maxs, NULL);
 			if (n < 0)
 				goto out;

@@ -3,6 +3,7 @@
  * Agents: device selection, memory registration, the poll loop, events, and
  * the producer's request table.
  */
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,7 @@
 #define CM_INTERVAL_NS 1000000ull    /* rdma_cm channel check, busy polling */
 #define CQ_BATCHES 8
 #define CM_BUDGET 16 /* rdma_cm events per poll */
+#define CLOSE_FLUSH_NS 1000000000ull
 
 /* ---- events --------------------------------------------------------------
  * The queue never overflows by construction: request events are bounded by
@@ -126,7 +128,9 @@ static int open_sides(kvp_agent *a)
 	a->nconns = a->nprod + ncons;
 	a->ncons_free = ncons;
 	if (a->producer) {
-		a->rq_depth = a->max_inflight < 128 ? 128 : a->max_inflight;
+		if (!a->rq_depth)
+			a->rq_depth = a->max_inflight < 128 ? 128 :
+							      a->max_inflight;
 		if (a->rq_depth > KVP_CREDIT_MAX)
 			a->rq_depth = KVP_CREDIT_MAX;
 		if (a->rq_depth + 2 > (uint32_t)a->dattr.max_qp_wr)
@@ -236,13 +240,14 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	if (a->max_per_source > a->max_peers)
 		a->max_per_source = a->max_peers;
 	a->max_half_open = (a->max_peers + 1) / 2;
+	a->rq_depth = attr->rq_depth;
 	a->stall_ns = (uint64_t)(attr->stall_ms ? attr->stall_ms :
 				 DEF_STALL_MS) * 1000000ull;
 	/* wr_ids carry a connection index in 16 bits. */
 	if (a->max_inflight > (1u << 20) ||
 	    a->max_peers > (a->producer && a->consumer ? 0x7fffu : 0xffffu) ||
 	    a->max_ids > (1u << 24) || attr->handshake_ms > 3600000 ||
-	    attr->stall_ms > 3600000 ||
+	    attr->stall_ms > 3600000 || attr->rq_depth > KVP_CREDIT_MAX ||
 	    !attr->secret != !attr->secret_len ||
 	    (attr->secret && (attr->secret_len < KVP_SECRET_MIN ||
 			      attr->secret_len > KVP_SECRET_MAX))) {
@@ -334,12 +339,42 @@ err_free:
 	return err;
 }
 
+static void flush_backlog(kvp_agent *a);
+
+/* Notifications already owed (DONE reported, or data on the way) go out
+ * before the connections close, for at most CLOSE_FLUSH_NS: the producers
+ * then release those requests rather than hold them until they expire. */
+static void flush_notes(kvp_agent *a)
+{
+	uint64_t now = kvp__now_ns(), end = now + CLOSE_FLUSH_NS;
+	uint32_t i, pending;
+
+	for (;;) {
+		pending = 0;
+		for (i = a->nprod; i < a->nconns; i++) {
+			const struct kvp_conn *c = &a->conns[i];
+
+			if (c->state == CS_READY && c->c_head != c->c_tail)
+				pending = 1;
+		}
+		now = kvp__now_ns();
+		if (!pending || now >= end)
+			return;
+		(void)poll(NULL, 0, 1);
+		(void)kvp__cq_drain(a);
+		flush_backlog(a);
+		kvp__pull_timers(a, now);
+	}
+}
+
 void kvp_agent_close(kvp_agent *a)
 {
 	uint32_t i;
 
 	if (!a)
 		return;
+	if (a->consumer && a->reqs)
+		flush_notes(a);
 	kvp__destroy_id(a->listen_id);
 	close_sides(a);
 	kvp__blob_free(a);

@@ -63,6 +63,8 @@ struct rt_case {
 	uint32_t full_hit;	   /* no local block read at all */
 	uint32_t cross;		   /* consumers on KVP_ADDR1 (second device) */
 	uint32_t max_sge, sq_depth, max_inflight;
+	uint32_t prq;		   /* producer receive depth (credits), 0:
+				    * the default */
 	uint32_t max_ids;	   /* per group and request, 0: RT_MAX_IDS */
 	uint32_t extra_expire;	   /* ids the producer expects, nobody pulls */
 	uint32_t late_expect;	   /* expect request 0 after its notifications */
@@ -388,6 +390,7 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 	at.layout = l;
 	at.addr = env->addr0;
 	at.max_inflight = 32;
+	at.rq_depth = tc->prq;
 	err = kvp_agent_open(&at, &a);
 	if (err)
 		RT_FAIL("open: %s", kvp_strerror(err));
@@ -664,6 +667,11 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 	}
 	kvp_agent_get_stats(a, &st);
 	t2 = rt_now();
+	/* More notifications than a producer rank's receive buffers: the
+	 * consumer must have read its credit counter. */
+	if (tc->prq && tc->prq < tc->nreq && !st.credit_waits)
+		RT_FAIL("%u notifications into %u buffers without a credit read",
+			tc->nreq, tc->prq);
 	for (i = 0; i < tc->nreq; i++)
 		kvt_expect_consumer(l, r0, &exp, NULL, rq[i].ids);
 	if (tc->kill_rank >= 0) {
