@@ -1217,8 +1217,10 @@ struct kvp_agent_stats {
 	uint64_t stalls;	     /* engines failed by stall_ms */
 	uint64_t handshake_failures; /* engine handshakes that failed */
 	uint64_t reconnects;	     /* engine handshakes after the first */
-	uint64_t credit_waits;	     /* notifications that waited for a
-				      * producer rank's receive credit */
+	uint64_t credit_waits;	     /* times notifications to a producer
+				      * rank had to wait for its receive
+				      * credit (its counter is then read
+				      * at most once a millisecond) */
 	uint64_t plan_compiles, plan_hits; /* engine handshakes that compiled
 					    * a plan / reused one */
 	uint64_t async_errors; /* device events that failed connections (QP

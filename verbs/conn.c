@@ -342,7 +342,7 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->c_data = c->c_note = 0;
 	c->notes_posted = c->credit_seen = c->ctr_raddr = 0;
 	c->ctr_rkey = c->credit_max = 0;
-	c->credit_reading = 0;
+	c->credit_reading = c->credit_hold = c->starved = 0;
 	c->wait_since = 0;
 	c->psrc = NO_SRC;
 	c->status = 0;

@@ -315,6 +315,9 @@ struct kvp_conn {
 	uint32_t ctr_rkey;
 	uint32_t credit_max;	  /* the producer's receive depth */
 	int credit_reading;	  /* a counter READ is posted */
+	int credit_hold;	  /* the last read brought nothing: the next
+				   * waits for the timer (one a millisecond) */
+	int starved;		  /* notifications wait for credit */
 	uint64_t wait_since;	  /* a notification waits for credit since */
 
 	/* Handshake. */

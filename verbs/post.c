@@ -213,6 +213,8 @@ void kvp__send_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 		/* A producer cannot grant more than we sent. */
 		if (seen > c->notes_posted)
 			seen = c->notes_posted;
+		/* Nothing new: read again at the next timer, not at once. */
+		c->credit_hold = seen <= c->credit_seen;
 		if (seen > c->credit_seen)
 			c->credit_seen = seen;
 		return;
@@ -274,10 +276,15 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 				since = 0;
 				c->notes_posted++;
 				c->wait_since = 0;
+				c->starved = 0;
 				a->st.notes_sent++;
 				continue;
 			}
-			if (!c->credit_reading) {
+			if (!c->starved) {
+				c->starved = 1;
+				a->st.credit_waits++;
+			}
+			if (!c->credit_reading && !c->credit_hold) {
 				/* Out of credit: read the producer's count
 				 * of re-posted buffers. */
 				s = &w[n++];
@@ -296,7 +303,6 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 				signal_wr(s, c, WK_CREDIT, since + 1);
 				since = 0;
 				c->credit_reading = 1;
-				a->st.credit_waits++;
 				continue;
 			}
 		}
@@ -585,7 +591,7 @@ void kvp__pull_timers(kvp_agent *a, uint64_t now)
 	for (i = a->nprod; i < a->nconns; i++) {
 		struct kvp_conn *c = &a->conns[i];
 
-		if (c->state != CS_READY || c->c_note == c->c_post)
+		if (c->state != CS_READY || !c->starved)
 			continue;
 		if (!c->wait_since) {
 			c->wait_since = now;
@@ -593,6 +599,7 @@ void kvp__pull_timers(kvp_agent *a, uint64_t now)
 			stall(a, &a->engs[c->eng]);
 			continue;
 		}
+		c->credit_hold = 0;
 		if (!c->credit_reading)
 			kvp__conn_flush(a, c);
 	}
@@ -694,7 +701,7 @@ int kvp__conn_data_alloc(kvp_agent *a, struct kvp_conn *c)
 	c->outstanding = 0;
 	c->c_head = c->c_data = c->c_note = c->c_post = c->c_tail = 0;
 	c->notes_posted = c->credit_seen = 0;
-	c->credit_reading = 0;
+	c->credit_reading = c->credit_hold = c->starved = 0;
 	c->wait_since = 0;
 	kvp_layout_destroy(c->peer);
 	c->peer = NULL;
