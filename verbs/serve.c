@@ -310,7 +310,7 @@ int kvp_agent_expect(kvp_agent *a, uint64_t engine_id, uint64_t req_id,
 	struct kvp_peng *pe;
 	struct kvp_ent *e;
 
-	if (!a || a->role != KVP_ROLE_PRODUCER)
+	if (!a || !a->producer)
 		return -EINVAL;
 	e = tab_find(a, engine_id, req_id);
 	if (e && e->state == EN_EXPECTED)
