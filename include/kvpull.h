@@ -1223,6 +1223,7 @@ struct kvp_agent_stats {
 				      * at most once a millisecond) */
 	uint64_t plan_compiles, plan_hits; /* engine handshakes that compiled
 					    * a plan / reused one */
+	uint64_t probes; /* producer: liveness probes answered */
 	uint64_t async_errors; /* device events that failed connections (QP
 				* fatal, port down, device fatal) */
 	uint64_t mem_bytes; /* what the agent allocated for its peers and its

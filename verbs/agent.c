@@ -16,7 +16,6 @@
 #define DEF_SGE 4
 #define DEF_HANDSHAKE_MS 10000
 #define DEF_STALL_MS 10000
-#define PROD_SQ 4 /* a producer's sends: control, blob, drain marker */
 #define CM_INTERVAL_NS 1000000ull    /* rdma_cm channel check, busy polling */
 #define CQ_BATCHES 8
 #define CM_BUDGET 16 /* rdma_cm events per poll */
@@ -561,6 +560,9 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 	case WK_CTL_RECV:
 		(void)kvp__handshake_wc(a, c, wc);
 		break;
+	case WK_PROBE:
+		kvp__probe_wc(a, c, wc);
+		break;
 	case WK_NOTE_RECV:
 		if (c->state != CS_READY) {
 			/* Flushed buffers of a dying connection, or a note
@@ -689,6 +691,10 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 		      (c->state == CS_CONNECTING || c->state == CS_HANDSHAKE))) &&
 		    c->drain_deadline < wake)
 			wake = c->drain_deadline;
+		/* The liveness probe of a consumer rank. */
+		if (c->side == KVP_ROLE_PRODUCER && c->state == CS_READY &&
+		    !c->probing && c->probe_at < wake)
+			wake = c->probe_at;
 		/* A notification waiting for credit: the counter is read
 		 * again each millisecond. */
 		if (c->side == KVP_ROLE_CONSUMER && c->state == CS_READY &&

@@ -369,6 +369,8 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->notes = NULL;
 	c->notes_mr = NULL;
 	c->expected = 0;
+	c->probing = 0;
+	c->probe_at = 0;
 	/* Completions of this life still queued in the CQ carry the old
 	 * generation and are dropped. */
 	c->gen = gen + 1;
@@ -453,6 +455,37 @@ void kvp__conn_drained(kvp_agent *a, struct kvp_conn *c)
 	kvp__conn_release(a, c);
 }
 
+/* Producer: a zero-length READ to the consumer rank: its NIC answers
+ * without touching memory or checking a key, so only a consumer that is
+ * gone (no answer: the transport's retries run out) fails it. */
+static void probe(kvp_agent *a, struct kvp_conn *c)
+{
+	struct ibv_send_wr wr, *bad;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = kvp__wrid(WK_PROBE, c->gen, c->idx, 0);
+	wr.opcode = IBV_WR_RDMA_READ;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	if (kvp__post_send(c->qp, &wr, &bad)) {
+		kvp__conn_fail(a, c, -EIO);
+		return;
+	}
+	c->probing = 1;
+}
+
+void kvp__probe_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
+{
+	if (c->state != CS_READY)
+		return;
+	if (wc->status != IBV_WC_SUCCESS) {
+		kvp__conn_fail(a, c, kvp__wc_errno(wc->status));
+		return;
+	}
+	c->probing = 0;
+	c->probe_at = kvp__now_ns() + KVP_PROBE_NS;
+	a->st.probes++;
+}
+
 void kvp__conn_timers(kvp_agent *a, uint64_t now)
 {
 	uint32_t i;
@@ -468,6 +501,10 @@ void kvp__conn_timers(kvp_agent *a, uint64_t now)
 			    c->state == CS_HANDSHAKE) &&
 			   now >= c->drain_deadline) {
 			kvp__conn_fail(a, c, -ETIMEDOUT);
+		} else if (c->side == KVP_ROLE_PRODUCER &&
+			   c->state == CS_READY && !c->probing &&
+			   now >= c->probe_at) {
+			probe(a, c);
 		}
 	}
 }

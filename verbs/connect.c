@@ -11,7 +11,6 @@
 #include "hmac.h"
 #include "internal.h"
 
-#define ACK_TIMEOUT 17 /* 4.096 us * 2^17 = 0.54 s */
 #define RESOLVE_MS 5000
 
 /* The producer accepted: its hello (and, with a secret, its proof) in the
@@ -128,7 +127,8 @@ static int consumer_route(kvp_agent *a, struct kvp_conn *c)
 	param.initiator_depth = a->dattr.max_qp_init_rd_atom > 255 ?
 					255 :
 					(uint8_t)a->dattr.max_qp_init_rd_atom;
-	param.responder_resources = 0;
+	/* The producer's liveness probe: one zero-length READ at a time. */
+	param.responder_resources = 1;
 	param.retry_count = 7;
 	/* Notifications only go into posted buffers (credits): RNR is a
 	 * producer's fault, and is not waited out for ever. */
@@ -154,7 +154,7 @@ void kvp__consumer_event(kvp_agent *a, struct kvp_conn *c,
 			err = -ENETUNREACH; /* routed through another device */
 			break;
 		}
-		(void)kvp__set_ack_timeout(c->id, ACK_TIMEOUT);
+		(void)kvp__set_ack_timeout(c->id, KVP_ACK_TIMEOUT);
 		err = kvp__resolve_route(c->id, RESOLVE_MS);
 		if (!err)
 			c->state = CS_ROUTE;

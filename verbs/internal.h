@@ -147,6 +147,7 @@ enum wr_kind {
 	WK_CTL_RECV,
 	WK_LAST,       /* a chunk's last READ: its data is in; retires */
 	WK_CREDIT,     /* READ of the producer's credit counter; retires */
+	WK_PROBE,      /* producer: zero-length READ, is the consumer there */
 };
 
 static inline uint64_t kvp__wrid(uint32_t kind, uint32_t gen, uint32_t conn,
@@ -200,8 +201,16 @@ struct kvp_emit_pos;
 #define KVP_AUTH_LEN (8 + KVP_MAC_LEN)
 #define KVP_GO_MAGIC 0x4b565047u
 #define KVP_GO_LEN 20
-/* A producer's send queue: control, blob, drain marker. */
-#define PROD_SQ 4
+/* A producer's send queue: control, blob, probe, drain marker. */
+#define PROD_SQ 5
+/* A producer probes each idle consumer rank this often with a zero-length
+ * READ (no memory is touched, no rkey checked): a consumer host that
+ * vanished without a disconnect fails the probe after the transport's
+ * retries, and its slot is freed. */
+#define KVP_PROBE_NS 1000000000ull
+/* rdma_cm ack timeout, both sides: 4.096 us * 2^17 = 0.54 s, so a peer
+ * that went silent fails a WR after about 7 retries, 4 s. */
+#define KVP_ACK_TIMEOUT 17
 /* RNR retries (7 would be for ever): with credits a notification never
  * meets an empty receive queue, so only a misbehaving peer hits this. */
 #define KVP_RNR_RETRY 6
@@ -341,6 +350,8 @@ struct kvp_conn {
 	uint32_t expected;	  /* notifications that free a request */
 	uint32_t peer_tp;	  /* the consumer engine's TP size */
 	uint32_t nearly;	  /* early entries this connection created */
+	uint32_t probing;	  /* a probe is posted */
+	uint64_t probe_at;	  /* the next probe */
 } __attribute__((aligned(KVP_CACHELINE)));
 #define NO_SRC UINT32_MAX
 #define NO_CONN UINT32_MAX
@@ -566,6 +577,8 @@ KVP_HIDDEN void kvp__cm_process(kvp_agent *a, int budget);
 KVP_HIDDEN int kvp__handshake_wc(kvp_agent *a, struct kvp_conn *c,
 				 const struct ibv_wc *wc);
 KVP_HIDDEN void kvp__conn_drained(kvp_agent *a, struct kvp_conn *c);
+KVP_HIDDEN void kvp__probe_wc(kvp_agent *a, struct kvp_conn *c,
+			      const struct ibv_wc *wc);
 /* Drain and handshake deadlines; called about once a millisecond. */
 KVP_HIDDEN void kvp__conn_timers(kvp_agent *a, uint64_t now);
 KVP_HIDDEN int kvp__post_note_recv(kvp_agent *a, struct kvp_conn *c,

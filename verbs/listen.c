@@ -173,11 +173,12 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 	param.responder_resources = rr;
 	if (param.responder_resources > a->dattr.max_qp_rd_atom)
 		param.responder_resources = (uint8_t)a->dattr.max_qp_rd_atom;
-	param.initiator_depth = 0;
+	param.initiator_depth = 1; /* the probe */
 	param.retry_count = 7;
 	/* Our sends are the handshake's, into posted buffers: an RNR would
 	 * be a consumer's fault, and is not waited out for long. */
 	param.rnr_retry_count = KVP_RNR_RETRY;
+	(void)kvp__set_ack_timeout(id, KVP_ACK_TIMEOUT);
 	if (kvp__accept(id, &param))
 		goto err_conn;
 	c->drain_deadline = kvp__now_ns() + a->handshake_ns;
@@ -283,6 +284,7 @@ static int producer_meta(kvp_agent *a, struct kvp_conn *c)
 	if (err)
 		return -EBUSY;
 	c->state = CS_READY;
+	c->probe_at = kvp__now_ns() + KVP_PROBE_NS;
 	a->st.connects++;
 	return 0;
 }
