@@ -721,9 +721,13 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  * DONE fail first) and is reconnected on demand. The device's
  * asynchronous events (a QP fatal, the port or the device failing) fail
  * the connections they hit. A producer learns of a consumer process that
- * died from rdma_cm's disconnect (or the transport's retries): it does not
- * probe a silent consumer host, whose requests are freed when they
- * expire.
+ * died from rdma_cm's disconnect, and of a consumer host that went silent
+ * (a crash, a cut link: no disconnect) from its liveness probe: a
+ * zero-length READ to each connected consumer rank every second, which
+ * the consumer's NIC answers without touching memory or checking a key
+ * (a consumer accepts one incoming READ for it); a probe unanswered for
+ * 5 s drops the connection and frees its slot (stats.probes counts the
+ * answers). The requests expected from it expire as usual.
  *
  * Cost: once an engine is up, kvp_agent_pull_from() and kvp_agent_expect()
  * neither allocate nor make system calls other than ibv_post_send() (a

@@ -491,6 +491,7 @@ static int raw_connect_as(struct raw *r, const char *src, const char *dst,
 	cp.private_data = r->hello_c;
 	cp.private_data_len = W_HELLO_LEN;
 	cp.initiator_depth = 1;
+	cp.responder_resources = 1; /* the producer's probe, as kvpull's */
 	cp.retry_count = 7;
 	cp.rnr_retry_count = 7;
 	if (rdma_connect(r->id, &cp))
@@ -1096,6 +1097,97 @@ static int case_secret(const struct rt_env *env, struct ctx *x)
 	return serve_good(env, x, &x->p2, env->addr0, secret, 2);
 }
 
+/* A consumer rank whose host goes silent after its handshake (its QP
+ * destroyed, no disconnect sent: a crash, a cut cable). The producer's
+ * liveness probe fails after the transport's retries and frees the
+ * slot; until then the probe is answered and nothing is dropped. */
+#define H_SILENT 0x53494c4eull
+#define H_SILENT_BOUND_S 12.0
+
+static int raw_silent(const struct rt_env *env, void *arg)
+{
+	const struct slow *s = arg;
+	const char *who = "silent";
+	struct raw r;
+	int err;
+
+	err = raw_join(&r, env, s->port, H_SILENT, 1, 0);
+	CHECK(!err, "join: %s", kvp_strerror(err));
+	usleep(2500000); /* probes come and are answered */
+	CHECK(write(s->ready_fd, "j", 1) == 1, "ready");
+	rdma_destroy_qp(r.id); /* the cm_id stays: no disconnect */
+	CHECK(write(s->ready_fd, "q", 1) == 1, "ready");
+	sleep(30); /* killed before: an exit would disconnect */
+	return 1;
+}
+
+static int case_silent(const struct rt_env *env, struct ctx *x)
+{
+	struct slow s = { .port = x->p1.port };
+	struct h_reply st0, st1;
+	const char *who = "silent";
+	struct pollfd p;
+	double t0 = 0, dt = -1;
+	int fds[2], ok = 0;
+	pid_t pid;
+	char c;
+
+	CHECK(!case_stats(&x->p1, &st0), "stats");
+	CHECK(!pipe(fds), "pipe");
+	s.ready_fd = fds[1];
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		alarm(60);
+		RT_EXIT(raw_silent(env, &s));
+	}
+	close(fds[1]);
+	p.fd = fds[0];
+	p.events = POLLIN;
+	if (pid < 0 || poll(&p, 1, 20000) != 1 || read(fds[0], &c, 1) != 1 ||
+	    case_stats(&x->p1, &st1))
+		goto out;
+	/* Joined and probed for 2.5 s: connected, answered, not dropped. */
+	if (st1.st.connects != st0.st.connects + 1 ||
+	    st1.st.disconnects != st0.st.disconnects ||
+	    st1.st.probes < st0.st.probes + 1) {
+		fprintf(stderr, "  [%s] before: connects +%llu disconnects "
+				"+%llu probes +%llu\n", who,
+			(unsigned long long)(st1.st.connects - st0.st.connects),
+			(unsigned long long)(st1.st.disconnects -
+					     st0.st.disconnects),
+			(unsigned long long)(st1.st.probes - st0.st.probes));
+		goto out;
+	}
+	if (read(fds[0], &c, 1) != 1)
+		goto out;
+	t0 = rt_now();
+	while (rt_now() - t0 < H_SILENT_BOUND_S) {
+		if (case_stats(&x->p1, &st1))
+			goto out;
+		if (st1.st.disconnects > st0.st.disconnects) {
+			dt = rt_now() - t0;
+			break;
+		}
+		usleep(100000);
+	}
+	ok = dt >= 0;
+	if (ok)
+		printf("    silent consumer dropped %.1f s after its QP went "
+		       "(probed every 1 s, a probe unanswered for 5 s fails it)\n",
+		       dt);
+	else
+		fprintf(stderr, "  [%s] still connected after %.0f s\n", who,
+			H_SILENT_BOUND_S);
+out:
+	if (pid > 0) {
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+	}
+	close(fds[0]);
+	return ok ? 0 : 1;
+}
+
 struct h_case {
 	const char *name;
 	int (*fn)(const struct rt_env *env, struct ctx *x);
@@ -1122,6 +1214,8 @@ static const struct h_case cases[] = {
 	{ "idle connections holding every slot of an address", case_idle,
 	  on_p1 },
 	{ "wrong, missing and forged secrets", case_secret, on_p2 },
+	{ "a consumer host gone silent: probed, dropped", case_silent,
+	  on_p1 },
 };
 
 int main(int argc, char **argv)

@@ -693,7 +693,7 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 			wake = c->drain_deadline;
 		/* The liveness probe of a consumer rank. */
 		if (c->side == KVP_ROLE_PRODUCER && c->state == CS_READY &&
-		    !c->probing && c->probe_at < wake)
+		    c->probe_at < wake)
 			wake = c->probe_at;
 		/* A notification waiting for credit: the counter is read
 		 * again each millisecond. */

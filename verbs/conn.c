@@ -458,7 +458,7 @@ void kvp__conn_drained(kvp_agent *a, struct kvp_conn *c)
 /* Producer: a zero-length READ to the consumer rank: its NIC answers
  * without touching memory or checking a key, so only a consumer that is
  * gone (no answer: the transport's retries run out) fails it. */
-static void probe(kvp_agent *a, struct kvp_conn *c)
+static void probe(kvp_agent *a, struct kvp_conn *c, uint64_t now)
 {
 	struct ibv_send_wr wr, *bad;
 
@@ -471,6 +471,7 @@ static void probe(kvp_agent *a, struct kvp_conn *c)
 		return;
 	}
 	c->probing = 1;
+	c->probe_at = now + KVP_PROBE_WAIT_NS;
 }
 
 void kvp__probe_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
@@ -502,9 +503,11 @@ void kvp__conn_timers(kvp_agent *a, uint64_t now)
 			   now >= c->drain_deadline) {
 			kvp__conn_fail(a, c, -ETIMEDOUT);
 		} else if (c->side == KVP_ROLE_PRODUCER &&
-			   c->state == CS_READY && !c->probing &&
-			   now >= c->probe_at) {
-			probe(a, c);
+			   c->state == CS_READY && now >= c->probe_at) {
+			if (c->probing)
+				kvp__conn_fail(a, c, -ETIMEDOUT);
+			else
+				probe(a, c, now);
 		}
 	}
 }

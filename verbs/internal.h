@@ -208,6 +208,9 @@ struct kvp_emit_pos;
  * vanished without a disconnect fails the probe after the transport's
  * retries, and its slot is freed. */
 #define KVP_PROBE_NS 1000000000ull
+/* A probe not answered within this fails the connection, whatever the
+ * transport's own timers do (a QP's ack timeout can be infinite). */
+#define KVP_PROBE_WAIT_NS 5000000000ull
 /* rdma_cm ack timeout, both sides: 4.096 us * 2^17 = 0.54 s, so a peer
  * that went silent fails a WR after about 7 retries, 4 s. */
 #define KVP_ACK_TIMEOUT 17
@@ -351,7 +354,7 @@ struct kvp_conn {
 	uint32_t peer_tp;	  /* the consumer engine's TP size */
 	uint32_t nearly;	  /* early entries this connection created */
 	uint32_t probing;	  /* a probe is posted */
-	uint64_t probe_at;	  /* the next probe */
+	uint64_t probe_at;	  /* the next probe; probing: its deadline */
 } __attribute__((aligned(KVP_CACHELINE)));
 #define NO_SRC UINT32_MAX
 #define NO_CONN UINT32_MAX
