@@ -951,8 +951,9 @@ KVP_API KVP_MUST_CHECK int kvp_agent_connect(kvp_agent *agent,
 					     const struct kvp_peer *ranks,
 					     uint32_t n, int timeout_ms);
 
-/* Consumer: the compiled plan, or NULL before connect. Borrowed: valid
- * until kvp_agent_close(). */
+/* Consumer: the plan of kvp_agent_connect()'s engine, or NULL before
+ * connect and while that engine is not up. Borrowed: valid while the
+ * engine is up (kvp_agent_engine_info() gives any engine's). */
 KVP_API const kvp_plan *kvp_agent_plan(const kvp_agent *agent);
 
 /* Consumer: starts pulling request `req_id`: ids[g] for each group g of the
