@@ -819,19 +819,32 @@ struct kvp_agent_attr {
 	 * producer re-posted (KVP_NOTE_LEN bytes each). 0: max_inflight, at
 	 * least 128; at most 65536; clamped to the device's limit. */
 	uint32_t rq_depth;
+	/* Consumer: bytes per READ at most (a slice, for fairness between
+	 * requests on a link). 0: the port's max_msg_sz, at most 2^31. */
+	uint32_t max_read;
 };
 
 #define KVP_SECRET_MIN 16
 #define KVP_SECRET_MAX 256
 
-/* Opens an agent on an RDMA device. Returns 0 and an agent owned by the
+/* Opens an agent on an RDMA device. Every limit it obeys is queried from
+ * the device, never assumed: send queue depths (max_qp_wr), SGEs per READ
+ * (max_sge and max_sge_rd: cxgb4 and older hns allow 1), bytes per READ
+ * (the first port's max_msg_sz, and max_read), READs in flight per queue
+ * pair (max_qp_init_rd_atom), and the completion queue (max_cqe: when it
+ * cannot hold every queue pair's completions, the queue depths shrink
+ * until it does, rather than risk an overrun). Each queue pair's depth is
+ * what rdma_create_qp() returned when less than asked; notifications are
+ * sent inline when the provider allows it. Returns 0 and an agent owned by the
  * caller (kvp_agent_close()); -EINVAL for a bad attribute (unknown role,
  * non-zero comp_mask, no layout, a device name and an address of different
  * devices, max_inflight above 2^20, max_peers above 65535 (32767 for
  * KVP_ROLE_BOTH), max_ids above 2^24, handshake_ms or stall_ms above
  * 3,600,000, rq_depth above 65536, a secret NULL with a length or a length
  * outside KVP_SECRET_MIN..KVP_SECRET_MAX); -ENODEV when there is no RDMA
- * device or no device of that name or address; -ENOMEM; another -errno
+ * device or no device of that name or address, or the device cannot serve
+ * (no READ in flight, no SGE, queues and completion queue too small for
+ * max_peers slots); -ENOMEM; another -errno
  * from the device. Allocates and registers what max_peers peer ranks
  * need (see kvp_agent_stats.mem_bytes). Blocks only as long as opening
  * the device does. */
@@ -848,8 +861,10 @@ KVP_API void kvp_agent_close(kvp_agent *agent);
 
 /* Registers the memory of layout region `region`: `len` bytes at `addr`,
  * at least the region's size. A producer's memory is registered for remote
- * READ only, a consumer's for local write only, a KVP_ROLE_BOTH agent's for
- * both. The memory is borrowed: it must stay valid until kvp_agent_close().
+ * READ only, a consumer's for local write only (and remote write on iWARP,
+ * whose READ responses land as RDMA WRITEs; on no other transport), a
+ * KVP_ROLE_BOTH agent's for both; all with relaxed ordering, an optional
+ * flag providers without it ignore. The memory is borrowed: it must stay valid until kvp_agent_close().
  * Every region must be registered, once, before kvp_agent_listen() or the
  * first kvp_agent_add_engine() (or kvp_agent_connect()); it then serves
  * every peer engine, added, failed or reconnected, until close. Returns 0;
@@ -860,6 +875,33 @@ KVP_API void kvp_agent_close(kvp_agent *agent);
 KVP_API KVP_MUST_CHECK int kvp_agent_register(kvp_agent *agent,
 					      uint32_t region, void *addr,
 					      uint64_t len);
+
+/* Registers region `region` from a dma-buf: `len` bytes at `offset` of
+ * the dma-buf `fd` (GPU memory exported by its driver, e.g. CUDA's
+ * cuMemGetHandleForAddressRange() or ROCm's
+ * hsa_amd_portable_export_dmabuf(); kvpull links no GPU runtime and only
+ * takes the fd). `addr`, if not NULL, is the address the memory has in
+ * this process (the GPU virtual address): the region is known by it in
+ * the blob and in local scatter entries (the registration's IOVA);
+ * without it, by `offset`. Access and relaxed ordering as for
+ * kvp_agent_register(); the fd may be closed on return.
+ *
+ * Where the provider cannot register dma-bufs at all (ibv_reg_dmabuf_mr()
+ * fails with EOPNOTSUPP: soft-RoCE, older kernels and providers), `addr`
+ * is registered with ibv_reg_mr() instead (host memory, or device memory
+ * a peer-memory module such as nvidia-peermem exposes), and
+ * stats.dmabuf_fallbacks counts it. Returns 0 (registered from the
+ * dma-buf), 1 (fell back to addr); -ENOTSUP when dma-bufs cannot be
+ * registered and addr is NULL; -EINVAL (fd < 0, and as
+ * kvp_agent_register()); -EBUSY as kvp_agent_register(); another -errno
+ * from the registration (-EINVAL for an fd that is not a dma-buf or a
+ * range outside it, -EFAULT, -ENOMEM). Only hardware proves the dma-buf
+ * path itself (a NIC and a GPU driver that export and import dma-bufs:
+ * ConnectX with CUDA 11.7+ and Linux 5.12+); soft-RoCE proves the
+ * detection and the fallback (tests/rdma_loopback.c). */
+KVP_API int kvp_agent_register_dmabuf(kvp_agent *agent, uint32_t region,
+				      int fd, uint64_t offset, uint64_t len,
+				      void *addr);
 
 /* Producer: listens for consumer ranks on numeric IP address `ip` (NULL:
  * every address of the agent's device) and `port`. Non-blocking; incoming
@@ -1161,7 +1203,9 @@ struct kvp_event {
 
 /* Drives the agent without blocking: completions (polled in arrays), queued
  * work requests, connection events, deadlines. Writes up to `max` events
- * to ev[] and returns how many (>= 0), or -EINVAL. Events not returned stay
+ * to ev[] and returns how many (>= 0), -EINVAL, or -EIO when polling the
+ * completion queue failed (an overrun or a device error: the agent's
+ * connections cannot recover; close it). Events not returned stay
  * queued for the next call. FAILED (and ENGINE_DOWN) status: -ECONNRESET
  * (a producer rank disconnected), -ETIMEDOUT (the transport gave up
  * retrying: a few seconds without an answer from a peer that vanished
@@ -1229,6 +1273,8 @@ struct kvp_agent_stats {
 	uint64_t plan_compiles, plan_hits; /* engine handshakes that compiled
 					    * a plan / reused one */
 	uint64_t probes; /* producer: liveness probes answered */
+	uint64_t dmabuf_fallbacks; /* kvp_agent_register_dmabuf() calls
+				    * that registered addr instead */
 	uint64_t async_errors; /* device events that failed connections (QP
 				* fatal, port down, device fatal) */
 	uint64_t mem_bytes; /* what the agent allocated for its peers and its

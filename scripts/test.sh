@@ -141,11 +141,15 @@ if [[ ${KVP_SKIP_RDMA:-0} != 1 ]] && grep -q '^check-rdma:' Makefile; then
 	stage --long "a VM boot, about 30 s" "examples: producer and consumer (soft-RoCE)" \
 		"${mk[@]}" WERROR=1 check-examples-rdma
 	if [[ ${KVP_SKIP_SANITIZE:-0} != 1 ]]; then
-		stage --long "a VM boot, about 2 min" "RDMA loopback tests under ASan+UBSan" \
+		stage --long "a VM boot, about 4 min" "RDMA tests under ASan+UBSan" \
 			"${mk[@]}" SANITIZE=1 check-rdma
-		# clang's UBSan sees what gcc's misses (the hostile peers too)
-		stage --long "a VM boot, about 2 min" "RDMA tests under clang ASan+UBSan" \
-			"${mk[@]}" CC=clang CXX=clang++ SANITIZE=1 check-rdma
+		# clang's UBSan sees what gcc's misses (the hostile peers and
+		# the engines too); the layout matrix of rdma_loopback, which
+		# exercises the same code paths for every model, only under
+		# gcc's, to keep CI under 20 minutes
+		stage --long "a VM boot, about 3 min" "RDMA tests under clang ASan+UBSan" \
+			"${mk[@]}" CC=clang CXX=clang++ SANITIZE=1 \
+			RDMA_SKIP=rdma_loopback check-rdma
 	fi
 fi
 

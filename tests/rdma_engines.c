@@ -1523,6 +1523,7 @@ static int c4_consumer(const void *arg, uint32_t rank)
 				t_last = rt_now();
 			} else if (err == -EBUSY) {
 				busy++;
+				usleep(200); /* slots held: let time pass */
 			} else if (err == -ENOTCONN) {
 				pulling = 0; /* failing */
 			} else {

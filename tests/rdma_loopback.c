@@ -49,6 +49,10 @@ static const struct rt_case cases[] = {
 	 * again. */
 	{ LLAMA("llama 2->1, producer receive depth 2 (credit reads)", 2, 1),
 	  .prq = 2, .nreq = 16, .tokens = 32, .max_inflight = 16 },
+	/* Both sides registered through kvp_agent_register_dmabuf():
+	 * soft-RoCE cannot, so each falls back to the address. */
+	{ LLAMA("llama 2->1, dma-buf registration (fallback)", 2, 1),
+	  .dmabuf = 1 },
 	{ LLAMA("llama 2->2 full hit", 2, 2), .full_hit = 1 },
 	{ .name = "qwen2.5-1.5b 4->2 (2 KV heads)", .model = "qwen2.5-1.5b",
 	  .layers = 3, .P = 4, .D = 2, .pblock = 16, .dblock = 16,

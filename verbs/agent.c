@@ -111,6 +111,47 @@ static int pick_device(kvp_agent *a, const struct kvp_agent_attr *attr)
 	return 0;
 }
 
+/* The device's and its first port's limits: every queue depth, SGE
+ * count, READ length and access flag the agent uses comes from here. */
+static int device_limits(kvp_agent *a)
+{
+	struct ibv_port_attr pa;
+	struct kvp_want w;
+	int err, iwarp;
+
+	err = kvp__query_device(a->ctx, &a->dattr);
+	if (err)
+		return err;
+	/* Ports of one device share their message size limit in practice;
+	 * the first one's is taken (rdma_cm picks the port per route). */
+	memset(&pa, 0, sizeof(pa));
+	if (kvp__query_port(a->ctx, 1, &pa))
+		memset(&pa, 0, sizeof(pa));
+	iwarp = a->ctx->device->transport_type == IBV_TRANSPORT_IWARP;
+	memset(&w, 0, sizeof(w));
+	a->nprod = a->producer ? a->max_peers : 0;
+	a->nconns = a->nprod + (a->consumer ? a->max_peers : 0);
+	w.nprod = a->nprod;
+	w.ncons = a->nconns - a->nprod;
+	w.sq_depth = a->sq_depth;
+	w.rq_depth = a->rq_depth ? a->rq_depth :
+		     a->max_inflight < 128 ? 128 : a->max_inflight;
+	if (w.rq_depth > KVP_CREDIT_MAX)
+		w.rq_depth = KVP_CREDIT_MAX;
+	w.prod_sq = PROD_SQ;
+	w.max_sge = a->max_sge;
+	w.max_read = a->max_read;
+	w.producer = a->producer;
+	w.consumer = a->consumer;
+	err = kvp__limits(&a->dattr, &pa, iwarp, &w, &a->lim);
+	if (err)
+		return err;
+	a->sq_depth = a->lim.sq_depth;
+	a->rq_depth = a->producer ? a->lim.rq_depth : 0;
+	a->max_sge = a->consumer ? a->lim.max_sge : 1;
+	return 0;
+}
+
 /* Everything both sides need for any number of peers, sized once from the
  * attributes: connection slots with their control buffers (registered
  * once), the completion queue, the event queue; the producer's request
@@ -119,28 +160,14 @@ static int pick_device(kvp_agent *a, const struct kvp_agent_attr *attr)
  * plan (shared by geometry), its tables and its connections' queues. */
 static int open_sides(kvp_agent *a)
 {
-	uint64_t cqe = 16;
 	uint32_t ncons = a->consumer ? a->max_peers : 0;
 	int err;
 
-	a->nprod = a->producer ? a->max_peers : 0;
-	a->nconns = a->nprod + ncons;
 	a->ncons_free = ncons;
-	if (a->producer) {
-		if (!a->rq_depth)
-			a->rq_depth = a->max_inflight < 128 ? 128 :
-							      a->max_inflight;
-		if (a->rq_depth > KVP_CREDIT_MAX)
-			a->rq_depth = KVP_CREDIT_MAX;
-		if (a->rq_depth + 2 > (uint32_t)a->dattr.max_qp_wr)
-			a->rq_depth = (uint32_t)a->dattr.max_qp_wr - 2;
-		cqe += (uint64_t)a->nprod * (PROD_SQ + a->rq_depth + 2);
+	if (a->producer)
 		a->ev_cap += a->max_inflight + 2 * a->max_peers + 8;
-	}
-	if (a->consumer) {
-		cqe += (uint64_t)ncons * (a->sq_depth + 5);
+	if (a->consumer)
 		a->ev_cap += a->max_inflight + 4 * a->max_peers + 8;
-	}
 	a->evq = calloc(a->ev_cap, sizeof(*a->evq));
 	a->conns = kvp__conns_alloc(a->nconns);
 	if (!a->evq || !a->conns)
@@ -151,7 +178,7 @@ static int open_sides(kvp_agent *a)
 	err = kvp__ctl_alloc(a, a->nconns);
 	if (err)
 		return err;
-	err = kvp__cq_make(a, cqe);
+	err = kvp__cq_make(a, a->lim.cqe);
 	if (err)
 		return err;
 	if (a->producer) {
@@ -240,6 +267,7 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 		a->max_per_source = a->max_peers;
 	a->max_half_open = (a->max_peers + 1) / 2;
 	a->rq_depth = attr->rq_depth;
+	a->max_read = attr->max_read;
 	a->stall_ns = (uint64_t)(attr->stall_ms ? attr->stall_ms :
 				 DEF_STALL_MS) * 1000000ull;
 	/* wr_ids carry a connection index in 16 bits. */
@@ -282,15 +310,9 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	err = pick_device(a, attr);
 	if (err)
 		goto err_devs;
-	err = kvp__query_device(a->ctx, &a->dattr);
+	err = device_limits(a);
 	if (err)
 		goto err_devs;
-	if (a->sq_depth > (uint32_t)a->dattr.max_qp_wr)
-		a->sq_depth = (uint32_t)a->dattr.max_qp_wr;
-	if (a->sq_depth < 4)
-		a->sq_depth = 4;
-	if (a->max_sge > (uint32_t)a->dattr.max_sge)
-		a->max_sge = (uint32_t)a->dattr.max_sge;
 	err = kvp__alloc_pd(a->ctx, &a->pd);
 	if (err)
 		goto err_devs;
@@ -392,30 +414,87 @@ void kvp_agent_close(kvp_agent *a)
 	free(a);
 }
 
-int kvp_agent_register(kvp_agent *a, uint32_t region, void *addr, uint64_t len)
+/* The checks both registrations share: 0, or the documented error. */
+static int reg_check(kvp_agent *a, uint32_t region, uint64_t len)
 {
-	struct ibv_mr *mr;
 	uint64_t size;
-	int access, err;
 
-	if (!a || !addr || region >= a->li.nregions || a->mrs[region])
+	if (region >= a->li.nregions || a->mrs[region])
 		return -EINVAL;
 	if (a->started)
 		return -EBUSY;
 	if (kvp_layout_get_region(a->layout, region, &size) || len < size ||
 	    len > SIZE_MAX)
 		return -EINVAL;
-	/* Producer memory is only ever read remotely; consumer memory is only
-	 * written by our own READ responses. Nothing else is granted. */
-	access = (a->producer ? IBV_ACCESS_REMOTE_READ : 0) |
-		 (a->consumer ? IBV_ACCESS_LOCAL_WRITE : 0);
-	err = kvp__reg_mr(a->pd, addr, (size_t)len, access, &mr);
+	return 0;
+}
+
+/* Producer memory is only ever read remotely; consumer memory is only
+ * written by our own READ responses (and, on iWARP, by RDMA WRITEs that
+ * carry them). Nothing else is granted. */
+static int reg_access(const kvp_agent *a)
+{
+	return (a->producer ? a->lim.src_access : 0) |
+	       (a->consumer ? a->lim.sink_access : 0);
+}
+
+static void reg_take(kvp_agent *a, uint32_t region, struct ibv_mr *mr,
+		     uint64_t base)
+{
+	a->mrs[region] = mr;
+	a->lbase[region] = base;
+	a->lkey[region] = mr->lkey;
+}
+
+int kvp_agent_register(kvp_agent *a, uint32_t region, void *addr, uint64_t len)
+{
+	struct ibv_mr *mr;
+	int err;
+
+	if (!a || !addr)
+		return -EINVAL;
+	err = reg_check(a, region, len);
 	if (err)
 		return err;
-	a->mrs[region] = mr;
-	a->lbase[region] = (uint64_t)(uintptr_t)addr;
-	a->lkey[region] = mr->lkey;
+	err = kvp__reg_mr(a->pd, addr, (size_t)len, reg_access(a), &mr);
+	if (err)
+		return err;
+	reg_take(a, region, mr, (uint64_t)(uintptr_t)addr);
 	return 0;
+}
+
+int kvp_agent_register_dmabuf(kvp_agent *a, uint32_t region, int fd,
+			      uint64_t offset, uint64_t len, void *addr)
+{
+	struct ibv_mr *mr;
+	uint64_t iova;
+	int err;
+
+	if (!a || fd < 0)
+		return -EINVAL;
+	err = reg_check(a, region, len);
+	if (err)
+		return err;
+	/* The region is known by addr (its virtual address in this process:
+	 * a GPU's, for device memory) to the blob and to local scatter
+	 * entries; without one, by its offset in the dma-buf. */
+	iova = addr ? (uint64_t)(uintptr_t)addr : offset;
+	err = kvp__reg_dmabuf_mr(a->pd, offset, (size_t)len, iova, fd,
+				 reg_access(a), &mr);
+	if (!err) {
+		reg_take(a, region, mr, iova);
+		return 0;
+	}
+	if (err != -ENOTSUP || !addr)
+		return err;
+	/* No dma-buf support in this provider: the address itself (host
+	 * memory, or device memory a peer-memory module exposes). */
+	err = kvp__reg_mr(a->pd, addr, (size_t)len, reg_access(a), &mr);
+	if (err)
+		return err;
+	reg_take(a, region, mr, iova);
+	a->st.dmabuf_fallbacks++;
+	return 1;
 }
 
 /* What the agent allocated besides the registered memory: sized at open,
@@ -599,7 +678,9 @@ int kvp__cq_drain(kvp_agent *a)
 		return 0;
 	for (b = 0; b < CQ_BATCHES; b++) {
 		n = kvp__poll_cq(a->cq, 32, a->wc);
-		if (n <= 0)
+		if (kvp_unlikely(n < 0))
+			return n; /* the CQ failed: overrun, device error */
+		if (!n)
 			break;
 		for (i = 0; i < n; i++)
 			dispatch(a, &a->wc[i]);
@@ -641,8 +722,12 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 		a->armed = 0;
 		a->next_cm_ns = 0;
 	}
-	if (kvp__cq_drain(a) && a->consumer)
+	n = kvp__cq_drain(a);
+	if (kvp_unlikely(n < 0))
+		return n;
+	if (n && a->consumer)
 		flush_backlog(a);
+	n = 0;
 	if (a->npending)
 		kvp__blob_check_one(a);
 	if (now >= a->next_cm_ns) {
@@ -720,7 +805,7 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 		return err;
 	a->armed = 1;
 	/* Completions that arrived before arming raise no event. */
-	if (kvp__cq_drain(a) && a->consumer)
+	if (kvp__cq_drain(a) > 0 && a->consumer)
 		flush_backlog(a);
 	return a->ev_head != a->ev_tail || a->npending ? 1 : 0;
 }

@@ -111,10 +111,27 @@ static int consumer_route(kvp_agent *a, struct kvp_conn *c)
 	qa.cap.max_recv_wr = 3; /* control, blob, drain marker */
 	qa.cap.max_send_sge = a->max_sge;
 	qa.cap.max_recv_sge = 1;
+	/* Notifications inline: no DMA read of the note on the request's
+	 * critical path. A provider that cannot inline them still gets a
+	 * QP, without. */
+	qa.cap.max_inline_data = KVP_NOTE_LEN;
 	err = kvp__create_qp(c->id, a->pd, &qa);
+	if (err) {
+		qa.cap.max_inline_data = 0;
+		qa.cap.max_send_wr = a->sq_depth;
+		qa.cap.max_recv_wr = 3;
+		qa.cap.max_send_sge = a->max_sge;
+		qa.cap.max_recv_sge = 1;
+		err = kvp__create_qp(c->id, a->pd, &qa);
+	}
 	if (err)
 		return err;
 	c->qp = c->id->qp;
+	/* What the provider really gave (it may count WQE blocks). */
+	if (qa.cap.max_send_sge < a->max_sge)
+		return -ENOMEM;
+	c->sq_cap = kvp__sq_usable(a->sq_depth, &qa.cap) - 1;
+	c->inline_notes = qa.cap.max_inline_data >= KVP_NOTE_LEN;
 	kvp__hello_fill(a, KVP_ROLE_CONSUMER, &h);
 	err = kvp__random(h.nonce, sizeof(h.nonce));
 	if (err)
@@ -124,9 +141,7 @@ static int consumer_route(kvp_agent *a, struct kvp_conn *c)
 	param.private_data = c->hello_c;
 	param.private_data_len = KVP_HELLO_LEN;
 	/* READs in flight per QP: as many as the device allows. */
-	param.initiator_depth = a->dattr.max_qp_init_rd_atom > 255 ?
-					255 :
-					(uint8_t)a->dattr.max_qp_init_rd_atom;
+	param.initiator_depth = (uint8_t)a->lim.rd_atom;
 	/* The producer's liveness probe: one zero-length READ at a time. */
 	param.responder_resources = 1;
 	param.retry_count = 7;
@@ -179,6 +194,17 @@ void kvp__consumer_event(kvp_agent *a, struct kvp_conn *c,
 							    KVP_REFUSE_LEN);
 		if (!err)
 			err = -ECONNREFUSED;
+		break;
+	case RDMA_CM_EVENT_DISCONNECTED:
+		/* A producer disconnects once its refusal is delivered: the
+		 * refusal's completion is in the CQ before this event, and
+		 * its reason must win over the disconnect. */
+		if (c->state == CS_HANDSHAKE) {
+			(void)kvp__cq_drain(a);
+			if (c->state != CS_HANDSHAKE && c->state != CS_READY)
+				return;
+		}
+		err = kvp__cm_errno(type);
 		break;
 	default:
 		err = kvp__cm_errno(type);

@@ -14,6 +14,7 @@
 #include <rdma/rdma_cma.h>
 
 #include "kvpull.h"
+#include "limits.h"
 #include "../plan/le.h"
 
 #define kvp_likely(x) __builtin_expect(!!(x), 1)
@@ -65,11 +66,17 @@ KVP_HIDDEN void kvp__free_devices(struct ibv_context **list);
 KVP_HIDDEN const char *kvp__dev_name(struct ibv_context *ctx);
 KVP_HIDDEN int kvp__query_device(struct ibv_context *ctx,
 				 struct ibv_device_attr *attr);
+KVP_HIDDEN int kvp__query_port(struct ibv_context *ctx, uint8_t port,
+				struct ibv_port_attr *attr);
 KVP_HIDDEN int kvp__alloc_pd(struct ibv_context *ctx, struct ibv_pd **out);
 KVP_HIDDEN void kvp__dealloc_pd(struct ibv_pd *pd);
 KVP_HIDDEN int kvp__reg_mr(struct ibv_pd *pd, void *addr, size_t len,
 			   int access, struct ibv_mr **out);
 KVP_HIDDEN void kvp__dereg_mr(struct ibv_mr *mr);
+/* -ENOTSUP when the provider cannot register dma-bufs at all. */
+KVP_HIDDEN int kvp__reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset,
+				  size_t len, uint64_t iova, int fd,
+				  int access, struct ibv_mr **out);
 KVP_HIDDEN int kvp__create_comp_channel(struct ibv_context *ctx,
 					struct ibv_comp_channel **out);
 KVP_HIDDEN void kvp__destroy_comp_channel(struct ibv_comp_channel *ch);
@@ -314,6 +321,9 @@ struct kvp_conn {
 	uint32_t rank;		  /* peer rank */
 	uint64_t engine_id;	  /* peer engine */
 	int reported;		  /* DISCONNECTED event queued */
+	uint32_t sq_cap;	  /* consumer: usable send queue entries, one
+				   * kept for the drain marker */
+	int inline_notes;	  /* consumer: notifications sent inline */
 	uint32_t eng;		  /* consumer: engine index */
 	uint32_t psrc;		  /* consumer: plan source index, or NO_SRC */
 
@@ -467,6 +477,8 @@ struct kvp_agent {
 	kvp_layout *layout;
 	struct kvp_layout_info li;
 	uint32_t max_ids, max_inflight, max_peers, sq_depth, max_sge;
+	uint32_t max_read;	 /* the attribute: bytes per READ, 0: none */
+	struct kvp_limits lim;	 /* what the device grants (limits.c) */
 	uint8_t *secret; /* NULL: none */
 	uint32_t secret_len;
 	uint32_t max_per_source, max_half_open;

@@ -171,8 +171,8 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 	/* The event's values are from our side's point of view already:
 	 * responder_resources is what the consumer wants to read at once. */
 	param.responder_resources = rr;
-	if (param.responder_resources > a->dattr.max_qp_rd_atom)
-		param.responder_resources = (uint8_t)a->dattr.max_qp_rd_atom;
+	if (param.responder_resources > a->lim.resp_res)
+		param.responder_resources = (uint8_t)a->lim.resp_res;
 	param.initiator_depth = 1; /* the probe */
 	param.retry_count = 7;
 	/* Our sends are the handshake's, into posted buffers: an RNR would

@@ -251,7 +251,7 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 
 	if (kvp_unlikely(c->state != CS_READY))
 		return;
-	room = a->sq_cap - c->outstanding;
+	room = c->sq_cap - c->outstanding;
 	while (n < room) {
 		struct kvp_chunk *ch;
 		struct kvp_req *r;
@@ -271,7 +271,9 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 				g->lkey = a->note_mr->lkey;
 				g++;
 				s->opcode = IBV_WR_SEND;
-				s->send_flags = IBV_SEND_FENCE;
+				s->send_flags = IBV_SEND_FENCE |
+						(c->inline_notes ?
+							 IBV_SEND_INLINE : 0);
 				signal_wr(s, c, WK_NOTE, since + 1);
 				since = 0;
 				c->notes_posted++;

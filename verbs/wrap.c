@@ -60,6 +60,12 @@ int kvp__query_device(struct ibv_context *ctx, struct ibv_device_attr *attr)
 	return kvp__vret(ibv_query_device(ctx, attr));
 }
 
+int kvp__query_port(struct ibv_context *ctx, uint8_t port,
+		    struct ibv_port_attr *attr)
+{
+	return kvp__vret(ibv_query_port(ctx, port, attr));
+}
+
 int kvp__alloc_pd(struct ibv_context *ctx, struct ibv_pd **out)
 {
 	struct ibv_pd *pd;
@@ -87,6 +93,27 @@ int kvp__reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access,
 	mr = ibv_reg_mr(pd, addr, len, access);
 	if (!mr)
 		return err_now(ENOMEM);
+	*out = mr;
+	return 0;
+}
+
+int kvp__reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
+		       uint64_t iova, int fd, int access, struct ibv_mr **out)
+{
+	struct ibv_mr *mr;
+	int err;
+
+	errno = 0;
+	mr = ibv_reg_dmabuf_mr(pd, offset, len, iova, fd, access);
+	if (!mr) {
+		err = err_now(ENOMEM);
+		/* The provider has no dma-buf registration (soft-RoCE, older
+		 * kernels): one code for all its spellings. */
+		if (-err == EOPNOTSUPP || -err == ENOSYS ||
+		    -err == EPROTONOSUPPORT)
+			err = -ENOTSUP;
+		return err;
+	}
 	*out = mr;
 	return 0;
 }

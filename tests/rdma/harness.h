@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -65,6 +66,8 @@ struct rt_case {
 	uint32_t max_sge, sq_depth, max_inflight;
 	uint32_t prq;		   /* producer receive depth (credits), 0:
 				    * the default */
+	uint32_t dmabuf;	   /* register through
+				    * kvp_agent_register_dmabuf() */
 	uint32_t max_ids;	   /* per group and request, 0: RT_MAX_IDS */
 	uint32_t extra_expire;	   /* ids the producer expects, nobody pulls */
 	uint32_t late_expect;	   /* expect request 0 after its notifications */
@@ -345,6 +348,34 @@ static int rt_register_all(kvp_agent *a, struct kvt_mem *m)
 	return 0;
 }
 
+/* Registers every region through the dma-buf path, with /dev/null for the
+ * fd (no dma-buf exporter here). soft-RoCE has no dma-buf registration: without an address that is
+ * -ENOTSUP; with one, kvpull falls back to ibv_reg_mr() on it (1). */
+static int rt_register_dmabuf(kvp_agent *a, struct kvt_mem *m)
+{
+	uint32_t r;
+	int fd, err = 0;
+
+	fd = open("/dev/null", O_RDONLY);
+	if (fd < 0)
+		return -errno;
+	if (kvp_agent_register_dmabuf(a, 0, fd, 0, m->size[0], NULL) !=
+	    -ENOTSUP)
+		err = -EPROTO;
+	for (r = 0; !err && r < m->nregions; r++)
+		if (kvp_agent_register_dmabuf(a, r, fd, 0, m->size[r],
+					      m->buf[r]) != 1)
+			err = -EPROTO;
+	close(fd);
+	return err;
+}
+
+static int rt_register(const struct rt_case *tc, kvp_agent *a,
+		       struct kvt_mem *m)
+{
+	return tc->dmabuf ? rt_register_dmabuf(a, m) : rt_register_all(a, m);
+}
+
 /* ---- producer rank ------------------------------------------------------ */
 
 /* The parent's SIGUSR1 before it kills a stuck rank: report and exit. */
@@ -394,7 +425,7 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 	err = kvp_agent_open(&at, &a);
 	if (err)
 		RT_FAIL("open: %s", kvp_strerror(err));
-	err = rt_register_all(a, &mem);
+	err = rt_register(tc, a, &mem);
 	if (err)
 		RT_FAIL("register: %s", kvp_strerror(err));
 	err = kvp_agent_listen(a, env->addr0, (uint16_t)(env->port + rank));
@@ -585,7 +616,7 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 	/* Pulling before connect is refused. */
 	if (kvp_agent_pull(a, 1, rq[0].ids) != -ENOTCONN)
 		RT_FAIL("pull before connect was not -ENOTCONN");
-	err = rt_register_all(a, &mem);
+	err = rt_register(tc, a, &mem);
 	if (err)
 		RT_FAIL("register: %s", kvp_strerror(err));
 	for (r = 0; r < tc->P; r++) {

@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Device and port limits (see limits.h). No verbs call: the attributes
+ * come from ibv_query_device() and ibv_query_port() in agent.c, or from a
+ * test.
+ */
+#include <errno.h>
+
+#include "limits.h"
+
+#define MIN_SQ 4
+#define MIN_RQ 8
+
+static uint32_t min32(uint32_t a, uint32_t b)
+{
+	return a < b ? a : b;
+}
+
+/* A device attribute (an int) as a bound: negative reads as 0. */
+static uint32_t dev(int v)
+{
+	return v > 0 ? (uint32_t)v : 0;
+}
+
+static uint64_t cq_need(const struct kvp_want *w, uint32_t sq, uint32_t rq)
+{
+	/* Consumer QP: its send queue, and receives for the handshake's
+	 * control message, the blob and the drain marker, one spare.
+	 * Producer QP: its sends, the notification buffers, the control
+	 * receive and the drain marker. */
+	return 16 + (uint64_t)w->ncons * (sq + 5) +
+	       (uint64_t)w->nprod * (w->prod_sq + rq + 2);
+}
+
+int kvp__limits(const struct ibv_device_attr *d, const struct ibv_port_attr *p,
+		int iwarp, const struct kvp_want *w, struct kvp_limits *out)
+{
+	uint32_t qp_wr = dev(d->max_qp_wr), sge, sge_rd, len;
+	uint32_t sq, rq;
+	uint64_t cqe = dev(d->max_cqe);
+
+	if (qp_wr < MIN_SQ || (w->producer && qp_wr < w->prod_sq + 2))
+		return -ENODEV;
+	sq = min32(w->sq_depth, qp_wr);
+	if (sq < MIN_SQ)
+		sq = MIN_SQ;
+	rq = w->rq_depth ? min32(w->rq_depth, qp_wr - 2) : 0;
+	/* One CQ serves every QP: shrink the queues rather than let it
+	 * overrun (an overrun is fatal to every connection). */
+	while (cq_need(w, w->ncons ? sq : 0, w->nprod ? rq : 0) > cqe) {
+		if (w->ncons && sq > MIN_SQ && (sq >= rq || rq <= MIN_RQ))
+			sq = sq / 2 > MIN_SQ ? sq / 2 : MIN_SQ;
+		else if (w->nprod && rq > MIN_RQ)
+			rq = rq / 2 > MIN_RQ ? rq / 2 : MIN_RQ;
+		else
+			return -ENODEV;
+	}
+	sge = dev(d->max_sge);
+	/* max_sge_rd: 0 on providers that do not report it (the same as
+	 * max_sge then). */
+	sge_rd = d->max_sge_rd > 0 ? dev(d->max_sge_rd) : sge;
+	sge = min32(min32(w->max_sge, sge), sge_rd);
+	if (w->consumer && !sge)
+		return -ENODEV;
+	len = KVP_MAX_WR_LEN;
+	if (p && p->max_msg_sz)
+		len = min32(len, p->max_msg_sz);
+	if (w->max_read)
+		len = min32(len, w->max_read);
+	out->sq_depth = sq;
+	out->rq_depth = rq;
+	out->max_sge = sge;
+	out->max_len = len;
+	out->rd_atom = min32(dev(d->max_qp_init_rd_atom), 255);
+	out->resp_res = min32(dev(d->max_qp_rd_atom), 255);
+	if (w->consumer && !out->rd_atom)
+		return -ENODEV; /* cannot READ */
+	if (w->producer && !out->resp_res)
+		return -ENODEV; /* cannot be READ from */
+	out->cqe = (uint32_t)cq_need(w, w->ncons ? sq : 0, w->nprod ? rq : 0);
+	/* Relaxed ordering is an optional flag: providers that cannot do
+	 * it ignore it; PCIe devices (and GPU memory behind them) gain
+	 * from it. Completions stay ordered after the data. */
+	out->sink_access = IBV_ACCESS_LOCAL_WRITE |
+			   (iwarp ? IBV_ACCESS_REMOTE_WRITE : 0) |
+			   IBV_ACCESS_RELAXED_ORDERING;
+	out->src_access = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_RELAXED_ORDERING;
+	return 0;
+}
+
+uint32_t kvp__sq_usable(uint32_t asked, const struct ibv_qp_cap *got)
+{
+	return got->max_send_wr && got->max_send_wr < asked ?
+		       got->max_send_wr : asked;
+}

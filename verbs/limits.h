@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Device and port limits, obeyed by construction: what an agent asks for,
+ * cut to what the device says it can do. Pure (the structs only, no verbs
+ * call), so tests/test_limits.c checks it against faked attributes of
+ * ConnectX, iWARP (cxgb4), hns, EFA-like and soft-RoCE devices.
+ */
+#ifndef KVP_VERBS_LIMITS_H
+#define KVP_VERBS_LIMITS_H
+
+#include <stdint.h>
+
+#include <infiniband/verbs.h>
+
+/* What the agent asks for, its defaults applied. */
+struct kvp_want {
+	uint32_t nprod, ncons;	/* connection slots of each side */
+	uint32_t sq_depth;	/* consumer: send queue entries per QP */
+	uint32_t rq_depth;	/* producer: notification buffers per QP */
+	uint32_t prod_sq;	/* producer: send queue entries per QP */
+	uint32_t max_sge;	/* consumer: local SGEs per READ */
+	uint32_t max_read;	/* consumer: bytes per READ, 0: no slice */
+	uint32_t producer, consumer;
+};
+
+/* What it gets. */
+struct kvp_limits {
+	uint32_t sq_depth;	/* consumer QPs' send queue entries */
+	uint32_t rq_depth;	/* producer QPs' notification buffers */
+	uint32_t max_sge;	/* SGEs per READ: the device's max_sge and,
+				 * for READs, max_sge_rd (cxgb4 and older
+				 * hns report 1) */
+	uint32_t max_len;	/* bytes per READ: the port's max_msg_sz,
+				 * the slice asked for, at most 2^31 */
+	uint32_t rd_atom;	/* READs in flight per QP (initiator depth) */
+	uint32_t resp_res;	/* incoming READs per QP (responder) */
+	uint32_t cqe;		/* completion queue entries: what every QP it
+				 * serves can complete at once */
+	int sink_access;	/* consumer memory: local write (and remote
+				 * write on iWARP, where a READ's response
+				 * lands as an RDMA WRITE) */
+	int src_access;		/* producer memory: remote read */
+};
+
+#define KVP_MAX_WR_LEN (1u << 31) /* IB's largest message */
+
+/* Cuts *w down to device d's and port p's limits into *out. iwarp: the
+ * device's transport is iWARP. Queue depths shrink (to at least 4 send
+ * entries and 8 notification buffers) until every QP's completions fit
+ * one CQ of the device's max_cqe. Returns 0, or -ENODEV for a device
+ * that cannot serve at all (no READ in flight, no SGE, queues or CQ too
+ * small for the slots asked: ask for fewer max_peers). */
+int kvp__limits(const struct ibv_device_attr *d, const struct ibv_port_attr *p,
+		int iwarp, const struct kvp_want *w, struct kvp_limits *out);
+
+/* The send queue entries a QP really has: what was asked for, or less if
+ * the provider returned less (it may count WQE blocks, not WRs). */
+uint32_t kvp__sq_usable(uint32_t asked, const struct ibv_qp_cap *got);
+
+#endif
