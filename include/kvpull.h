@@ -822,6 +822,15 @@ struct kvp_agent_attr {
 	/* Consumer: bytes per READ at most (a slice, for fairness between
 	 * requests on a link). 0: the port's max_msg_sz, at most 2^31. */
 	uint32_t max_read;
+	/* Traffic class of every connection, so that KV traffic can ride the
+	 * fabric's lossless class: the IP type of service byte plus one (0:
+	 * the device's default; 1 to 256: ToS 0 to 255, e.g. DSCP 26 is
+	 * (26 << 2) + 1). RoCE v2 puts it in the packets' traffic class; on
+	 * InfiniBand the subnet administrator maps it to a service level.
+	 * Set through rdma_cm on a consumer's connections before their route
+	 * is resolved, and on a producer's listening id (its connections
+	 * inherit it). */
+	uint32_t tos;
 };
 
 #define KVP_SECRET_MIN 16
@@ -840,8 +849,8 @@ struct kvp_agent_attr {
  * non-zero comp_mask, no layout, a device name and an address of different
  * devices, max_inflight above 2^20, max_peers above 65535 (32767 for
  * KVP_ROLE_BOTH), max_ids above 2^24, handshake_ms or stall_ms above
- * 3,600,000, rq_depth above 65536, a secret NULL with a length or a length
- * outside KVP_SECRET_MIN..KVP_SECRET_MAX); -ENODEV when there is no RDMA
+ * 3,600,000, rq_depth above 65536, tos above 256, a secret NULL with a
+ * length or a length outside KVP_SECRET_MIN..KVP_SECRET_MAX); -ENODEV when there is no RDMA
  * device or no device of that name or address, or the device cannot serve
  * (no READ in flight, no SGE, queues and completion queue too small for
  * max_peers slots); -ENOMEM; another -errno

@@ -53,6 +53,9 @@ static const struct rt_case cases[] = {
 	 * soft-RoCE cannot, so each falls back to the address. */
 	{ LLAMA("llama 2->1, dma-buf registration (fallback)", 2, 1),
 	  .dmabuf = 1 },
+	/* DSCP 26 (AF31) on every connection of both engines. */
+	{ LLAMA("llama 2->1, traffic class DSCP 26", 2, 1),
+	  .tos = (26 << 2) + 1 },
 	{ LLAMA("llama 2->2 full hit", 2, 2), .full_hit = 1 },
 	{ .name = "qwen2.5-1.5b 4->2 (2 KV heads)", .model = "qwen2.5-1.5b",
 	  .layers = 3, .P = 4, .D = 2, .pblock = 16, .dblock = 16,

@@ -268,6 +268,7 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	a->max_half_open = (a->max_peers + 1) / 2;
 	a->rq_depth = attr->rq_depth;
 	a->max_read = attr->max_read;
+	a->tos = attr->tos;
 	a->stall_ns = (uint64_t)(attr->stall_ms ? attr->stall_ms :
 				 DEF_STALL_MS) * 1000000ull;
 	/* wr_ids carry a connection index in 16 bits. */
@@ -275,6 +276,7 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	    a->max_peers > (a->producer && a->consumer ? 0x7fffu : 0xffffu) ||
 	    a->max_ids > (1u << 24) || attr->handshake_ms > 3600000 ||
 	    attr->stall_ms > 3600000 || attr->rq_depth > KVP_CREDIT_MAX ||
+	    attr->tos > 256 ||
 	    !attr->secret != !attr->secret_len ||
 	    (attr->secret && (attr->secret_len < KVP_SECRET_MIN ||
 			      attr->secret_len > KVP_SECRET_MAX))) {

@@ -170,7 +170,9 @@ void kvp__consumer_event(kvp_agent *a, struct kvp_conn *c,
 			break;
 		}
 		(void)kvp__set_ack_timeout(c->id, KVP_ACK_TIMEOUT);
-		err = kvp__resolve_route(c->id, RESOLVE_MS);
+		err = a->tos ? kvp__set_tos(c->id, (uint8_t)(a->tos - 1)) : 0;
+		if (!err)
+			err = kvp__resolve_route(c->id, RESOLVE_MS);
 		if (!err)
 			c->state = CS_ROUTE;
 		break;

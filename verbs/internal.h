@@ -109,6 +109,9 @@ KVP_HIDDEN int kvp__resolve_addr(struct rdma_cm_id *id, struct sockaddr *src,
 				 struct sockaddr *dst, int timeout_ms);
 KVP_HIDDEN int kvp__resolve_route(struct rdma_cm_id *id, int timeout_ms);
 KVP_HIDDEN int kvp__set_ack_timeout(struct rdma_cm_id *id, uint8_t t);
+/* The IP type of service of the connection (RoCE v2: its traffic class;
+ * IB: the SA maps it to a service level). */
+KVP_HIDDEN int kvp__set_tos(struct rdma_cm_id *id, uint8_t tos);
 KVP_HIDDEN int kvp__create_qp(struct rdma_cm_id *id, struct ibv_pd *pd,
 			      struct ibv_qp_init_attr *attr);
 KVP_HIDDEN void kvp__destroy_qp(struct rdma_cm_id *id);
@@ -478,6 +481,7 @@ struct kvp_agent {
 	struct kvp_layout_info li;
 	uint32_t max_ids, max_inflight, max_peers, sq_depth, max_sge;
 	uint32_t max_read;	 /* the attribute: bytes per READ, 0: none */
+	uint32_t tos;		 /* the attribute: 0, or the ToS + 1 */
 	struct kvp_limits lim;	 /* what the device grants (limits.c) */
 	uint8_t *secret; /* NULL: none */
 	uint32_t secret_len;

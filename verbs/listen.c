@@ -44,7 +44,9 @@ int kvp_agent_listen(kvp_agent *a, const char *ip, uint16_t port)
 	err = kvp__create_id(a->ech, NULL, &a->listen_id);
 	if (err)
 		return err;
-	err = kvp__bind_addr(a->listen_id, (struct sockaddr *)&ss);
+	err = a->tos ? kvp__set_tos(a->listen_id, (uint8_t)(a->tos - 1)) : 0;
+	if (!err)
+		err = kvp__bind_addr(a->listen_id, (struct sockaddr *)&ss);
 	if (err)
 		goto err_id;
 	err = -EINVAL;

@@ -299,6 +299,13 @@ int kvp__set_ack_timeout(struct rdma_cm_id *id, uint8_t t)
 				      sizeof(t)));
 }
 
+int kvp__set_tos(struct rdma_cm_id *id, uint8_t tos)
+{
+	errno = 0;
+	return cm_ret(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS,
+				      &tos, sizeof(tos)));
+}
+
 int kvp__create_qp(struct rdma_cm_id *id, struct ibv_pd *pd,
 		   struct ibv_qp_init_attr *attr)
 {

@@ -68,6 +68,7 @@ struct rt_case {
 				    * the default */
 	uint32_t dmabuf;	   /* register through
 				    * kvp_agent_register_dmabuf() */
+	uint32_t tos;		   /* kvp_agent_attr.tos, both sides */
 	uint32_t max_ids;	   /* per group and request, 0: RT_MAX_IDS */
 	uint32_t extra_expire;	   /* ids the producer expects, nobody pulls */
 	uint32_t late_expect;	   /* expect request 0 after its notifications */
@@ -422,6 +423,7 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 	at.addr = env->addr0;
 	at.max_inflight = 32;
 	at.rq_depth = tc->prq;
+	at.tos = tc->tos;
 	err = kvp_agent_open(&at, &a);
 	if (err)
 		RT_FAIL("open: %s", kvp_strerror(err));
@@ -610,6 +612,7 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 	at.max_inflight = tc->max_inflight ? tc->max_inflight : 8;
 	at.sq_depth = tc->sq_depth;
 	at.max_sge = tc->max_sge;
+	at.tos = tc->tos;
 	err = kvp_agent_open(&at, &a);
 	if (err)
 		RT_FAIL("open: %s", kvp_strerror(err));
