@@ -97,6 +97,87 @@ static int wait_up(kvp_agent *a, uint32_t h, const char *who)
 	return -ETIMEDOUT;
 }
 
+/* The engine calls' errors on an engine that is up, then its removal
+ * with pulls in flight: each pull is reported once, DONE or FAILED with
+ * -ECANCELED and its ids; the handle is gone at once; no event of the
+ * engine itself follows. (The pulls re-read requests already checked
+ * into the same blocks: the same bytes.) */
+static int engine_calls(kvp_agent *a, uint32_t h, const struct rt_req *r,
+			const char *who)
+{
+	struct kvp_peer bad = { .addr = "not-an-address", .port = 1 };
+	struct kvp_engine_info ei;
+	struct kvp_event ev[16];
+	uint32_t i, k, got = 0, cancelled = 0, h2;
+	uint8_t seen[RT_MAX_REQ] = { 0 };
+	double end = rt_now() + 30;
+	int n;
+
+	if (kvp_agent_add_engine(a, &bad, 0, 1000, &h2) != -EINVAL ||
+	    kvp_agent_add_engine(a, &bad, 1, 1000, &h2) != -EINVAL ||
+	    kvp_agent_add_engine(a, &bad, 1, 0, &h2) != -EINVAL)
+		RT_FAIL("add_engine with bad ranks was not -EINVAL");
+	if (kvp_agent_reconnect_engine(a, h, NULL, 0, 1000) != -EBUSY)
+		RT_FAIL("reconnect of an engine up was not -EBUSY");
+	if (kvp_agent_pull_from(a, h ^ 0x10000u, 1, r[0].ids) != -ENOENT ||
+	    kvp_agent_engine_info(a, 0, &ei) != -ENOENT ||
+	    kvp_agent_remove_engine(a, h + 1) != -ENOENT)
+		RT_FAIL("a stale or unknown handle was not -ENOENT");
+	if (kvp_agent_engine_info(a, h, &ei) || ei.state != KVP_ENGINE_UP ||
+	    ei.pulls != tc.nreq || ei.done != tc.nreq || !ei.plan)
+		RT_FAIL("engine info: state %u pulls %llu done %llu",
+			ei.state, (unsigned long long)ei.pulls,
+			(unsigned long long)ei.done);
+	for (i = 0; i < tc.nreq; i++)
+		if (kvp_agent_pull_from(a, h, 3000 + i, r[i].ids))
+			RT_FAIL("pull %u before the removal", i);
+	if (kvp_agent_remove_engine(a, h))
+		RT_FAIL("remove");
+	if (kvp_agent_pull_from(a, h, 3100, r[0].ids) != -ENOENT ||
+	    kvp_agent_engine_info(a, h, &ei) != -ENOENT)
+		RT_FAIL("the handle outlived its removal");
+	while (got < tc.nreq || rt_now() < end - 29) {
+		n = kvp_agent_poll(a, ev, 16);
+		if (n < 0)
+			RT_FAIL("poll: %s", kvp_strerror(n));
+		for (k = 0; k < (uint32_t)n; k++) {
+			uint32_t j = (uint32_t)(ev[k].req_id - 3000);
+
+			if (ev[k].type == KVP_EV_RELEASED ||
+			    ev[k].type == KVP_EV_DISCONNECTED)
+				continue; /* the producer side, C's rank */
+			if ((ev[k].type != KVP_EV_DONE &&
+			     ev[k].type != KVP_EV_FAILED) ||
+			    j >= tc.nreq || seen[j]++)
+				RT_FAIL("event %u for %llu after the removal",
+					ev[k].type,
+					(unsigned long long)ev[k].req_id);
+			got++;
+			if (ev[k].type == KVP_EV_DONE)
+				continue;
+			cancelled++;
+			if (ev[k].status != -ECANCELED || !ev[k].ids ||
+			    ev[k].ids[0].nlocal != r[j].ids[0].nlocal ||
+			    memcmp(ev[k].ids[0].local, r[j].ids[0].local,
+				   r[j].ids[0].nlocal * sizeof(uint32_t)))
+				RT_FAIL("FAILED %llu: %s, or not its ids",
+					(unsigned long long)ev[k].req_id,
+					kvp_strerror(ev[k].status));
+		}
+		if (rt_now() > end)
+			RT_FAIL("%u of %u pulls reported after the removal",
+				got, tc.nreq);
+		if (!n)
+			usleep(100);
+	}
+	printf("    engine removed with %u pulls in flight: %u FAILED "
+	       "-ECANCELED with their ids, %u DONE\n", tc.nreq, cancelled,
+	       got - cancelled);
+	return 0;
+out:
+	return -1;
+}
+
 /* M: serves C and pulls from P with one agent, one registration. */
 static int run_m(int ready_fd)
 {
@@ -193,6 +274,8 @@ static int run_m(int ready_fd)
 		kvt_expect_consumer(l, p0, &exp, NULL, rq[i].ids);
 	if (kvt_mem_compare(&mem, &exp, who))
 		RT_FAIL("M's memory differs from the expectation");
+	if (engine_calls(a, h, rq, who))
+		goto out;
 	ret = 0;
 out:
 	kvp_agent_close(a);
