@@ -405,9 +405,37 @@ KVP_API KVP_MUST_CHECK int kvp_layout_parse(const char *text, size_t len,
 
 typedef struct kvp_plan kvp_plan;
 
+/* kvp_plan_attr.comp_mask: which fields after comp_mask are set. A field
+ * whose bit is clear is not read (binaries built against a header without it
+ * pass a shorter struct) and takes its default. */
+enum {
+	KVP_PLAN_ATTR_MAX_LEN = 1u << 0, /* max_len is set */
+	KVP_PLAN_ATTR_FLAGS = 1u << 1,	 /* flags is set */
+};
+
+/* kvp_plan_attr.flags */
+enum {
+	/* A benchmark aid, not for production: no coalescing at all, one
+	 * READ of one SGE per piece template per period, as connectors that
+	 * post one descriptor per block per region do (each piece is one
+	 * contiguous range of one page on both sides). Lets a benchmark
+	 * compare that design with coalesced emission on the same plan. */
+	KVP_PLAN_NO_COALESCE = 1u << 0,
+};
+
 struct kvp_plan_attr {
 	uint32_t max_sge;   /* local SGEs per work request; 0 means 1 */
-	uint32_t comp_mask; /* must be 0 */
+	uint32_t comp_mask; /* KVP_PLAN_ATTR_* bits; others must be 0 */
+	/* Bytes per READ, with KVP_PLAN_ATTR_MAX_LEN: 0 (or the bit clear)
+	 * means 2^31, IB's largest message; otherwise 1 to 2^31, any value
+	 * (READs need no alignment; a power of two or a multiple of the
+	 * element size keeps READ edges on element edges, nothing more).
+	 * Pass the port's max_msg_sz, or a smaller slice (1 MiB) to bound
+	 * how long one READ holds the link. Coalescing stops where a READ
+	 * would pass it, and piece templates longer than it are cut into
+	 * max_len-byte chunks at compile time, so a READ is never longer. */
+	uint32_t max_len;
+	uint32_t flags; /* with KVP_PLAN_ATTR_FLAGS: KVP_PLAN_* bits */
 };
 
 /* Compiles the plan for the consumer rank described by `local` pulling from
@@ -417,7 +445,9 @@ struct kvp_plan_attr {
  * (different groups, layers, fields, extents, element sizes; block sizes
  * whose least common multiple exceeds 65,535 blocks of either side), with a
  * one-line reason naming what differs in msg[msglen] when msg is not NULL;
- * -EINVAL for bad arguments; -ENOMEM. Any two block sizes and kernel block
+ * -EINVAL for bad arguments (unknown comp_mask or flags bits, max_len above
+ * 2^31); -ENOMEM. A max_len so small that the plan would hold more than
+ * 2^20 piece templates is -EPROTO too. Any two block sizes and kernel block
  * sizes are otherwise matched, nesting or not (16 and 24 tokens: a period
  * of 48). Inputs are not referenced after the call. The plan is immutable
  * and may be shared between threads. */
@@ -470,8 +500,9 @@ KVP_API void kvp_plan_emit_bound(const kvp_plan *plan, uint32_t max_ids,
 
 /* Writes the READs of one request: ids[g] for each group g of the plan.
  * WRs come out ordered by source index, coalesced: consecutive pieces that
- * are contiguous on the remote side share a WR (up to max_sge local SGEs),
- * and local pieces that are contiguous share an SGE.
+ * are contiguous on the remote side share a WR (up to max_sge local SGEs
+ * and max_len bytes), and local pieces that are contiguous share an SGE.
+ * No WR is longer than the plan's max_len.
  * Returns the number of WRs written (0 on a full prefix hit), -ERANGE when a
  * block id is out of range, -EINVAL for id lists that do not fit the group
  * (more local blocks than the remote ones cover, unequal STATE lists),
@@ -567,6 +598,7 @@ struct kvp_plan_info {
 	uint32_t npieces;  /* distinct piece templates */
 	uint32_t local_tp, local_rank, remote_tp;
 	uint32_t max_sge;
+	uint32_t max_len;  /* bytes per READ at most (kvp_plan_attr.max_len) */
 	uint64_t bytes;	   /* plan size in memory */
 };
 KVP_API void kvp_plan_get_info(const kvp_plan *plan, struct kvp_plan_info *info);

@@ -702,6 +702,51 @@ static uint32_t merge_pieces(struct kvp_piece *p, uint32_t n)
 	return m;
 }
 
+/* Cuts the pieces p[n] longer than `cap` into cap-byte chunks (and a
+ * remainder), in place in v from index `first`, so that emission, which
+ * never lets a READ grow past the cap, need not split anything: a READ
+ * boundary inside a piece is decided here, once. */
+static int split_pieces(struct pvec *v, uint32_t first, uint32_t cap)
+{
+	uint64_t extra = 0, n;
+	uint32_t i, j, k, c;
+
+	for (i = first; i < v->n; i++)
+		if (v->p[i].len > cap)
+			extra += (v->p[i].len - 1) / cap;
+	if (!extra)
+		return 0;
+	n = v->n + extra;
+	if (n > MAX_PIECES_PER_SET)
+		return -EPROTO;
+	if (n > v->cap) {
+		void *q = realloc(v->p, n * sizeof(*v->p));
+
+		if (!q)
+			return -ENOMEM;
+		v->p = q;
+		v->cap = (uint32_t)n;
+	}
+	/* From the end, so that every piece is read before it is overwritten:
+	 * piece i moves to i + (chunks of the pieces before it) >= i. */
+	for (i = v->n, j = (uint32_t)n; i-- > first;) {
+		const struct kvp_piece q = v->p[i];
+
+		c = q.len > cap ? (q.len - 1) / cap + 1 : 1;
+		j -= c;
+		for (k = 0; k < c; k++) {
+			struct kvp_piece *o = &v->p[j + k];
+
+			*o = q;
+			o->roff = q.roff + k * cap;
+			o->loff = q.loff + k * cap;
+			o->len = k + 1 < c ? cap : q.len - k * cap;
+		}
+	}
+	v->n = (uint32_t)n;
+	return 0;
+}
+
 /* ---- view shapes ------------------------------------------------------ */
 
 static int field_same(const struct kvp_field_desc *a,
@@ -946,6 +991,7 @@ struct work {
 	const kvp_layout *l, *r;
 	char *msg;
 	size_t msglen;
+	uint32_t max_sge, max_len, flags;
 	uint32_t *lshape, *rshape, *ridx;
 	struct csr lcsr, rcsr;
 	struct pair *pairs;
@@ -1041,6 +1087,13 @@ static int make_set(struct work *w, uint32_t lv, uint32_t rv, uint32_t group,
 	}
 	w->pieces.n = first +
 		      merge_pieces(w->pieces.p + first, w->pieces.n - first);
+	err = split_pieces(&w->pieces, first, w->max_len);
+	if (err == -EPROTO)
+		kvp__msg(w->msg, w->msglen,
+			 "max_len %u cuts the pieces into more than %u templates",
+			 w->max_len, MAX_PIECES_PER_SET);
+	if (err)
+		return err;
 	w->ends[w->nsets].l = w->ends[w->nsets].r = 0;
 	for (i = first; i < w->pieces.n; i++) {
 		const struct kvp_piece *p = &w->pieces.p[i];
@@ -1375,7 +1428,7 @@ static void work_free(struct work *w)
 }
 
 /* Lays the plan out in one allocation. */
-static int build_plan(struct work *w, uint32_t max_sge, kvp_plan **out)
+static int build_plan(struct work *w, kvp_plan **out)
 {
 	const kvp_layout *l = w->l, *r = w->r;
 	uint32_t P = r->attr.tp_size, nsrc = 0, nnot = 0, i, g, lo, hi;
@@ -1440,7 +1493,11 @@ static int build_plan(struct work *w, uint32_t max_sge, kvp_plan **out)
 	p->local_tp = l->attr.tp_size;
 	p->local_rank = l->attr.tp_rank;
 	p->remote_tp = P;
-	p->max_sge = max_sge;
+	p->max_sge = w->max_sge;
+	p->max_len = w->max_len;
+	/* No coalescing: no piece continues a READ (emission's merge test
+	 * wants the READ's length plus the piece's to be at most this). */
+	p->merge_len = w->flags & KVP_PLAN_NO_COALESCE ? 0 : w->max_len;
 
 	for (i = 0, nnot = 0; i < P; i++) {
 		if (w->used[i])
@@ -1497,16 +1554,33 @@ int kvp_plan_compile(const kvp_layout *l, const kvp_layout *r,
 		     const struct kvp_plan_attr *attr, kvp_plan **out,
 		     char *msg, size_t msglen)
 {
-	struct work w;
+	const uint32_t known = KVP_PLAN_ATTR_MAX_LEN | KVP_PLAN_ATTR_FLAGS;
+	uint32_t max_sge = 1, max_len = MAX_WR_LEN, flags = 0, g, v;
 	struct match *m = NULL;
-	uint32_t max_sge = 1, g, v;
+	struct work w;
 	int err;
 
-	if (!l || !r || !out || (attr && attr->comp_mask))
+	if (!l || !r || !out || (attr && (attr->comp_mask & ~known)))
 		return -EINVAL;
 	if (attr && attr->max_sge)
 		max_sge = attr->max_sge;
+	/* Fields past comp_mask are read only when their bit says they are
+	 * there: an older caller's struct ends at comp_mask. */
+	if (attr && (attr->comp_mask & KVP_PLAN_ATTR_MAX_LEN) &&
+	    attr->max_len) {
+		if (attr->max_len > MAX_WR_LEN)
+			return -EINVAL;
+		max_len = attr->max_len;
+	}
+	if (attr && (attr->comp_mask & KVP_PLAN_ATTR_FLAGS)) {
+		if (attr->flags & ~(uint32_t)KVP_PLAN_NO_COALESCE)
+			return -EINVAL;
+		flags = attr->flags;
+	}
 	memset(&w, 0, sizeof(w));
+	w.max_sge = max_sge;
+	w.max_len = max_len;
+	w.flags = flags;
 	w.l = l;
 	w.r = r;
 	w.msg = msg;
@@ -1539,7 +1613,7 @@ int kvp_plan_compile(const kvp_layout *l, const kvp_layout *r,
 	if (err)
 		goto out;
 	err = sort_streams(&w);
-	err = err ?: build_plan(&w, max_sge, out);
+	err = err ?: build_plan(&w, out);
 out:
 	if (err == -EPROTO && msg && msglen && !msg[0])
 		kvp__msg(msg, msglen, "layouts cannot be matched");

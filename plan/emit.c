@@ -11,7 +11,6 @@
 #include "internal.h"
 
 #define MAX_GROUPS 64 /* compile.c's limit; struct needs holds one bit each */
-#define MAX_WR_LEN (1u << 31) /* IB's largest message */
 
 /* What a request needs of one group, in the group's block numbering. */
 struct need {
@@ -108,7 +107,7 @@ void kvp_plan_emit_bound(const kvp_plan *p, uint32_t max_ids,
 struct cursor {
 	struct kvp_wr *wr, *w;
 	struct kvp_sge *sge, *s;
-	uint32_t nwr, nsge, max_sge;
+	uint32_t nwr, nsge, max_sge, merge_len;
 	uint32_t wr_cap, sge_cap; /* a window's room (bounded emission only) */
 	uint64_t rend, lend; /* next contiguous remote and local offsets */
 	uint32_t rreg, lreg, src, group;
@@ -204,7 +203,7 @@ static inline __attribute__((always_inline)) int
 live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 	 uint32_t len, uint32_t rreg, uint32_t lreg, const int bounded)
 {
-	if (ro == v->rend && v->wlen + (uint64_t)len <= MAX_WR_LEN) {
+	if (ro == v->rend && v->wlen + (uint64_t)len <= c->merge_len) {
 		if (lo == v->lend) {
 			v->slen += len;
 			v->wlen += len;
@@ -445,6 +444,7 @@ int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
 	c.wr = wr;
 	c.sge = sge;
 	c.max_sge = p->max_sge;
+	c.merge_len = p->merge_len;
 	c.src = UINT32_MAX;
 	for (si = 0; si < p->nstreams; si++) {
 		const struct kvp_pstream *st = &p->streams[si];
@@ -603,6 +603,7 @@ int kvp_plan_emit_window(const kvp_plan *p, const struct kvp_ids *ids,
 	c.wr = wr;
 	c.sge = sge;
 	c.max_sge = p->max_sge;
+	c.merge_len = p->merge_len;
 	c.wr_cap = wr_cap > INT_MAX ? INT_MAX : wr_cap; /* returned as int */
 	c.sge_cap = sge_cap;
 	c.src = UINT32_MAX;
@@ -646,6 +647,7 @@ void kvp_plan_get_info(const kvp_plan *p, struct kvp_plan_info *info)
 	info->local_rank = p->local_rank;
 	info->remote_tp = p->remote_tp;
 	info->max_sge = p->max_sge;
+	info->max_len = p->max_len;
 	info->bytes = p->bytes;
 }
 

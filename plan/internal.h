@@ -12,6 +12,7 @@
 #define kvp_likely(x) __builtin_expect(!!(x), 1)
 #define kvp_unlikely(x) __builtin_expect(!!(x), 0)
 #define KVP_HIDDEN __attribute__((visibility("hidden")))
+#define MAX_WR_LEN (1u << 31) /* IB's largest message */
 
 struct kvp_field {
 	struct kvp_field_desc d;
@@ -73,6 +74,9 @@ struct kvp_plan {
 	uint32_t ngroups, nsrc, nnotify, nstreams, nsets, npieces;
 	uint32_t nlviews, nrviews;
 	uint32_t local_tp, local_rank, remote_tp, max_sge;
+	uint32_t max_len;   /* bytes per READ at most; no piece is longer */
+	uint32_t merge_len; /* a piece joins a READ only if the sum is at most
+			     * this: max_len, or 0 with KVP_PLAN_NO_COALESCE */
 	uint64_t bytes;
 	struct kvp_pgroup *groups;
 	uint16_t *src;	  /* producer rank per source index */

@@ -211,7 +211,9 @@ static void test_einval(void **state)
 	assert_int_equal(kvp_plan_compile(l, NULL, &attr, &p, msg, 64),
 			 -EINVAL);
 	assert_int_equal(kvp_plan_compile(l, r, &attr, NULL, msg, 64), -EINVAL);
-	attr.comp_mask = 1;
+	/* bits 0 and 1 are KVP_PLAN_ATTR_MAX_LEN and _FLAGS; the next one is
+	 * unknown (tests/test_plan_len.c drives those two) */
+	attr.comp_mask = 1u << 2;
 	assert_int_equal(kvp_plan_compile(l, r, &attr, &p, msg, 64), -EINVAL);
 	attr.comp_mask = 0x80000000u;
 	assert_int_equal(kvp_plan_compile(l, r, &attr, &p, msg, 64), -EINVAL);

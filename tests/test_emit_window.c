@@ -81,6 +81,7 @@ struct wcase {
 	uint32_t rblock, rkernel, rkv, rconv;
 	uint32_t lblock, lkernel, lkv, lconv;
 	uint32_t max_sge;
+	uint32_t max_len; /* kvp_plan_attr.max_len; 0: not set */
 };
 
 #define NWCASE (sizeof(wcases) / sizeof(wcases[0]))
@@ -118,6 +119,10 @@ static void pair_open(struct pair *x, const struct wcase *c, uint32_t rank)
 	char msg[160] = "";
 	int err;
 
+	if (c->max_len) {
+		attr.comp_mask = KVP_PLAN_ATTR_MAX_LEN;
+		attr.max_len = c->max_len;
+	}
 	x->rem = wbuild(c, 1, 0);
 	x->loc = wbuild(c, 0, rank);
 	err = kvp_plan_compile(x->loc, x->rem, &attr, &x->plan, msg,
@@ -147,7 +152,7 @@ static void hand_open(struct hand *h, uint32_t P, uint32_t rblock,
 		      uint32_t max_sge)
 {
 	const struct wcase c = { &hand_model, P, 1, rblock, 0, HND, 0,
-				 4, 0, HND, 0, max_sge };
+				 4, 0, HND, 0, max_sge, 0 };
 
 	pair_open(&h->x, &c, 0);
 }
@@ -457,32 +462,32 @@ static void test_rejects(void **state)
 
 static const struct wcase wcases[] = {
 	/* dense, same TP; TP 8 -> 2 and 2 -> 8 */
-	{ &dense8, 2, 2, 16, 0, NHD, 0, 16, 0, NHD, 0, 4 },
-	{ &dense8, 8, 2, 16, 0, HND, 0, 16, 0, HND, 0, 16 },
-	{ &dense8, 2, 8, 16, 0, HND, 0, 16, 0, HND, 0, 4 },
-	{ &dense8, 8, 2, 16, 0, HND, 0, 16, 0, HND, 0, 1 },
+	{ &dense8, 2, 2, 16, 0, NHD, 0, 16, 0, NHD, 0, 4, 0 },
+	{ &dense8, 8, 2, 16, 0, HND, 0, 16, 0, HND, 0, 16, 0 },
+	{ &dense8, 2, 8, 16, 0, HND, 0, 16, 0, HND, 0, 4, 0 },
+	{ &dense8, 8, 2, 16, 0, HND, 0, 16, 0, HND, 0, 1, 0 },
 	/* NHD vs HND, FlashInfer, packed */
-	{ &dense8, 2, 4, 16, 0, NHD, 0, 16, 0, HND, 0, 4 },
-	{ &dense8, 1, 1, 16, 0, HND, 0, 16, 0, NHD, 0, 1 },
-	{ &dense8, 4, 2, 16, 0, FI, 0, 16, 0, FI, 0, 2 },
-	{ &dense8, 2, 1, 16, 0, FI, 0, 16, 0, PK, 0, 3 },
+	{ &dense8, 2, 4, 16, 0, NHD, 0, 16, 0, HND, 0, 4, 0 },
+	{ &dense8, 1, 1, 16, 0, HND, 0, 16, 0, NHD, 0, 1, 0 },
+	{ &dense8, 4, 2, 16, 0, FI, 0, 16, 0, FI, 0, 2, 0 },
+	{ &dense8, 2, 1, 16, 0, FI, 0, 16, 0, PK, 0, 3, 0 },
 	/* block sizes that do not nest (16 vs 24), kernel blocks */
-	{ &dense8, 1, 1, 24, 0, HND, 0, 16, 0, HND, 0, 4 },
-	{ &dense8, 2, 1, 16, 0, NHD, 0, 24, 0, HND, 0, 2 },
-	{ &dense8, 2, 2, 16, 4, NHD, 0, 8, 0, HND, 0, 8 },
-	{ &dense8, 1, 2, 8, 0, HND, 0, 32, 8, NHD, 0, 3 },
+	{ &dense8, 1, 1, 24, 0, HND, 0, 16, 0, HND, 0, 4, 0 },
+	{ &dense8, 2, 1, 16, 0, NHD, 0, 24, 0, HND, 0, 2, 0 },
+	{ &dense8, 2, 2, 16, 4, NHD, 0, 8, 0, HND, 0, 8, 0 },
+	{ &dense8, 1, 2, 8, 0, HND, 0, 32, 8, NHD, 0, 3, 0 },
 	/* MLA (replicated) */
-	{ &mla_tiny, 4, 2, 16, 0, 0, 0, 16, 0, 0, 0, 4 },
-	{ &mla_tiny, 1, 2, 16, 0, 0, 0, 32, 0, 0, 0, 1 },
+	{ &mla_tiny, 4, 2, 16, 0, 0, 0, 16, 0, 0, 0, 4, 0 },
+	{ &mla_tiny, 1, 2, 16, 0, 0, 0, 32, 0, 0, 0, 1, 0 },
 	/* hybrid state groups, conv DS and SD */
 	{ &mamba_tiny, 2, 1, 16, 0, HND, KVP_CONV_DS, 8, 0, HND, KVP_CONV_SD,
-	  4 },
+	  4, 0 },
 	{ &mamba_tiny, 1, 2, 8, 0, NHD, KVP_CONV_SD, 8, 0, HND, KVP_CONV_DS,
-	  1 },
+	  1, 0 },
 	{ &gdn_tiny, 2, 4, 8, 0, HND, KVP_CONV_DS, 16, 4, HND, KVP_CONV_DS,
-	  4 },
+	  4, 0 },
 	/* sliding window beside full attention */
-	{ &sliding_tiny, 2, 1, 8, 0, HND, 0, 16, 0, NHD, 0, 2 },
+	{ &sliding_tiny, 2, 1, 8, 0, HND, 0, 16, 0, NHD, 0, 2, 0 },
 };
 
 /* `n` distinct ids in [lo, hi): consecutive from a random start, or
@@ -578,8 +583,8 @@ struct run {
 /* Appends the runs of n WRs (sge_first relative to sge) to r[*nr]; checks
  * each WR's shape. Returns the bytes. */
 static uint64_t expand(const struct kvp_wr *wr, uint32_t n,
-		       const struct kvp_sge *sge, uint32_t max_sge,
-		       uint32_t ngroups, struct run *r, uint32_t *nr)
+		       const struct kvp_sge *sge, const struct kvp_plan_info *pi,
+		       struct run *r, uint32_t *nr)
 {
 	uint64_t bytes = 0;
 	uint32_t i, k;
@@ -588,8 +593,9 @@ static uint64_t expand(const struct kvp_wr *wr, uint32_t n,
 		const struct kvp_wr *w = &wr[i];
 		uint64_t ro = w->offset, sum = 0;
 
-		assert_true(w->nsge >= 1 && w->nsge <= max_sge);
-		assert_true(w->group < ngroups);
+		assert_true(w->nsge >= 1 && w->nsge <= pi->max_sge);
+		assert_true(w->len <= pi->max_len);
+		assert_true(w->group < pi->ngroups);
 		for (k = 0; k < w->nsge; k++) {
 			const struct kvp_sge *s = &sge[w->sge_first + k];
 			struct run *x = &r[(*nr)++];
@@ -724,8 +730,8 @@ static void check_windows(const kvp_plan *plan, const struct kvp_ids *ids,
 			assert_int_equal(sc->wr[n].len, 0xa5a5a5a5);
 		if (nsge < sc->maxs)
 			assert_int_equal(sc->sge[nsge].len, 0xa5a5a5a5);
-		assert_int_equal(expand(sc->wr, (uint32_t)n, sc->sge,
-					pi.max_sge, pi.ngroups, sc->wrun, &nr),
+		assert_int_equal(expand(sc->wr, (uint32_t)n, sc->sge, &pi,
+					sc->wrun, &nr),
 				 bytes);
 		acc += bytes;
 		assert_int_equal(kvp_plan_emit_done(&pos), acc == total);
@@ -790,8 +796,7 @@ static void check_request(const kvp_plan *plan, const struct kvp_ids *ids,
 		uint32_t b = sc->src_end[s], ne = 0;
 		uint64_t total;
 
-		total = expand(sc->ewr + a, b - a, sc->esge, pi.max_sge,
-			       pi.ngroups, sc->er, &ne);
+		total = expand(sc->ewr + a, b - a, sc->esge, &pi, sc->er, &ne);
 		ne = canon(sc->er, ne);
 		for (ci = 0; ci < 4; ci++) {
 			/* room for max_sge SGEs a WR, then one SGE a WR */
@@ -806,20 +811,15 @@ static void check_request(const kvp_plan *plan, const struct kvp_ids *ids,
 	nreqs++;
 }
 
-/*
- * 18 layout pairs x every consumer rank x 6 requests, each source in
- * windows of 1, 2, 3, 7 WRs (with max_sge or 1 SGEs per WR of room) and
- * unbounded.
- */
-static void test_matrix(void **state)
+/* Every consumer rank of each case, NREQ requests each. */
+static void run_matrix(const struct wcase *cases, uint32_t ncases,
+		       uint64_t seed)
 {
-	uint64_t seed = 17;
 	uint32_t ci, c, t;
 
-	(void)state;
 	nwindows = nsources = nreqs = nmid = 0;
-	for (ci = 0; ci < NWCASE; ci++) {
-		const struct wcase *wc = &wcases[ci];
+	for (ci = 0; ci < ncases; ci++) {
+		const struct wcase *wc = &cases[ci];
 
 		for (c = 0; c < wc->D; c++) {
 			struct scratch sc;
@@ -855,11 +855,51 @@ static void test_matrix(void **state)
 	print_message("emit windows: %llu requests, %llu sources, %llu windows (%llu ending mid-period), mapping equal to kvp_plan_emit()\n",
 		      (unsigned long long)nreqs, (unsigned long long)nsources,
 		      (unsigned long long)nwindows, (unsigned long long)nmid);
+}
+
+/*
+ * 18 layout pairs x every consumer rank x 6 requests, each source in
+ * windows of 1, 2, 3, 7 WRs (with max_sge or 1 SGEs per WR of room) and
+ * unbounded.
+ */
+static void test_matrix(void **state)
+{
+	(void)state;
+	run_matrix(wcases, NWCASE, 17);
 	/* 40 consumer ranks x 6 requests; the rest pins the seed's draw */
 	assert_int_equal(nreqs, 240);
 	assert_int_equal(nsources, 348);
 	assert_int_equal(nwindows, 351166);
 	assert_int_equal(nmid, 327937);
+}
+
+/* Pairs with a READ length cap (kvp_plan_attr.max_len) below their pages
+ * and pieces: 32-byte head ranges, 256-byte pages (16 tokens x 4 dims x 2
+ * bytes a head), MLA's 48-byte latent rows. */
+static const struct wcase wcases_len[] = {
+	{ &dense8, 2, 2, 16, 0, NHD, 0, 16, 0, NHD, 0, 4, 100 },
+	{ &dense8, 8, 2, 16, 0, HND, 0, 16, 0, HND, 0, 16, 100 },
+	{ &dense8, 8, 2, 16, 0, HND, 0, 16, 0, HND, 0, 16, 1000 },
+	{ &dense8, 2, 8, 16, 0, HND, 0, 16, 0, HND, 0, 4, 48 },
+	{ &dense8, 2, 4, 16, 0, NHD, 0, 16, 0, HND, 0, 4, 200 },
+	{ &dense8, 4, 2, 16, 0, FI, 0, 16, 0, HND, 0, 4, 300 },
+	{ &dense8, 2, 1, 16, 0, FI, 0, 16, 0, PK, 0, 3, 64 },
+	{ &dense8, 1, 1, 24, 0, HND, 0, 16, 0, HND, 0, 4, 96 },
+	{ &mla_tiny, 4, 2, 16, 0, 0, 0, 16, 0, 0, 0, 4, 100 },
+	{ &mamba_tiny, 2, 1, 16, 0, HND, KVP_CONV_DS, 8, 0, HND, KVP_CONV_SD,
+	  4, 40 },
+	{ &sliding_tiny, 2, 1, 8, 0, HND, 0, 16, 0, NHD, 0, 2, 128 },
+};
+
+/* The matrix's checks with caps: no READ past the cap, windows equal to
+ * kvp_plan_emit(). */
+static void test_matrix_len(void **state)
+{
+	(void)state;
+	run_matrix(wcases_len, sizeof(wcases_len) / sizeof(wcases_len[0]),
+		   23);
+	assert_int_equal(nreqs, 6 * (2 + 2 + 2 + 8 + 4 + 2 + 1 + 1 + 2 + 1 +
+				     1));
 }
 
 int main(void)
@@ -869,6 +909,7 @@ int main(void)
 		cmocka_unit_test(test_exact_periods),
 		cmocka_unit_test(test_rejects),
 		cmocka_unit_test(test_matrix),
+		cmocka_unit_test(test_matrix_len),
 	};
 
 	return cmocka_run_group_tests(t, NULL, NULL);
