@@ -313,6 +313,10 @@ static int plan_resolve(kvp_agent *a, struct kvp_eng *e)
 	pc_free(pc);
 	memset(&pattr, 0, sizeof(pattr));
 	pattr.max_sge = a->max_sge;
+	/* No READ longer than the port's message size or the slice asked
+	 * for (limits.c). */
+	pattr.comp_mask = KVP_PLAN_ATTR_MAX_LEN;
+	pattr.max_len = a->lim.max_len;
 	err = kvp_plan_compile(a->layout, e->ref, &pattr, &pc->plan, NULL, 0);
 	if (err)
 		return err == -ENOMEM ? err : -EPROTO;
