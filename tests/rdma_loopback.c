@@ -53,6 +53,8 @@ static const struct rt_case cases[] = {
 	 * soft-RoCE cannot, so each falls back to the address. */
 	{ LLAMA("llama 2->1, dma-buf registration (fallback)", 2, 1),
 	  .dmabuf = 1 },
+	/* READs cut at 4 KiB (32 KiB pages, coalesced runs of several). */
+	{ LLAMA("llama 2->1, 4 KiB READ slices", 2, 1), .max_read = 4096 },
 	/* DSCP 26 (AF31) on every connection of both engines. */
 	{ LLAMA("llama 2->1, traffic class DSCP 26", 2, 1),
 	  .tos = (26 << 2) + 1 },

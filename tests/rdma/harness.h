@@ -69,6 +69,7 @@ struct rt_case {
 	uint32_t dmabuf;	   /* register through
 				    * kvp_agent_register_dmabuf() */
 	uint32_t tos;		   /* kvp_agent_attr.tos, both sides */
+	uint32_t max_read;	   /* consumer: bytes per READ at most */
 	uint32_t max_ids;	   /* per group and request, 0: RT_MAX_IDS */
 	uint32_t extra_expire;	   /* ids the producer expects, nobody pulls */
 	uint32_t late_expect;	   /* expect request 0 after its notifications */
@@ -613,6 +614,7 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 	at.sq_depth = tc->sq_depth;
 	at.max_sge = tc->max_sge;
 	at.tos = tc->tos;
+	at.max_read = tc->max_read;
 	err = kvp_agent_open(&at, &a);
 	if (err)
 		RT_FAIL("open: %s", kvp_strerror(err));
@@ -703,6 +705,13 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 	t2 = rt_now();
 	/* More notifications than a producer rank's receive buffers: the
 	 * consumer must have read its credit counter. */
+	/* A READ slice: no READ moves more (at least bytes / slice READs;
+	 * the pages are larger than the slice). */
+	if (tc->max_read &&
+	    st.reads < (st.read_bytes + tc->max_read - 1) / tc->max_read)
+		RT_FAIL("%llu READs for %llu bytes in %u-byte slices",
+			(unsigned long long)st.reads,
+			(unsigned long long)st.read_bytes, tc->max_read);
 	if (tc->prq && tc->prq < tc->nreq && !st.credit_waits)
 		RT_FAIL("%u notifications into %u buffers without a credit read",
 			tc->nreq, tc->prq);
