@@ -667,8 +667,9 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
 /* ---- Transport (verbs/) ---- */
 /*
  * An agent is one engine rank's endpoint on one RDMA device: a protection
- * domain, the rank's registered regions, one completion queue, and one RC
- * queue pair per peer rank, set up over librdmacm. Everything an agent
+ * domain, the rank's registered regions, one completion queue, and RC
+ * queue pairs to its peer ranks (a consumer: qps_per_peer to each producer
+ * rank it reads from), set up over librdmacm. Everything an agent
  * needs for max_peers peer ranks is allocated and registered at open; its
  * memory is registered once and serves every peer engine for the agent's
  * life, whatever comes and goes.
@@ -702,9 +703,12 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  * still checks that each of those ranks sends the same bytes in-band.
  *
  * Requests: kvp_agent_pull() posts a request's RDMA READs, chained per
- * producer rank, one ibv_post_send() per rank; after the reads from a rank
- * it sends that rank a fenced notification {req_id, consumer engine id,
- * consumer rank}, and notifies the other producer ranks of its notify list.
+ * queue pair, one ibv_post_send() per queue pair and window; a rank's
+ * READs are striped over its qps_per_peer queue pairs (windows taken in
+ * turn from one emission cursor). Once all of a rank's data is in, it
+ * sends that rank, on its first queue pair, one notification {req_id,
+ * consumer engine id, consumer rank}, and notifies the other producer
+ * ranks of its notify list.
  * A producer rank reports a request RELEASED once every consumer rank that
  * must notify it has done so, or EXPIRED when its deadline passes first.
  *
@@ -831,8 +835,8 @@ struct kvp_agent_attr {
 	/* Producer: connections (handshaking or connected) from one consumer
 	 * IP address at once; more are refused with -EUSERS. 0: max_peers /
 	 * 4, at least 8 (clamped to max_peers). Consumer engines' ranks on
-	 * one host share an address: allow at least their count times the
-	 * producer ranks each reaches on this agent (one). */
+	 * one host share an address: allow at least their count times
+	 * their qps_per_peer (2 by default) for each producer rank. */
 	uint32_t max_per_source;
 	/* Producer: bound on one handshake, from connect request to ready,
 	 * in ms; a consumer not done by then is dropped. 0: 10000; at most
@@ -854,6 +858,13 @@ struct kvp_agent_attr {
 	/* Consumer: bytes per READ at most (a slice, for fairness between
 	 * requests on a link). 0: the port's max_msg_sz, at most 2^31. */
 	uint32_t max_read;
+	/* Consumer: RC queue pairs per producer rank read from; a request's
+	 * READs from a rank are striped over them (one QP allows only the
+	 * device's max_qp_init_rd_atom READs in flight: 16 on ConnectX) and
+	 * its notification follows on the first once all are in. Each
+	 * counts against the producer's max_peers and max_per_source. 0: 2;
+	 * at most 8. */
+	uint32_t qps_per_peer;
 	/* Traffic class of every connection, so that KV traffic can ride the
 	 * fabric's lossless class: the IP type of service byte plus one (0:
 	 * the device's default; 1 to 256: ToS 0 to 255, e.g. DSCP 26 is
@@ -881,9 +892,10 @@ struct kvp_agent_attr {
  * non-zero comp_mask, no layout, a device name and an address of different
  * devices, max_inflight above 2^20, max_peers above 65535 (32767 for
  * KVP_ROLE_BOTH), max_ids above 2^24, handshake_ms or stall_ms above
- * 3,600,000, rq_depth above 65536, tos above 256, a secret NULL with a
- * length or a length outside KVP_SECRET_MIN..KVP_SECRET_MAX); -ENODEV when there is no RDMA
- * device or no device of that name or address, or the device cannot serve
+ * 3,600,000, rq_depth above 65536, qps_per_peer above 8, tos above 256,
+ * a secret NULL with a length or a length outside
+ * KVP_SECRET_MIN..KVP_SECRET_MAX); -ENODEV when there is no RDMA device or
+ * no device of that name or address, or the device cannot serve
  * (no READ in flight, no SGE, queues and completion queue too small for
  * max_peers slots); -ENOMEM; another -errno
  * from the device. Allocates and registers what max_peers peer ranks
@@ -1147,7 +1159,10 @@ struct kvp_engine_info {
 	int32_t status;	    /* DOWN: why (-errno) */
 	uint64_t engine_id; /* the producer engine's id, once known */
 	uint32_t tp_size;   /* producer TP size */
-	uint32_t conns;	    /* producer ranks connected (the notify list) */
+	uint32_t conns;	    /* connections: each producer rank of the notify
+			     * list, with qps queue pairs to the ranks read
+			     * from */
+	uint32_t qps;	    /* queue pairs per producer rank read from */
 	const kvp_plan *plan; /* NULL before the first UP; borrowed: valid
 			       * until the engine is removed or reconnected */
 	uint64_t plan_bytes;  /* the plan's size (shared with engines of the
@@ -1314,6 +1329,8 @@ struct kvp_agent_stats {
 	uint64_t plan_compiles, plan_hits; /* engine handshakes that compiled
 					    * a plan / reused one */
 	uint64_t probes; /* producer: liveness probes answered */
+	uint64_t striped; /* consumer: a request's READs from one producer
+			   * rank that went over more than one queue pair */
 	uint64_t dmabuf_fallbacks; /* kvp_agent_register_dmabuf() calls
 				    * that registered addr instead */
 	uint64_t async_errors; /* device events that failed connections (QP

@@ -40,6 +40,7 @@ struct eng_spec {
 	uint32_t tp, block, kv_layout, nblocks, layers;
 	uint16_t port; /* producer rank r listens on env.port + port + r */
 	uint32_t max_inflight, max_peers; /* producer agent, 0: defaults */
+	uint32_t qps;	/* consumer agent: queue pairs per rank, 0: 2 */
 };
 
 struct req {
@@ -628,6 +629,7 @@ static struct cons *cons_new(const struct eng_spec *cs, uint32_t rank,
 	at.layout = c->l;
 	at.addr = env.addr0;
 	at.max_ids = MAXI;
+	at.qps_per_peer = cs->qps;
 	err = kvp_agent_open(&at, &c->a);
 	if (err)
 		RT_FAIL("open: %s", kvp_strerror(err));
@@ -1059,12 +1061,15 @@ static int c1_consumer(const void *arg, uint32_t rank)
 			RT_FAIL("%llu not DONE", (unsigned long long)c1_rq[k].id);
 	for (e = 0; e < 4; e++) {
 		const struct eng_spec *s = &c1_engs[e];
-		/* Producer ranks this rank reads from: its half of the
-		 * heads. */
-		uint32_t conns = s->tp > 2 ? s->tp / 2 : 1;
+		/* Producer ranks this rank reads from (its half of the
+		 * heads), each over the default 2 queue pairs. */
+		uint32_t conns = (s->tp > 2 ? s->tp / 2 : 1) * 2;
 
 		if (info(c, e, &in))
 			goto out;
+		if (in.qps != 2)
+			RT_FAIL("%s: %u queue pairs per rank, want 2", s->name,
+				in.qps);
 		if (c->downs[e] || c->ups[e] != 1 || in.state != KVP_ENGINE_UP)
 			RT_FAIL("%s: %u up %u down, state %u", s->name,
 				c->ups[e], c->downs[e], in.state);
@@ -1353,9 +1358,12 @@ static const struct eng_spec c3_prod[1] = {
 	  .max_peers = 1 },
 };
 
+/* One queue pair per producer rank: the producer's one slot. */
 static const struct eng_spec c3_cons[2] = {
-	ENG("decode X", RT_CONS_ENGINE, 1, 16, HND, 96, 1, 0),
-	ENG("decode Y", RT_CONS_ENGINE + 1, 1, 16, HND, 96, 1, 0),
+	{ .name = "decode X", .id = RT_CONS_ENGINE, .tp = 1, .block = 16,
+	  .kv_layout = HND, .nblocks = 96, .layers = 1, .qps = 1 },
+	{ .name = "decode Y", .id = RT_CONS_ENGINE + 1, .tp = 1, .block = 16,
+	  .kv_layout = HND, .nblocks = 96, .layers = 1, .qps = 1 },
 };
 
 #define C3_X 4 /* X's requests, then Y's */

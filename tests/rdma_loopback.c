@@ -42,7 +42,7 @@ static const struct rt_case cases[] = {
 	  .playout = FNHD, .dblock = 32, .dblocks = 24, .max_sge = 8 },
 	{ LLAMA("llama 1->1 kernel 16 in 64, sq 8", 1, 1), .pblock = 64,
 	  .pkernel = 16, .pblocks = 12, .sq_depth = 8, .nreq = 6,
-	  .max_inflight = 2 },
+	  .max_inflight = 2, .striped = 1 },
 	{ LLAMA("llama 2->1 prefix hit", 2, 1), .hit_tokens = 48 },
 	/* Two receive buffers per producer rank for 16 notifications each:
 	 * the consumer reads the producers' credit counters again and

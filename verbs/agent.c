@@ -16,6 +16,8 @@
 #define DEF_SGE 4
 #define DEF_HANDSHAKE_MS 10000
 #define DEF_STALL_MS 10000
+#define DEF_QPS 2
+#define MAX_QPS 8
 #define CM_INTERVAL_NS 1000000ull    /* rdma_cm channel check, busy polling */
 #define CQ_BATCHES 8
 #define CM_BUDGET 16 /* rdma_cm events per poll */
@@ -269,6 +271,7 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	a->rq_depth = attr->rq_depth;
 	a->max_read = attr->max_read;
 	a->tos = attr->tos;
+	a->qps = attr->qps_per_peer ? attr->qps_per_peer : DEF_QPS;
 	a->stall_ns = (uint64_t)(attr->stall_ms ? attr->stall_ms :
 				 DEF_STALL_MS) * 1000000ull;
 	/* wr_ids carry a connection index in 16 bits. */
@@ -276,7 +279,7 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	    a->max_peers > (a->producer && a->consumer ? 0x7fffu : 0xffffu) ||
 	    a->max_ids > (1u << 24) || attr->handshake_ms > 3600000 ||
 	    attr->stall_ms > 3600000 || attr->rq_depth > KVP_CREDIT_MAX ||
-	    attr->tos > 256 ||
+	    attr->tos > 256 || a->qps > MAX_QPS ||
 	    !attr->secret != !attr->secret_len ||
 	    (attr->secret && (attr->secret_len < KVP_SECRET_MIN ||
 			      attr->secret_len > KVP_SECRET_MAX))) {
@@ -703,7 +706,8 @@ static void flush_backlog(kvp_agent *a)
 		struct kvp_conn *c = &a->conns[i];
 
 		if (c->state == CS_READY &&
-		    (c->c_post != c->c_tail || c->c_note != c->c_post))
+		    (c->c_post != c->c_tail ||
+		     (!c->q && c->c_note != c->c_post)))
 			kvp__conn_flush(a, c);
 	}
 }
@@ -785,7 +789,7 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 		/* A notification waiting for credit: the counter is read
 		 * again each millisecond. */
 		if (c->side == KVP_ROLE_CONSUMER && c->state == CS_READY &&
-		    c->c_note != c->c_post && now + CM_INTERVAL_NS < wake)
+		    c->starved && now + CM_INTERVAL_NS < wake)
 			wake = now + CM_INTERVAL_NS;
 	}
 	for (i = 0; a->consumer && i < a->max_peers; i++) {

@@ -345,6 +345,7 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->credit_reading = c->credit_hold = c->starved = 0;
 	c->wait_since = 0;
 	c->psrc = NO_SRC;
+	c->q = 0;
 	c->status = 0;
 	c->drains = 0;
 	c->drain_deadline = 0;
@@ -441,7 +442,6 @@ void kvp__conn_drained(kvp_agent *a, struct kvp_conn *c)
 	c->drains = 0;
 	if (c->side == KVP_ROLE_CONSUMER) {
 		struct kvp_eng *e = &a->engs[c->eng];
-		uint32_t rank = c->rank;
 		int err = c->status;
 
 		/* Every WR posted on it has completed or been flushed: no
@@ -449,7 +449,7 @@ void kvp__conn_drained(kvp_agent *a, struct kvp_conn *c)
 		kvp__chunks_fail(a, c);
 		kvp__conn_release(a, c);
 		a->ncons_free++;
-		kvp__engine_conn_gone(a, e, rank, err);
+		kvp__engine_conn_gone(a, e, c->idx, err);
 		return;
 	}
 	kvp__conn_release(a, c);

@@ -75,6 +75,8 @@ static void eng_detach(struct kvp_eng *e)
 	e->rank_conn = NULL;
 	free(e->note_conn);
 	e->note_conn = NULL;
+	free(e->stripes);
+	e->stripes = NULL;
 	carried_drop(e);
 }
 
@@ -379,7 +381,9 @@ static struct kvp_conn *free_cons_slot(kvp_agent *a)
 	return NULL;
 }
 
-static int connect_rank(kvp_agent *a, struct kvp_eng *e, uint32_t r)
+/* Queue pair q of producer rank r. */
+static int connect_rank(kvp_agent *a, struct kvp_eng *e, uint32_t r,
+			uint32_t q)
 {
 	struct kvp_conn *c = free_cons_slot(a);
 	int err;
@@ -389,15 +393,24 @@ static int connect_rank(kvp_agent *a, struct kvp_eng *e, uint32_t r)
 	err = kvp__conn_start(a, c, e, r, &e->addr[r]);
 	if (err)
 		return err;
-	e->rank_conn[r] = c->idx;
+	c->q = q;
+	e->rank_conn[r * e->nq + q] = c->idx;
 	return 0;
+}
+
+/* Queue pairs to producer rank of notify index k: nq for a rank the plan
+ * reads from (its READs are striped over them), 1 for a rank only
+ * notified. */
+static uint32_t rank_qps(const struct kvp_eng *e, uint32_t k)
+{
+	return e->pc->note_src[k] != NO_SRC ? e->nq : 1;
 }
 
 /* The plan is known: connect the rest of its notify list. */
 static int start_rest(kvp_agent *a, struct kvp_eng *e)
 {
 	const struct kvp_pcache *pc;
-	uint32_t k, need = 0;
+	uint32_t k, q, need = 0;
 	int err;
 
 	err = plan_resolve(a, e);
@@ -407,21 +420,28 @@ static int start_rest(kvp_agent *a, struct kvp_eng *e)
 	if (pc->pi.remote_tp != e->n)
 		return -EPROTO;
 	for (k = 0; k < pc->pi.nnotify; k++)
-		need += e->rank_conn[pc->note_rank[k]] == NO_CONN;
+		for (q = 0; q < rank_qps(e, k); q++)
+			need += e->rank_conn[pc->note_rank[k] * e->nq + q] ==
+				NO_CONN;
 	if (need > a->ncons_free)
 		return -ENOSPC;
-	e->note_conn = calloc(pc->pi.nnotify + 1, sizeof(*e->note_conn));
+	e->note_conn = malloc(((size_t)pc->pi.nnotify * e->nq + 1) *
+			      sizeof(*e->note_conn));
 	if (!e->note_conn)
 		return -ENOMEM;
 	for (k = 0; k < pc->pi.nnotify; k++) {
 		uint32_t r = pc->note_rank[k];
 
-		if (e->rank_conn[r] == NO_CONN) {
-			err = connect_rank(a, e, r);
-			if (err)
-				return err;
+		for (q = 0; q < e->nq; q++) {
+			uint32_t *slot = &e->rank_conn[r * e->nq + q];
+
+			if (q < rank_qps(e, k) && *slot == NO_CONN) {
+				err = connect_rank(a, e, r, q);
+				if (err)
+					return err;
+			}
+			e->note_conn[k * e->nq + q] = *slot;
 		}
-		e->note_conn[k] = e->rank_conn[r];
 	}
 	e->phase = EP_REST;
 	return 0;
@@ -437,10 +457,11 @@ static int eng_start(kvp_agent *a, struct kvp_eng *e, uint32_t timeout_ms)
 	e->deadline = e->t0 + (uint64_t)timeout_ms * 1000000ull;
 	e->state = KVP_ENGINE_CONNECTING;
 	a->nconnecting++;
-	e->rank_conn = malloc((size_t)e->n * sizeof(*e->rank_conn));
+	e->nq = a->qps;
+	e->rank_conn = malloc((size_t)e->n * e->nq * sizeof(*e->rank_conn));
 	if (!e->rank_conn)
 		return -ENOMEM;
-	for (r = 0; r < e->n; r++)
+	for (r = 0; r < e->n * e->nq; r++)
 		e->rank_conn[r] = NO_CONN;
 	if (e->ref) {
 		/* A carried blob: the plan without a connection. */
@@ -455,7 +476,7 @@ static int eng_start(kvp_agent *a, struct kvp_eng *e, uint32_t timeout_ms)
 	 * made only to be dropped. */
 	e->first = (uint32_t)((uint64_t)a->li.tp_rank * e->n / a->li.tp_size);
 	e->phase = EP_FIRST;
-	return connect_rank(a, e, e->first);
+	return connect_rank(a, e, e->first, 0);
 }
 
 /* Producer rank c's blob, against its hello and the reference; and
@@ -479,24 +500,35 @@ static int check_peer(const struct kvp_eng *e, const struct kvp_conn *c)
 
 static int eng_up(kvp_agent *a, struct kvp_eng *e)
 {
-	uint32_t k;
+	const uint32_t nc = e->pc->pi.nnotify * e->nq;
+	uint32_t k, conns = 0;
 	int err;
 
-	for (k = 0; k < e->pc->pi.nnotify; k++) {
-		struct kvp_conn *c = &a->conns[e->note_conn[k]];
-
-		err = check_peer(e, c);
+	for (k = 0; k < nc; k++) {
+		if (e->note_conn[k] == NO_CONN)
+			continue;
+		err = check_peer(e, &a->conns[e->note_conn[k]]);
 		if (err)
 			return err;
 	}
-	for (k = 0; k < e->pc->pi.nnotify; k++) {
-		struct kvp_conn *c = &a->conns[e->note_conn[k]];
+	for (k = 0; k < nc; k++) {
+		struct kvp_conn *c;
 
-		c->psrc = e->pc->note_src[k];
+		if (e->note_conn[k] == NO_CONN)
+			continue;
+		c = &a->conns[e->note_conn[k]];
+		c->psrc = e->pc->note_src[k / e->nq];
 		err = kvp__conn_data_alloc(a, c);
 		if (err)
 			return err;
+		conns++;
 	}
+	/* A stripe per request slot and source. */
+	e->stripes = calloc((size_t)a->max_inflight *
+				    (e->pc->pi.nsrc ? e->pc->pi.nsrc : 1),
+			    sizeof(*e->stripes));
+	if (!e->stripes)
+		return -ENOMEM;
 	carried_drop(e);
 	a->nconnecting--;
 	e->state = KVP_ENGINE_UP;
@@ -506,7 +538,7 @@ static int eng_up(kvp_agent *a, struct kvp_eng *e)
 	}
 	e->st.add_ns = kvp__now_ns() - e->t0;
 	e->st.plan_cached = e->plan_cached;
-	a->st.connects += e->pc->pi.nnotify;
+	a->st.connects += conns;
 	eng_event(a, e, KVP_EV_ENGINE_UP);
 	return 0;
 }
@@ -518,7 +550,7 @@ static int eng_step(kvp_agent *a, struct kvp_eng *e)
 	int err;
 
 	if (e->phase == EP_FIRST) {
-		c = &a->conns[e->rank_conn[e->first]];
+		c = &a->conns[e->rank_conn[e->first * e->nq]];
 		if (c->state != CS_READY)
 			return 0;
 		e->engine_id = c->engine_id;
@@ -529,8 +561,9 @@ static int eng_step(kvp_agent *a, struct kvp_eng *e)
 			err = start_rest(a, e);
 		return err;
 	}
-	for (k = 0; k < e->pc->pi.nnotify; k++)
-		if (a->conns[e->note_conn[k]].state != CS_READY)
+	for (k = 0; k < e->pc->pi.nnotify * e->nq; k++)
+		if (e->note_conn[k] != NO_CONN &&
+		    a->conns[e->note_conn[k]].state != CS_READY)
 			return 0;
 	return eng_up(a, e);
 }
@@ -577,7 +610,7 @@ void kvp__engine_fail(kvp_agent *a, struct kvp_eng *e, int err)
 	}
 	e->state = KVP_ENGINE_FAILING;
 	e->status = err ? err : -ECONNRESET;
-	for (r = 0; e->rank_conn && r < e->n; r++)
+	for (r = 0; e->rank_conn && r < e->n * e->nq; r++)
 		if (e->rank_conn[r] != NO_CONN)
 			kvp__conn_fail(a, &a->conns[e->rank_conn[r]],
 				       e->status);
@@ -585,11 +618,14 @@ void kvp__engine_fail(kvp_agent *a, struct kvp_eng *e, int err)
 		eng_down(a, e);
 }
 
-void kvp__engine_conn_gone(kvp_agent *a, struct kvp_eng *e, uint32_t rank,
+void kvp__engine_conn_gone(kvp_agent *a, struct kvp_eng *e, uint32_t idx,
 			   int err)
 {
-	if (e->rank_conn && rank < e->n)
-		e->rank_conn[rank] = NO_CONN;
+	uint32_t r;
+
+	for (r = 0; e->rank_conn && r < e->n * e->nq; r++)
+		if (e->rank_conn[r] == idx)
+			e->rank_conn[r] = NO_CONN;
 	e->nconn--;
 	kvp__engine_fail(a, e, err);
 	if (!e->nconn && e->state == KVP_ENGINE_FAILING)
@@ -759,11 +795,17 @@ int kvp_agent_engine_info(const kvp_agent *a, uint32_t engine,
 	info->conns = e->nconn;
 	info->plan = e->pc ? e->pc->plan : NULL;
 	info->plan_bytes = e->pc ? e->pc->pi.bytes : 0;
+	info->qps = e->nq;
 	table = sizeof(*e) + (uint64_t)e->n * (sizeof(*e->addr) +
-					      sizeof(*e->rank_conn));
+					      e->nq * sizeof(*e->rank_conn));
 	if (e->pc)
-		table += (uint64_t)e->pc->pi.nnotify * sizeof(*e->note_conn);
-	for (r = 0; e->rank_conn && r < e->n; r++) {
+		table += (uint64_t)e->pc->pi.nnotify * e->nq *
+			 sizeof(*e->note_conn);
+	if (e->stripes)
+		table += (uint64_t)a->max_inflight *
+			 (e->pc->pi.nsrc ? e->pc->pi.nsrc : 1) *
+			 sizeof(*e->stripes);
+	for (r = 0; e->rank_conn && r < e->n * e->nq; r++) {
 		const struct kvp_conn *c;
 		struct kvp_layout_info li;
 

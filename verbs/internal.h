@@ -281,15 +281,27 @@ enum conn_state {
 	CS_DEAD,	/* drained (consumer: kept until close) */
 };
 
-/* One in-flight request's share of one connection: its READs from that
- * producer rank (emitted in windows from `pos`), then the notification. */
+/* One in-flight request's share of one connection: the READs this queue
+ * pair takes of that producer rank's (windows from the request's stripe,
+ * shared by the rank's queue pairs), then, on the rank's first queue pair
+ * only, the notification once all of the rank's data is in. */
 #define CH_READS 1u  /* has READs whose data is not in yet */
 struct kvp_chunk {
 	uint32_t slot;	   /* request slot */
 	uint32_t flags;
 	uint32_t posted;   /* READs posted */
-	uint32_t pad;
+	uint32_t stripe;   /* index in the engine's stripes, or NO_STRIPE */
+};
+#define NO_STRIPE UINT32_MAX
+
+/* A request's READs from one producer rank, striped over the rank's queue
+ * pairs: the emission cursor they share, and how many of their chunks
+ * still have data out. */
+struct kvp_stripe {
 	struct kvp_emit_pos pos;
+	uint32_t left;
+	int32_t status;
+	uint32_t qmask;	/* queue pairs that carried some of its READs */
 };
 
 struct kvp_conn {
@@ -329,6 +341,8 @@ struct kvp_conn {
 	int inline_notes;	  /* consumer: notifications sent inline */
 	uint32_t eng;		  /* consumer: engine index */
 	uint32_t psrc;		  /* consumer: plan source index, or NO_SRC */
+	uint32_t q;		  /* consumer: queue pair of its rank, 0: the
+				   * one that carries notifications */
 
 	/* Consumer: notification credits. The producer rank re-posts a
 	 * receive buffer per notification it took and counts them in a
@@ -432,8 +446,11 @@ struct kvp_eng {
 	uint32_t *craw_len;
 	kvp_layout *ref;	/* the layout checks hold every rank to */
 	struct kvp_pcache *pc;
-	uint32_t *rank_conn;	/* n: connection index or NO_CONN */
-	uint32_t *note_conn;	/* per notify index: connection index */
+	uint32_t nq;		/* queue pairs per producer rank */
+	uint32_t *rank_conn;	/* n x nq: connection index or NO_CONN */
+	uint32_t *note_conn;	/* per notify index: its rank's nq
+				 * connections, nq entries each */
+	struct kvp_stripe *stripes; /* max_inflight x nsrc, once up */
 	uint32_t plan_cached;
 	struct kvp_engine_info st;
 };
@@ -482,6 +499,7 @@ struct kvp_agent {
 	uint32_t max_ids, max_inflight, max_peers, sq_depth, max_sge;
 	uint32_t max_read;	 /* the attribute: bytes per READ, 0: none */
 	uint32_t tos;		 /* the attribute: 0, or the ToS + 1 */
+	uint32_t qps;		 /* consumer: queue pairs per producer rank */
 	struct kvp_limits lim;	 /* what the device grants (limits.c) */
 	uint8_t *secret; /* NULL: none */
 	uint32_t secret_len;
@@ -663,7 +681,7 @@ KVP_HIDDEN void kvp__engines_free(kvp_agent *a);
 KVP_HIDDEN void kvp__engines_step(kvp_agent *a, uint64_t now);
 /* A consumer connection of engine e was released (drained, failed). */
 KVP_HIDDEN void kvp__engine_conn_gone(kvp_agent *a, struct kvp_eng *e,
-				      uint32_t rank, int err);
+				      uint32_t idx, int err);
 /* Fails engine e: every connection to error, requests not DONE fail. */
 KVP_HIDDEN void kvp__engine_fail(kvp_agent *a, struct kvp_eng *e, int err);
 KVP_HIDDEN struct kvp_eng *kvp__engine_get(const kvp_agent *a, uint32_t h);

@@ -153,17 +153,47 @@ void kvp__req_reap(kvp_agent *a)
 	a->nreq_reported = 0;
 }
 
+/* A queue pair's share of a request from one rank is in (its last READ
+ * completed, or it had nothing to read): once every queue pair's share
+ * of the stripe is, the rank's data is, and its notification may go. */
+static void chunk_in(kvp_agent *a, const struct kvp_conn *c,
+		     struct kvp_chunk *ch, int err)
+{
+	struct kvp_stripe *st = &a->engs[c->eng].stripes[ch->stripe];
+
+	ch->flags &= ~CH_READS;
+	if (err && !st->status)
+		st->status = err;
+	if (--st->left)
+		return;
+	if (st->qmask & (st->qmask - 1))
+		a->st.striped++;
+	req_data_in(a, &a->reqs[ch->slot], st->status);
+}
+
+/* Moves c_data past the chunks whose data is in; on a queue pair without
+ * notifications those are retired too. */
+static void chunks_retire(kvp_agent *a, struct kvp_conn *c)
+{
+	while (c->c_data != c->c_post &&
+	       !(c->chunks[c->c_data & a->chunk_mask].flags & CH_READS))
+		c->c_data++;
+	if (c->q)
+		c->c_head = c->c_data;
+}
+
 void kvp__chunks_fail(kvp_agent *a, struct kvp_conn *c)
 {
 	uint32_t i;
 
 	for (i = c->c_head; i != c->c_tail; i++) {
-		const struct kvp_chunk *ch = &c->chunks[i & a->chunk_mask];
+		struct kvp_chunk *ch = &c->chunks[i & a->chunk_mask];
 		struct kvp_req *r = &a->reqs[ch->slot];
 
 		if (ch->flags & CH_READS) /* its data is not in */
-			req_data_in(a, r, c->status);
-		req_note_done(a, r);
+			chunk_in(a, c, ch, c->status);
+		if (!c->q)
+			req_note_done(a, r);
 	}
 	c->c_head = c->c_data = c->c_note = c->c_post = c->c_tail;
 }
@@ -171,19 +201,14 @@ void kvp__chunks_fail(kvp_agent *a, struct kvp_conn *c)
 /* ---- completions -------------------------------------------------------- */
 
 /* Chunk c_data onwards: the first that still has READs out is the one
- * whose last READ just completed. */
+ * whose last READ just completed (each posts its WK_LAST in order). */
 static void chunk_data_in(kvp_agent *a, struct kvp_conn *c)
 {
-	struct kvp_chunk *ch;
-
-	while (c->c_data != c->c_post &&
-	       !(c->chunks[c->c_data & a->chunk_mask].flags & CH_READS))
-		c->c_data++;
+	chunks_retire(a, c);
 	if (kvp_unlikely(c->c_data == c->c_post))
 		return; /* unreachable: a WK_LAST per chunk with READs */
-	ch = &c->chunks[c->c_data++ & a->chunk_mask];
-	ch->flags &= ~CH_READS;
-	req_data_in(a, &a->reqs[ch->slot], 0);
+	chunk_in(a, c, &c->chunks[c->c_data & a->chunk_mask], 0);
+	chunks_retire(a, c);
 }
 
 void kvp__send_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
@@ -238,48 +263,166 @@ static inline void signal_wr(struct ibv_send_wr *s, const struct kvp_conn *c,
 	s->wr_id = kvp__wrid(kind, c->gen, c->idx, since);
 }
 
+/* A chain being built for one ibv_post_send(): WRs in a->swr, their SGEs
+ * in a->ssge, `since` WRs since the last signalled one. */
+struct chain {
+	struct ibv_send_wr *w, *s;
+	struct ibv_sge *g;
+	uint32_t n, since;
+	uint64_t bytes, reads;
+};
+
+static inline struct ibv_send_wr *chain_add(struct chain *ch)
+{
+	struct ibv_send_wr *s = &ch->w[ch->n++];
+
+	s->next = s + 1;
+	s->sg_list = ch->g;
+	s->send_flags = 0;
+	ch->s = s;
+	ch->since++;
+	return s;
+}
+
+/* Marks the chain's last WR signalled with `kind`, retiring the WRs since
+ * the last signalled one. */
+static inline void chain_signal(struct chain *ch, const struct kvp_conn *c,
+				uint32_t kind)
+{
+	/* Already signalled (the periodic signal fell on it): it retires
+	 * those WRs too. */
+	uint32_t prev = ch->s->send_flags & IBV_SEND_SIGNALED ?
+				WRID_VALUE(ch->s->wr_id) : 0;
+
+	signal_wr(ch->s, c, kind, ch->since + prev);
+	ch->since = 0;
+}
+
+/* Whether the notification of chunk `ch` may go: every queue pair's READs
+ * of its rank are in (or the rank is only notified). */
+static inline int note_ready(const kvp_agent *a, const struct kvp_conn *c,
+			     const struct kvp_chunk *ch)
+{
+	return ch->stripe == NO_STRIPE ||
+	       !a->engs[c->eng].stripes[ch->stripe].left;
+}
+
+static void post_note(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
+		      uint32_t slot)
+{
+	struct ibv_send_wr *s = chain_add(ch);
+
+	/* After the data is in: no fence needed. Inline when the QP
+	 * allows: no DMA read of the note. */
+	s->num_sge = 1;
+	ch->g->addr = (uint64_t)(uintptr_t)(a->note_buf +
+					    (size_t)slot * KVP_NOTE_LEN);
+	ch->g->length = KVP_NOTE_LEN;
+	ch->g->lkey = a->note_mr->lkey;
+	ch->g++;
+	s->opcode = IBV_WR_SEND;
+	s->send_flags = c->inline_notes ? IBV_SEND_INLINE : 0;
+	chain_signal(ch, c, WK_NOTE);
+	c->notes_posted++;
+	c->wait_since = 0;
+	c->starved = 0;
+	a->st.notes_sent++;
+}
+
+/* Out of credit: read the producer's count of re-posted buffers. */
+static void post_credit_read(kvp_agent *a, struct kvp_conn *c,
+			     struct chain *ch)
+{
+	struct ibv_send_wr *s = chain_add(ch);
+
+	s->num_sge = 1;
+	ch->g->addr = (uint64_t)(uintptr_t)(kvp__ctl_rx(a, c) + CREDIT_OFF);
+	ch->g->length = 8;
+	ch->g->lkey = a->ctl_mr->lkey;
+	ch->g++;
+	s->opcode = IBV_WR_RDMA_READ;
+	s->wr.rdma.remote_addr = c->ctr_raddr;
+	s->wr.rdma.rkey = c->ctr_rkey;
+	chain_signal(ch, c, WK_CREDIT);
+	c->credit_reading = 1;
+}
+
+/* Appends up to `room` READs of the stripe's next window to the chain.
+ * Returns how many, or -EPROTO. */
+static int post_window(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
+		       const kvp_plan *plan, struct kvp_req *r,
+		       struct kvp_stripe *st, uint32_t room)
+{
+	uint64_t bytes;
+	uint32_t j, q;
+	int k;
+
+	k = kvp_plan_emit_window(plan, r->gids, &st->pos, a->wtmp, room,
+				 a->stmp, room * a->max_sge, &bytes);
+	if (kvp_unlikely(k < 0))
+		return -EPROTO; /* unreachable: the ids passed the check */
+	for (j = 0; j < (uint32_t)k; j++) {
+		const struct kvp_wr *rw = &a->wtmp[j];
+		const struct kvp_sge *rs = &a->stmp[rw->sge_first];
+		struct ibv_send_wr *s = chain_add(ch);
+
+		s->num_sge = (int)rw->nsge;
+		s->opcode = IBV_WR_RDMA_READ;
+		s->wr.rdma.remote_addr = c->raddr[rw->region] + rw->offset;
+		s->wr.rdma.rkey = c->rkey[rw->region];
+		for (q = 0; q < rw->nsge; q++, ch->g++) {
+			ch->g->addr = a->lbase[rs[q].region] + rs[q].offset;
+			ch->g->length = rs[q].len;
+			ch->g->lkey = a->lkey[rs[q].region];
+		}
+		s->wr_id = kvp__wrid(WK_READ, c->gen, c->idx, 0);
+		if (kvp_unlikely(ch->since == a->sig_every))
+			chain_signal(ch, c, WK_SIGNAL);
+	}
+	r->reads += (uint32_t)k;
+	r->bytes += bytes;
+	ch->bytes += bytes;
+	ch->reads += (uint32_t)k;
+	return k;
+}
+
+/* A zero-length READ: its completion marks the end of this queue pair's
+ * share when its last READ went out without the mark. */
+static void post_marker(struct kvp_conn *c, struct chain *ch)
+{
+	struct ibv_send_wr *s = chain_add(ch);
+
+	s->sg_list = NULL;
+	s->num_sge = 0;
+	s->opcode = IBV_WR_RDMA_READ;
+	s->wr.rdma.remote_addr = c->raddr[0];
+	s->wr.rdma.rkey = c->rkey[0];
+	chain_signal(ch, c, WK_LAST);
+}
+
 void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 {
-	struct ibv_send_wr *w = a->swr, *s = NULL, *bad;
-	struct ibv_sge *g = a->ssge;
+	struct chain ch = { a->swr, NULL, a->ssge, 0, 0, 0, 0 };
 	const struct kvp_eng *e = &a->engs[c->eng];
 	const kvp_plan *plan = e->pc ? e->pc->plan : NULL;
-	const uint32_t gen = c->gen, idx = c->idx, mask = a->chunk_mask;
-	uint32_t room, n = 0, since = 0, j, k;
-	uint64_t bytes, tbytes = 0, reads = 0, queued = 0;
-	int err, rc;
+	const uint32_t mask = a->chunk_mask;
+	struct ibv_send_wr *bad;
+	uint32_t room;
+	int err, k;
 
 	if (kvp_unlikely(c->state != CS_READY))
 		return;
 	room = c->sq_cap - c->outstanding;
-	while (n < room) {
-		struct kvp_chunk *ch;
-		struct kvp_req *r;
+	while (ch.n < room) {
+		struct kvp_chunk *ck;
+		struct kvp_stripe *st;
 
-		if (c->c_note != c->c_post) {
+		/* Notifications, on a rank's first queue pair, in order. */
+		if (!c->q && c->c_note != c->c_post &&
+		    note_ready(a, c, &c->chunks[c->c_note & mask])) {
 			if (credits(c)) {
-				/* The notification: fenced behind this QP's
-				 * READs. */
-				ch = &c->chunks[c->c_note++ & mask];
-				s = &w[n++];
-				s->next = s + 1;
-				s->sg_list = g;
-				s->num_sge = 1;
-				g->addr = (uint64_t)(uintptr_t)(a->note_buf +
-					(size_t)ch->slot * KVP_NOTE_LEN);
-				g->length = KVP_NOTE_LEN;
-				g->lkey = a->note_mr->lkey;
-				g++;
-				s->opcode = IBV_WR_SEND;
-				s->send_flags = IBV_SEND_FENCE |
-						(c->inline_notes ?
-							 IBV_SEND_INLINE : 0);
-				signal_wr(s, c, WK_NOTE, since + 1);
-				since = 0;
-				c->notes_posted++;
-				c->wait_since = 0;
-				c->starved = 0;
-				a->st.notes_sent++;
+				post_note(a, c, &ch,
+					  c->chunks[c->c_note++ & mask].slot);
 				continue;
 			}
 			if (!c->starved) {
@@ -287,108 +430,57 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 				a->st.credit_waits++;
 			}
 			if (!c->credit_reading && !c->credit_hold) {
-				/* Out of credit: read the producer's count
-				 * of re-posted buffers. */
-				s = &w[n++];
-				s->next = s + 1;
-				s->sg_list = g;
-				s->num_sge = 1;
-				g->addr = (uint64_t)(uintptr_t)(kvp__ctl_rx(a, c) +
-								CREDIT_OFF);
-				g->length = 8;
-				g->lkey = a->ctl_mr->lkey;
-				g++;
-				s->opcode = IBV_WR_RDMA_READ;
-				s->wr.rdma.remote_addr = c->ctr_raddr;
-				s->wr.rdma.rkey = c->ctr_rkey;
-				s->send_flags = 0;
-				signal_wr(s, c, WK_CREDIT, since + 1);
-				since = 0;
-				c->credit_reading = 1;
+				post_credit_read(a, c, &ch);
 				continue;
 			}
 		}
 		if (c->c_post == c->c_tail)
 			break;
-		ch = &c->chunks[c->c_post & mask];
-		r = &a->reqs[ch->slot];
-		if (!(ch->flags & CH_READS)) {
+		ck = &c->chunks[c->c_post & mask];
+		if (!(ck->flags & CH_READS)) {
 			c->c_post++;
 			continue;
 		}
-		rc = kvp_plan_emit_window(plan, r->gids, &ch->pos, a->wtmp,
-					  room - n, a->stmp,
-					  (room - n) * a->max_sge, &bytes);
-		if (kvp_unlikely(rc < 0)) {
-			/* Unreachable: the ids passed kvp_plan_emit_check().
-			 * What is chained so far is dropped with the QP. */
-			kvp__conn_fail(a, c, -EPROTO);
-			return;
-		}
-		k = (uint32_t)rc;
-		for (j = 0; j < k; j++) {
-			const struct kvp_wr *rw = &a->wtmp[j];
-			const struct kvp_sge *rs = &a->stmp[rw->sge_first];
-			uint32_t q;
-
-			s = &w[n++];
-			s->next = s + 1;
-			s->sg_list = g;
-			s->num_sge = (int)rw->nsge;
-			s->opcode = IBV_WR_RDMA_READ;
-			s->wr.rdma.remote_addr = c->raddr[rw->region] + rw->offset;
-			s->wr.rdma.rkey = c->rkey[rw->region];
-			for (q = 0; q < rw->nsge; q++, g++) {
-				g->addr = a->lbase[rs[q].region] + rs[q].offset;
-				g->length = rs[q].len;
-				g->lkey = a->lkey[rs[q].region];
+		st = &e->stripes[ck->stripe];
+		k = 0;
+		if (!kvp_plan_emit_done(&st->pos)) {
+			k = post_window(a, c, &ch, plan, &a->reqs[ck->slot], st,
+					room - ch.n);
+			if (kvp_unlikely(k < 0)) {
+				/* What is chained is dropped with the QP. */
+				kvp__conn_fail(a, c, k);
+				return;
 			}
-			s->send_flags = 0;
-			s->wr_id = kvp__wrid(WK_READ, gen, idx, 0);
-			if (kvp_unlikely(++since == a->sig_every)) {
-				signal_wr(s, c, WK_SIGNAL, since);
-				since = 0;
-			}
+			ck->posted += (uint32_t)k;
+			if (k)
+				st->qmask |= 1u << c->q;
+			if (!kvp_plan_emit_done(&st->pos))
+				break; /* the window is full */
 		}
-		ch->posted += k;
-		r->reads += k;
-		r->bytes += bytes;
-		tbytes += bytes;
-		reads += k;
-		if (!kvp_plan_emit_done(&ch->pos))
-			break; /* the window is full */
+		/* The stripe is emitted (by this queue pair or another). */
 		if (k) {
-			/* Its last READ tells us the rank's data is in. */
-			signal_wr(s, c, WK_LAST, since);
-			since = 0;
-		} else if (!ch->posted) {
-			/* Nothing to read from this rank after all. */
-			ch->flags &= ~CH_READS;
-			req_data_in(a, r, 0);
+			chain_signal(&ch, c, WK_LAST);
+		} else if (ck->posted) {
+			if (ch.n == room)
+				break; /* the marker needs room */
+			post_marker(c, &ch);
 		} else {
-			/* The previous window ended on the last READ: a
-			 * zero-length READ marks the end. */
-			s = &w[n++];
-			s->next = s + 1;
-			s->sg_list = NULL;
-			s->num_sge = 0;
-			s->opcode = IBV_WR_RDMA_READ;
-			s->wr.rdma.remote_addr = c->raddr[0];
-			s->wr.rdma.rkey = c->rkey[0];
-			s->send_flags = 0;
-			signal_wr(s, c, WK_LAST, since + 1);
-			since = 0;
+			/* Nothing went through this queue pair. */
+			c->c_post++;
+			chunk_in(a, c, ck, 0);
+			chunks_retire(a, c);
+			continue;
 		}
 		c->c_post++;
 	}
 	if (c->c_post != c->c_tail)
-		queued = 1;
-	if (!n)
-		goto out;
-	if (since)
-		signal_wr(s, c, WK_SIGNAL, since);
-	s->next = NULL;
-	err = kvp__post_send(c->qp, w, &bad);
+		a->st.queued++;
+	if (!ch.n)
+		return;
+	if (ch.since)
+		chain_signal(&ch, c, WK_SIGNAL);
+	ch.s->next = NULL;
+	err = kvp__post_send(c->qp, ch.w, &bad);
 	a->st.doorbells++;
 	if (kvp_unlikely(err)) {
 		/* WRs before `bad` are posted; the drain marker flushes them
@@ -396,13 +488,11 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 		kvp__conn_fail(a, c, err);
 		return;
 	}
-	c->outstanding += n;
-	a->st.reads += reads;
-	a->st.read_bytes += tbytes;
-	a->engs[c->eng].st.reads += reads;
-	a->engs[c->eng].st.read_bytes += tbytes;
-out:
-	a->st.queued += queued;
+	c->outstanding += ch.n;
+	a->st.reads += ch.reads;
+	a->st.read_bytes += ch.bytes;
+	a->engs[c->eng].st.reads += ch.reads;
+	a->engs[c->eng].st.read_bytes += ch.bytes;
 }
 
 /* Drops the stall FIFO's entries of requests no longer in flight. */
@@ -429,7 +519,8 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 {
 	const struct kvp_pcache *pc = e->pc;
 	const uint32_t ngroups = a->li.ngroups, mi = a->max_ids;
-	uint32_t slot, g, k;
+	const uint32_t nc = pc->pi.nnotify * e->nq, nsrc = pc->pi.nsrc;
+	uint32_t slot, g, k, q;
 	struct kvp_req *r;
 	uint8_t *note;
 	int err;
@@ -439,9 +530,12 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 			return -EINVAL;
 	if (kvp_unlikely(a->free_req == NO_REQ))
 		return -EBUSY;
-	for (k = 0; k < pc->pi.nnotify; k++) {
-		const struct kvp_conn *c = &a->conns[e->note_conn[k]];
+	for (k = 0; k < nc; k++) {
+		const struct kvp_conn *c;
 
+		if (e->note_conn[k] == NO_CONN)
+			continue;
+		c = &a->conns[e->note_conn[k]];
 		if (kvp_unlikely(c->c_tail - c->c_head > a->chunk_mask))
 			return -EBUSY;
 	}
@@ -497,23 +591,42 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 	a->pq_seq[a->pq_tail & a->pq_mask] = r->seq;
 	a->pq_tail++;
 	for (k = 0; k < pc->pi.nnotify; k++) {
-		struct kvp_conn *c = &a->conns[e->note_conn[k]];
-		struct kvp_chunk *ch = &c->chunks[c->c_tail++ & a->chunk_mask];
+		uint32_t s = pc->note_src[k], sidx = NO_STRIPE;
 
-		ch->slot = slot;
-		ch->posted = 0;
-		ch->flags = 0;
-		if (c->psrc != NO_SRC &&
-		    !kvp_plan_emit_start(pc->plan, r->gids, c->psrc, &ch->pos) &&
-		    !kvp_plan_emit_done(&ch->pos)) {
-			ch->flags = CH_READS;
-			r->pending++;
+		/* A rank read from: its READs striped over its queue pairs,
+		 * from one cursor. */
+		if (s != NO_SRC) {
+			struct kvp_stripe *st = &e->stripes[slot * nsrc + s];
+
+			if (!kvp_plan_emit_start(pc->plan, r->gids, s,
+						 &st->pos) &&
+			    !kvp_plan_emit_done(&st->pos)) {
+				sidx = slot * nsrc + s;
+				st->left = e->nq;
+				st->status = 0;
+				st->qmask = 0;
+				r->pending++;
+			}
+		}
+		for (q = 0; q < e->nq; q++) {
+			struct kvp_conn *c;
+			struct kvp_chunk *ch;
+
+			if (e->note_conn[k * e->nq + q] == NO_CONN)
+				continue;
+			c = &a->conns[e->note_conn[k * e->nq + q]];
+			ch = &c->chunks[c->c_tail++ & a->chunk_mask];
+			ch->slot = slot;
+			ch->posted = 0;
+			ch->stripe = sidx;
+			ch->flags = sidx != NO_STRIPE ? CH_READS : 0;
 		}
 	}
 	a->st.pulls++;
 	e->st.pulls++;
-	for (k = 0; k < pc->pi.nnotify; k++)
-		kvp__conn_flush(a, &a->conns[e->note_conn[k]]);
+	for (k = 0; k < nc; k++)
+		if (e->note_conn[k] != NO_CONN)
+			kvp__conn_flush(a, &a->conns[e->note_conn[k]]);
 	/* Every chunk is queued: the request may finish (at once when no
 	 * rank has anything to read: a full prefix hit). */
 	req_data_in(a, r, 0);

@@ -70,6 +70,7 @@ struct rt_case {
 				    * kvp_agent_register_dmabuf() */
 	uint32_t tos;		   /* kvp_agent_attr.tos, both sides */
 	uint32_t max_read;	   /* consumer: bytes per READ at most */
+	uint32_t striped;	   /* requests must go over 2 queue pairs */
 	uint32_t max_ids;	   /* per group and request, 0: RT_MAX_IDS */
 	uint32_t extra_expire;	   /* ids the producer expects, nobody pulls */
 	uint32_t late_expect;	   /* expect request 0 after its notifications */
@@ -705,6 +706,10 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 	t2 = rt_now();
 	/* More notifications than a producer rank's receive buffers: the
 	 * consumer must have read its credit counter. */
+	/* Requests longer than a send queue: their READs from a rank
+	 * striped over its queue pairs. */
+	if (tc->striped && !st.striped)
+		RT_FAIL("no request striped over the queue pairs");
 	/* A READ slice: no READ moves more (at least bytes / slice READs;
 	 * the pages are larger than the slice). */
 	if (tc->max_read &&
