@@ -502,7 +502,11 @@ KVP_API void kvp_plan_emit_bound(const kvp_plan *plan, uint32_t max_ids,
  * WRs come out ordered by source index, coalesced: consecutive pieces that
  * are contiguous on the remote side share a WR (up to max_sge local SGEs
  * and max_len bytes), and local pieces that are contiguous share an SGE.
- * No WR is longer than the plan's max_len.
+ * Pieces are walked stream by stream, period by period, except that the
+ * streams of a gather (kvp_plan_stream_gather()) are walked as one, each
+ * period's pieces in remote order, so that one READ runs across streams
+ * (one producer page feeding several consumer regions). No WR is longer
+ * than the plan's max_len.
  * Returns the number of WRs written (0 on a full prefix hit), -ERANGE when a
  * block id is out of range, -EINVAL for id lists that do not fit the group
  * (more local blocks than the remote ones cover, unequal STATE lists),
@@ -528,11 +532,13 @@ KVP_API KVP_MUST_CHECK int kvp_plan_emit(const kvp_plan *plan,
  * Set it with kvp_plan_emit_start(); a zeroed position is a finished one
  * (kvp_plan_emit_done() is 1). 20 bytes. */
 struct kvp_emit_pos {
-	uint32_t stream; /* next stream (kvp_plan_get_stream() index) */
+	uint32_t stream; /* next stream (kvp_plan_get_stream() index; the
+			  * first of its gather if it is in one) */
 	uint32_t end;	 /* one past the source's last stream */
 	uint32_t period; /* next period of that stream, counted from the
 			  * first one the request walks in it */
-	uint32_t piece;	 /* next piece within the period */
+	uint32_t piece;	 /* next piece within the period (of the gather's
+			  * pieces merged in remote order, in a gather) */
 	uint32_t src;	 /* the source index, as in kvp_wr.src */
 };
 
@@ -632,6 +638,16 @@ struct kvp_plan_stream {
 KVP_API KVP_MUST_CHECK int kvp_plan_get_stream(const kvp_plan *plan,
 					       uint32_t i,
 					       struct kvp_plan_stream *out);
+
+/* How emission reads stream i: 1 alone; n >= 2 when streams i .. i + n - 1
+ * form a gather, read as one walk over their pieces merged in remote order
+ * (streams of one source, group and remote region whose pieces touch on
+ * the remote side: one producer page feeding several consumer regions), so
+ * that one READ with several SGEs crosses from one stream to the next; 0
+ * when stream i belongs to the gather of an earlier stream. -EINVAL for a
+ * NULL plan or i out of range. A gather's streams are consecutive. */
+KVP_API KVP_MUST_CHECK int kvp_plan_stream_gather(const kvp_plan *plan,
+						  uint32_t i);
 
 /* A piece template: `len` bytes at `remote_offset` in remote block
  * `remote_block` of the period land at `local_offset` in local block

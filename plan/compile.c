@@ -1012,6 +1012,7 @@ struct work {
 	uint8_t *used;	 /* per remote rank: read from */
 	uint64_t *gmask; /* per group: ranks (< 64) read from */
 	uint8_t *gused;	 /* per group x remote rank */
+	struct gwork *gw; /* the gathers, once found */
 };
 
 static int period_of(const kvp_layout *l, const kvp_layout *r, uint32_t g,
@@ -1132,6 +1133,7 @@ static int push_stream(struct work *w, uint32_t lv, uint32_t rv, uint32_t rank,
 	s->rview = rv;
 	s->src = (uint16_t)rank;
 	s->set = (uint16_t)set;
+	s->gather = 0;
 	return 0;
 }
 
@@ -1350,6 +1352,306 @@ static int sort_streams(struct work *w)
 	return 0;
 }
 
+/* ---- gathers --------------------------------------------------------- */
+
+/* A stream's key for finding gathers: streams of one (source, group,
+ * remote region, remote stride) sorted by view offset. */
+struct gkey {
+	uint32_t src, group, rreg, rstride;
+	uint64_t roff;
+	uint32_t i;
+};
+
+static int gkey_cmp(const void *x, const void *y)
+{
+	const struct gkey *a = x, *b = y;
+
+	if (a->src != b->src)
+		return a->src < b->src ? -1 : 1;
+	if (a->group != b->group)
+		return a->group < b->group ? -1 : 1;
+	if (a->rreg != b->rreg)
+		return a->rreg < b->rreg ? -1 : 1;
+	if (a->rstride != b->rstride)
+		return a->rstride < b->rstride ? -1 : 1;
+	if (a->roff != b->roff)
+		return a->roff < b->roff ? -1 : 1;
+	return a->i < b->i ? -1 : a->i > b->i;
+}
+
+static int gkey_pos_cmp(const void *x, const void *y)
+{
+	const struct gkey *a = x, *b = y;
+
+	return a->i < b->i ? -1 : a->i > b->i;
+}
+
+static int gpiece_cmp(const void *x, const void *y)
+{
+	const struct kvp_gpiece *a = x, *b = y;
+
+	if (a->rbi != b->rbi)
+		return a->rbi < b->rbi ? -1 : 1;
+	if (a->roff != b->roff)
+		return a->roff < b->roff ? -1 : 1;
+	return 0;
+}
+
+/* What gathers() builds, then build_plan() copies. */
+struct gwork {
+	struct kvp_pgather *g;
+	uint32_t ng, cap_g;
+	struct kvp_gset *sets;
+	uint32_t *keys;	 /* per set: 2n words, (member set, view distance) */
+	uint32_t *kfirst, *kn; /* per set: where its key starts, n */
+	uint32_t nsets, cap_sets;
+	uint32_t nkeys, cap_keys;
+	struct kvp_gpiece *p;
+	uint32_t np, cap_p;
+	struct imap map; /* key -> set */
+};
+
+static void gwork_free(struct gwork *g)
+{
+	free(g->g);
+	free(g->sets);
+	free(g->keys);
+	free(g->kfirst);
+	free(g->kn);
+	free(g->p);
+	imap_free(&g->map);
+}
+
+static int grow(void **a, uint32_t *cap, uint32_t need, size_t size)
+{
+	uint64_t c = *cap ? *cap : 16;
+	void *q;
+
+	if (need <= *cap)
+		return 0;
+	while (c < need)
+		c *= 2;
+	if (c > UINT32_MAX)
+		return -ENOMEM;
+	q = realloc(*a, (size_t)c * size);
+	if (!q)
+		return -ENOMEM;
+	*a = q;
+	*cap = (uint32_t)c;
+	return 0;
+}
+
+struct gkey_ctx {
+	const struct gwork *g;
+	const uint32_t *key;
+	uint32_t n;
+};
+
+static int gset_eq(const void *ctx, uint32_t k)
+{
+	const struct gkey_ctx *x = ctx;
+
+	return x->g->kn[k] == x->n &&
+	       !memcmp(x->g->keys + x->g->kfirst[k], x->key,
+		       (size_t)x->n * 2 * sizeof(*x->key));
+}
+
+/*
+ * Tries to gather the streams of one cluster: members e[n] (sorted by view
+ * offset, e[0] the lowest), all of one source, group, remote region and
+ * stride, less than a stride apart. Their pieces, merged in remote order,
+ * become a gather when pieces of two different streams touch on the remote
+ * side (otherwise nothing is won and the streams stay apart). Members keep
+ * their order in the plan (local view order); the gather goes where the
+ * first of them stands. Returns 0 (gathered or not) or -ENOMEM.
+ */
+static int gather_one(struct work *w, struct gwork *g, struct gkey *e,
+		      uint32_t n, uint32_t *head, uint32_t *nxt)
+{
+	uint32_t i, k, np, first = g->np, set, h, s, nk, low = 0;
+	uint64_t base = e[0].roff; /* the lowest view offset */
+	uint64_t total = 0;
+	uint32_t *key;
+	int touch = 0, err;
+
+	/* members in stream order: the gather's m indexes them */
+	qsort(e, n, sizeof(*e), gkey_pos_cmp);
+	for (i = 0; i < n; i++)
+		if (e[i].roff == base) {
+			low = i;
+			break;
+		}
+	for (i = 0; i < n; i++)
+		total += w->sets[w->streams[e[i].i].set].count;
+	if (total > MAX_PIECES_PER_SET)
+		return 0; /* left apart: correct, only less coalesced */
+	np = (uint32_t)total;
+	err = grow((void **)&g->p, &g->cap_p, g->np + np, sizeof(*g->p));
+	if (err)
+		return err;
+	for (i = 0, k = first; i < n; i++) {
+		const struct kvp_pstream *st = &w->streams[e[i].i];
+		const struct kvp_pset *ps = &w->sets[st->set];
+		uint64_t d = e[i].roff - base;
+		uint32_t q;
+
+		for (q = 0; q < ps->count; q++, k++) {
+			const struct kvp_piece *pc = &w->pieces.p[ps->first + q];
+
+			if (pc->roff + d + pc->len > UINT32_MAX)
+				return 0;
+			g->p[k].roff = (uint32_t)(pc->roff + d);
+			g->p[k].loff = pc->loff;
+			g->p[k].len = pc->len;
+			g->p[k].rbi = pc->rbi;
+			g->p[k].lbi = pc->lbi;
+			g->p[k].m = i;
+		}
+	}
+	qsort(g->p + first, np, sizeof(*g->p), gpiece_cmp);
+	for (k = first + 1; k < first + np && !touch; k++)
+		touch = g->p[k].m != g->p[k - 1].m &&
+			g->p[k].rbi == g->p[k - 1].rbi &&
+			g->p[k - 1].roff + g->p[k - 1].len == g->p[k].roff;
+	if (!touch)
+		return 0;
+	/* the set's key: (member set, distance from the first view) */
+	nk = 2 * n;
+	err = grow((void **)&g->keys, &g->cap_keys, g->nkeys + nk,
+		   sizeof(*g->keys));
+	if (err)
+		return err;
+	key = g->keys + g->nkeys;
+	for (i = 0, h = mix(0, n); i < n; i++) {
+		key[2 * i] = w->streams[e[i].i].set;
+		key[2 * i + 1] = (uint32_t)(e[i].roff - base);
+		h = mix(mix(h, key[2 * i]), key[2 * i + 1]);
+	}
+	err = imap_reserve(&g->map);
+	if (err)
+		return err;
+	{
+		struct gkey_ctx x = { g, key, n };
+
+		s = imap_probe(&g->map, h, gset_eq, &x);
+	}
+	if (g->map.slot[s]) {
+		set = g->map.slot[s] - 1; /* same pieces: drop these */
+	} else {
+		uint32_t c = g->cap_sets;
+
+		err = grow((void **)&g->sets, &c, g->nsets + 1,
+			   sizeof(*g->sets));
+		c = g->cap_sets;
+		err = err ?: grow((void **)&g->kfirst, &c, g->nsets + 1,
+				  sizeof(*g->kfirst));
+		c = g->cap_sets;
+		err = err ?: grow((void **)&g->kn, &c, g->nsets + 1,
+				  sizeof(*g->kn));
+		if (err)
+			return err;
+		g->cap_sets = c;
+		set = g->nsets++;
+		g->sets[set].first = first;
+		g->sets[set].count = np;
+		g->kfirst[set] = g->nkeys;
+		g->kn[set] = n;
+		g->nkeys += nk;
+		g->np += np;
+		imap_put(&g->map, s, h, set);
+	}
+	err = grow((void **)&g->g, &g->cap_g, g->ng + 1, sizeof(*g->g));
+	if (err)
+		return err;
+	/* remote offsets count from the lowest view, whose stream is not
+	 * necessarily the first */
+	g->g[g->ng].set = set;
+	g->g[g->ng].rview = w->streams[e[low].i].rview;
+	g->g[g->ng].n = n;
+	for (i = 0; i < n; i++) {
+		head[e[i].i] = e[0].i;
+		nxt[e[i].i] = i + 1 < n ? e[i + 1].i : UINT32_MAX;
+	}
+	w->streams[e[0].i].gather = ++g->ng;
+	return 0;
+}
+
+/*
+ * Finds the gathers of the plan (after sort_streams()) and moves each
+ * gather's streams together, at the place of its first: streams stay
+ * ordered by source, and within a source a stream keeps its order unless
+ * it joins a gather that begins earlier. O(streams log streams + pieces).
+ */
+static int gathers(struct work *w, struct gwork *g)
+{
+	const kvp_layout *r = w->r;
+	struct gkey *e;
+	uint32_t *head, *nxt, i, j, k, n = w->nstreams;
+	struct kvp_pstream *out;
+	int err = 0;
+
+	if (w->flags & KVP_PLAN_NO_COALESCE || n < 2)
+		return 0;
+	e = malloc((size_t)n * sizeof(*e));
+	head = malloc((size_t)n * sizeof(*head));
+	nxt = malloc((size_t)n * sizeof(*nxt));
+	out = malloc(((size_t)n + 1) * sizeof(*out));
+	if (!e || !head || !nxt || !out) {
+		err = -ENOMEM;
+		goto out;
+	}
+	for (i = 0; i < n; i++) {
+		const struct kvp_pstream *st = &w->streams[i];
+		const struct kvp_view_desc *rv = &r->views[st->rview];
+
+		e[i].src = st->src;
+		e[i].group = w->sets[st->set].group;
+		e[i].rreg = rv->region;
+		e[i].rstride = (uint32_t)rv->stride;
+		e[i].roff = rv->offset;
+		e[i].i = i;
+		head[i] = i;
+	}
+	qsort(e, n, sizeof(*e), gkey_cmp);
+	for (i = 0; i < n; i = j) {
+		for (j = i + 1;
+		     j < n && e[j].src == e[i].src && e[j].group == e[i].group &&
+		     e[j].rreg == e[i].rreg && e[j].rstride == e[i].rstride &&
+		     e[j].roff - e[i].roff < e[i].rstride;
+		     j++)
+			;
+		if (j - i > 1) {
+			err = gather_one(w, g, e + i, j - i, head, nxt);
+			if (err)
+				goto out;
+		}
+	}
+	if (!g->ng)
+		goto out;
+	/* a gather's streams follow its first, in stream order */
+	for (i = 0, k = 0; i < n; i++) {
+		if (head[i] != i)
+			continue;
+		out[k++] = w->streams[i];
+		if (!w->streams[i].gather)
+			continue;
+		for (j = nxt[i]; j != UINT32_MAX; j = nxt[j]) {
+			out[k] = w->streams[j];
+			out[k++].gather = GATHER_MEMBER;
+		}
+	}
+	free(w->streams);
+	w->streams = out;
+	w->cap_streams = n + 1;
+	out = NULL;
+out:
+	free(e);
+	free(head);
+	free(nxt);
+	free(out);
+	return err;
+}
+
 /* Block-id bounds of each group: the smallest view on each side. */
 static void group_bounds(const kvp_layout *l, uint32_t g, uint32_t *nb)
 {
@@ -1433,7 +1735,7 @@ static int build_plan(struct work *w, kvp_plan **out)
 	const kvp_layout *l = w->l, *r = w->r;
 	uint32_t P = r->attr.tp_size, nsrc = 0, nnot = 0, i, g, lo, hi;
 	uint16_t *srcidx;
-	size_t off, sz[8];
+	size_t off, sz[10];
 	kvp_plan *p;
 	char *base;
 
@@ -1458,7 +1760,10 @@ static int build_plan(struct work *w, kvp_plan **out)
 	sz[4] = w->pieces.n * sizeof(struct kvp_piece);
 	sz[5] = (l->nviews + r->nviews) * sizeof(struct kvp_pview);
 	sz[6] = (nsrc + nnot) * sizeof(uint16_t);
-	for (off = 0, i = 0; i < 7; i++)
+	sz[7] = w->gw->ng * sizeof(struct kvp_pgather);
+	sz[8] = w->gw->nsets * sizeof(struct kvp_gset);
+	sz[9] = w->gw->np * sizeof(struct kvp_gpiece);
+	for (off = 0, i = 0; i < 10; i++)
 		off += (sz[i] + 7) & ~(size_t)7;
 	base = calloc(1, off);
 	if (!base) {
@@ -1480,6 +1785,9 @@ static int build_plan(struct work *w, kvp_plan **out)
 	p->rviews = p->lviews + l->nviews;
 	CARVE(src, 6);
 	p->notify = p->src + nsrc;
+	CARVE(gathers, 7);
+	CARVE(gsets, 8);
+	CARVE(gpieces, 9);
 #undef CARVE
 	p->bytes = off;
 	p->ngroups = l->ngroups;
@@ -1490,6 +1798,9 @@ static int build_plan(struct work *w, kvp_plan **out)
 	p->npieces = w->pieces.n;
 	p->nlviews = l->nviews;
 	p->nrviews = r->nviews;
+	p->ngathers = w->gw->ng;
+	p->ngsets = w->gw->nsets;
+	p->ngpieces = w->gw->np;
 	p->local_tp = l->attr.tp_size;
 	p->local_rank = l->attr.tp_rank;
 	p->remote_tp = P;
@@ -1535,6 +1846,11 @@ static int build_plan(struct work *w, kvp_plan **out)
 	if (w->pieces.n)
 		memcpy(p->pieces, w->pieces.p,
 		       w->pieces.n * sizeof(*w->pieces.p));
+	if (w->gw->ng) {
+		memcpy(p->gathers, w->gw->g, sz[7]);
+		memcpy(p->gsets, w->gw->sets, sz[8]);
+		memcpy(p->gpieces, w->gw->p, sz[9]);
+	}
 	for (i = 0; i < l->nviews; i++) {
 		p->lviews[i].offset = l->views[i].offset;
 		p->lviews[i].region = l->views[i].region;
@@ -1557,6 +1873,7 @@ int kvp_plan_compile(const kvp_layout *l, const kvp_layout *r,
 	const uint32_t known = KVP_PLAN_ATTR_MAX_LEN | KVP_PLAN_ATTR_FLAGS;
 	uint32_t max_sge = 1, max_len = MAX_WR_LEN, flags = 0, g, v;
 	struct match *m = NULL;
+	struct gwork gw;
 	struct work w;
 	int err;
 
@@ -1578,6 +1895,8 @@ int kvp_plan_compile(const kvp_layout *l, const kvp_layout *r,
 		flags = attr->flags;
 	}
 	memset(&w, 0, sizeof(w));
+	memset(&gw, 0, sizeof(gw));
+	w.gw = &gw;
 	w.max_sge = max_sge;
 	w.max_len = max_len;
 	w.flags = flags;
@@ -1613,12 +1932,14 @@ int kvp_plan_compile(const kvp_layout *l, const kvp_layout *r,
 	if (err)
 		goto out;
 	err = sort_streams(&w);
+	err = err ?: gathers(&w, &gw);
 	err = err ?: build_plan(&w, out);
 out:
 	if (err == -EPROTO && msg && msglen && !msg[0])
 		kvp__msg(msg, msglen, "layouts cannot be matched");
 	free(m);
 	work_free(&w);
+	gwork_free(&gw);
 	return err;
 }
 

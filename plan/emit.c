@@ -126,6 +126,7 @@ struct live {
 	uint64_t rend, lend; /* next contiguous offsets; UINT64_MAX: none */
 	uint32_t nwr, nsge, wn, wlen, slen;
 	uint32_t wmax; /* with both caps (bounded 2): SGEs the open WR may hold */
+	uint32_t lreg; /* gathers: the open SGE's local region */
 };
 
 /* Where bounded emission stopped: the first piece not written, as the
@@ -147,13 +148,15 @@ static inline uint32_t wr_sge_limit(const struct cursor *c,
 }
 
 /* Takes over the cursor's open WR if it reads the same remote region (and
- * continues its last SGE only on the same local region). */
+ * continues its last SGE only on the same local region). `gather`: the
+ * local region varies per piece (a gather) and is tested with the offset;
+ * a constant, as `bounded`. */
 static inline __attribute__((always_inline)) struct live
 live_begin(const struct cursor *c, uint32_t rreg, uint32_t lreg,
-	   const int bounded)
+	   const int bounded, const int gather)
 {
 	struct live v = { c->w, c->s, UINT64_MAX, UINT64_MAX,
-			  c->nwr, c->nsge, 0, 0, 0, 0 };
+			  c->nwr, c->nsge, 0, 0, 0, 0, 0 };
 
 	if (c->open && c->rreg == rreg) {
 		v.rend = c->rend;
@@ -162,15 +165,19 @@ live_begin(const struct cursor *c, uint32_t rreg, uint32_t lreg,
 		v.slen = v.s->len;
 		if (bounded == 2)
 			v.wmax = wr_sge_limit(c, v.w->sge_first);
-		if (c->lreg == lreg)
+		if (gather) {
 			v.lend = c->lend;
+			v.lreg = c->lreg;
+		} else if (c->lreg == lreg) {
+			v.lend = c->lend;
+		}
 	}
 	return v;
 }
 
 /* Stores the open WR and hands it back to the cursor. */
 static inline void live_end(struct cursor *c, const struct live *v,
-			    uint32_t rreg, uint32_t lreg)
+			    uint32_t rreg, uint32_t lreg, const int gather)
 {
 	if (v->rend != UINT64_MAX) {
 		v->w->len = v->wlen;
@@ -178,7 +185,7 @@ static inline void live_end(struct cursor *c, const struct live *v,
 		v->s->len = v->slen;
 		c->open = 1;
 		c->rreg = rreg;
-		c->lreg = lreg;
+		c->lreg = gather ? v->lreg : lreg;
 		c->rend = v->rend;
 		c->lend = v->lend;
 	}
@@ -201,10 +208,11 @@ static inline void live_end(struct cursor *c, const struct live *v,
  */
 static inline __attribute__((always_inline)) int
 live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
-	 uint32_t len, uint32_t rreg, uint32_t lreg, const int bounded)
+	 uint32_t len, uint32_t rreg, uint32_t lreg, const int bounded,
+	 const int gather)
 {
 	if (ro == v->rend && v->wlen + (uint64_t)len <= c->merge_len) {
-		if (lo == v->lend) {
+		if (lo == v->lend && (!gather || lreg == v->lreg)) {
 			v->slen += len;
 			v->wlen += len;
 			v->rend += len;
@@ -216,6 +224,8 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 			v->s = &c->sge[v->nsge++];
 			v->s->offset = lo;
 			v->s->region = lreg;
+			if (gather)
+				v->lreg = lreg;
 			v->slen = len;
 			v->wn++;
 			v->wlen += len;
@@ -244,6 +254,8 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 	v->nsge++;
 	v->s->offset = lo;
 	v->s->region = lreg;
+	if (gather)
+		v->lreg = lreg;
 	v->wn = 1;
 	v->wlen = v->slen = len;
 	v->rend = ro + len;
@@ -281,7 +293,7 @@ emit_simple(struct live *v, const struct cursor *c, const struct kvp_pview *lv,
 		for (k = k0; k < k1; k++) {
 			if (live_put(v, c, ro0 + (uint64_t)rids[k] * rs,
 				     lo0 + (uint64_t)lids[k - base] * ls, len,
-				     rreg, lreg, bounded)) {
+				     rreg, lreg, bounded, 0)) {
 				at->k = k;
 				at->q = 0;
 				return 1;
@@ -295,7 +307,7 @@ emit_simple(struct live *v, const struct cursor *c, const struct kvp_pview *lv,
 
 		for (; q < pe; q++) {
 			if (live_put(v, c, rb + q->roff, lb + q->loff, q->len,
-				     rreg, lreg, bounded)) {
+				     rreg, lreg, bounded, 0)) {
 				at->k = k;
 				at->q = (uint32_t)(q - pc);
 				return 1;
@@ -337,7 +349,7 @@ emit_periods(struct live *v, const struct cursor *c,
 					     (uint64_t)lids[L - n->skip] *
 						     lv->stride +
 					     q->loff,
-				     q->len, rreg, lreg, bounded)) {
+				     q->len, rreg, lreg, bounded, 0)) {
 				at->k = k;
 				at->q = (uint32_t)(q - pc);
 				return 1;
@@ -396,7 +408,7 @@ emit_stream(struct cursor *c, const kvp_plan *p, const struct kvp_pstream *st,
 		c->open = 0;
 	c->src = st->src;
 	c->group = set->group;
-	v = live_begin(c, rv->region, lv->region, bounded);
+	v = live_begin(c, rv->region, lv->region, bounded, 0);
 	if (stream_range(pg, n, &k0, &k1)) {
 		if (k0 < k1 && period < k1 - k0)
 			full = emit_simple(&v, c, lv, rv, pc, pe, id->local,
@@ -407,16 +419,144 @@ emit_stream(struct cursor *c, const kvp_plan *p, const struct kvp_pstream *st,
 				    id->remote, k0 + period, piece, at,
 				    bounded);
 	}
-	live_end(c, &v, rv->region, lv->region);
+	live_end(c, &v, rv->region, lv->region, 0);
 	if (full)
 		at->k -= k0;
 	return full;
+}
+
+/* Gathers of at most this many streams find a piece's local view in an
+ * array on the stack, filled once a call, rather than through the plan's
+ * streams. */
+#define GATHER_VIEWS 32
+
+/*
+ * A gather's pieces over periods k0 .. k1 - 1, the first from piece q0:
+ * as emit_simple() (`simple`, a constant: 1:1 periods, local block k -
+ * base with remote block k) or emit_periods() (n's filter), each piece in
+ * the local view of its stream st[q->m], or mv[q->m] when mv is not NULL.
+ * Returns as emit_simple().
+ */
+static inline __attribute__((always_inline)) int
+emit_gather(struct live *v, const struct cursor *c, const kvp_plan *p,
+	    const struct kvp_pstream *st, const struct kvp_pgather *ga,
+	    const struct kvp_pgroup *pg, const struct need *n,
+	    const uint32_t *lids, const uint32_t *rids, uint32_t base,
+	    uint32_t k0, uint32_t q0, uint32_t k1, struct at *at,
+	    const struct kvp_pview *const *mv, const int simple,
+	    const int bounded)
+{
+	const struct kvp_pview *rv = &p->rviews[ga->rview];
+	const struct kvp_gset *gs = &p->gsets[ga->set];
+	const struct kvp_gpiece *pc = p->gpieces + gs->first;
+	const struct kvp_gpiece *pe = pc + gs->count, *q;
+	const uint32_t rreg = rv->region;
+	const uint64_t rs = rv->stride;
+	uint64_t rb = 0, lid = 0;
+	uint32_t k;
+
+	for (k = k0, q = pc + q0; k < k1; k++, q = pc) {
+		if (simple) {
+			rb = rv->offset + (uint64_t)rids[k] * rs;
+			lid = lids[k - base];
+		}
+		for (; q < pe; q++) {
+			const struct kvp_pview *lv =
+				mv ? mv[q->m] : &p->lviews[st[q->m].lview];
+
+			if (!simple) {
+				uint32_t L = k * pg->lper + q->lbi;
+				uint32_t R = k * pg->rper + q->rbi;
+
+				if (L < n->skip || L >= n->lend ||
+				    R >= n->rend)
+					continue;
+				rb = rv->offset + (uint64_t)rids[R] * rs;
+				lid = lids[L - n->skip];
+			}
+			if (live_put(v, c, rb + q->roff,
+				     lv->offset + lid * lv->stride + q->loff,
+				     q->len, rreg, lv->region, bounded, 1)) {
+				at->k = k;
+				at->q = (uint32_t)(q - pc);
+				return 1;
+			}
+		}
+	}
+	return 0;
+}
+
+/* emit_stream() for the gather that stream st (its first) begins. */
+static inline __attribute__((always_inline)) int
+emit_gathered(struct cursor *c, const kvp_plan *p,
+	      const struct kvp_pstream *st, const struct need *n,
+	      const struct kvp_ids *id, uint32_t period, uint32_t piece,
+	      struct at *at, const int bounded)
+{
+	const struct kvp_pgather *ga = &p->gathers[st->gather - 1];
+	const uint32_t group = p->sets[st->set].group;
+	const struct kvp_pgroup *pg = &p->groups[group];
+	const uint32_t rreg = p->rviews[ga->rview].region;
+	const struct kvp_pview *mv[GATHER_VIEWS];
+	uint32_t k0, k1, m;
+	struct live v;
+	int full = 0;
+
+	if (c->src != st->src)
+		c->open = 0;
+	c->src = st->src;
+	c->group = group;
+	v = live_begin(c, rreg, 0, bounded, 1);
+	if (ga->n <= GATHER_VIEWS) {
+		for (m = 0; m < ga->n; m++)
+			mv[m] = &p->lviews[st[m].lview];
+	}
+	if (stream_range(pg, n, &k0, &k1)) {
+		if (k0 < k1 && period < k1 - k0 && ga->n <= GATHER_VIEWS)
+			full = emit_gather(&v, c, p, st, ga, pg, n, id->local,
+					   id->remote, k0, k0 + period, piece,
+					   k1, at, mv, 1, bounded);
+		else if (k0 < k1 && period < k1 - k0)
+			full = emit_gather(&v, c, p, st, ga, pg, n, id->local,
+					   id->remote, k0, k0 + period, piece,
+					   k1, at, NULL, 1, bounded);
+	} else if (k0 < k1 && period < k1 - k0) {
+		full = emit_gather(&v, c, p, st, ga, pg, n, id->local,
+				   id->remote, 0, k0 + period, piece, k1, at,
+				   ga->n <= GATHER_VIEWS ? mv : NULL, 0,
+				   bounded);
+	}
+	live_end(c, &v, rreg, 0, 1);
+	if (full)
+		at->k -= k0;
+	return full;
+}
+
+/* The streams that emission reads as one from stream st: a gather's, or
+ * st alone. */
+static inline uint32_t unit_streams(const kvp_plan *p,
+				    const struct kvp_pstream *st)
+{
+	return st->gather ? p->gathers[st->gather - 1].n : 1;
+}
+
+/* The stream or gather that begins at st. */
+static inline __attribute__((always_inline)) int
+emit_unit(struct cursor *c, const kvp_plan *p, const struct kvp_pstream *st,
+	  const struct need *n, const struct kvp_ids *id, uint32_t period,
+	  uint32_t piece, struct at *at, const int bounded)
+{
+	if (st->gather)
+		return emit_gathered(c, p, st, n, id, period, piece, at,
+				     bounded);
+	return emit_stream(c, p, st, n, id, period, piece, at, bounded);
 }
 
 int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
 		  struct kvp_wr *wr, uint32_t wr_cap, struct kvp_sge *sge,
 		  uint32_t sge_cap, uint32_t *src_end)
 {
+	const struct kvp_pstream *st = NULL;
 	struct need need[MAX_GROUPS];
 	struct cursor c;
 	struct at at;
@@ -446,15 +586,14 @@ int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
 	c.max_sge = p->max_sge;
 	c.merge_len = p->merge_len;
 	c.src = UINT32_MAX;
-	for (si = 0; si < p->nstreams; si++) {
-		const struct kvp_pstream *st = &p->streams[si];
-
+	for (si = 0; si < p->nstreams; si += unit_streams(p, st)) {
+		st = &p->streams[si];
 		g = p->sets[st->set].group;
 		if (src_end) {
 			while (cur_src < st->src)
 				src_end[cur_src++] = c.nwr;
 		}
-		emit_stream(&c, p, st, &need[g], &ids[g], 0, 0, &at, 0);
+		emit_unit(&c, p, st, &need[g], &ids[g], 0, 0, &at, 0);
 	}
 	if (src_end) {
 		while (cur_src < p->nsrc)
@@ -527,7 +666,7 @@ int kvp_plan_emit_start(const kvp_plan *p, const struct kvp_ids *ids,
 	/* Skip the streams this request walks no period of, so that a source
 	 * with nothing to read is done at once. */
 	ns.have = 0;
-	for (si = lo; si < hi; si++) {
+	for (si = lo; si < hi; si += unit_streams(p, &p->streams[si])) {
 		uint32_t g = p->sets[p->streams[si].set].group;
 
 		err = needs_get(&ns, p, ids, g, &n);
@@ -559,7 +698,8 @@ window_streams(struct cursor *c, const kvp_plan *p, const struct kvp_ids *ids,
 	int err;
 
 	ns.have = 0;
-	for (si = pos->stream; si < pos->end; si++, period = piece = 0) {
+	for (si = pos->stream; si < pos->end;
+	     si += unit_streams(p, &p->streams[si]), period = piece = 0) {
 		const struct kvp_pstream *st = &p->streams[si];
 		uint32_t g = p->sets[st->set].group;
 
@@ -573,8 +713,8 @@ window_streams(struct cursor *c, const kvp_plan *p, const struct kvp_ids *ids,
 			at->k = at->q = 0;
 			break;
 		}
-		if (emit_stream(c, p, st, n, &ids[g], period, piece, at,
-				bounded))
+		if (emit_unit(c, p, st, n, &ids[g], period, piece, at,
+			      bounded))
 			break;
 	}
 	return si;
@@ -698,6 +838,18 @@ int kvp_plan_get_stream(const kvp_plan *p, uint32_t i,
 	o->npieces = p->sets[s->set].count;
 	o->bytes_per_period = p->sets[s->set].bytes;
 	return 0;
+}
+
+int kvp_plan_stream_gather(const kvp_plan *p, uint32_t i)
+{
+	uint32_t g;
+
+	if (!p || i >= p->nstreams)
+		return -EINVAL;
+	g = p->streams[i].gather;
+	if (g == GATHER_MEMBER)
+		return 0;
+	return g ? (int)p->gathers[g - 1].n : 1;
 }
 
 int kvp_plan_get_piece(const kvp_plan *p, uint32_t i,

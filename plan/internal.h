@@ -53,6 +53,40 @@ struct kvp_pset {
 struct kvp_pstream {
 	uint32_t lview, rview;
 	uint16_t src, set;
+	/* On the first stream of a gather: its index + 1 in the plan's
+	 * gathers, and emission reads the gather's streams (this one and the
+	 * n - 1 after it) as one; GATHER_MEMBER on the others, which emission
+	 * never visits on their own; 0 on a stream read alone. */
+	uint32_t gather;
+};
+#define GATHER_MEMBER UINT32_MAX
+
+/*
+ * A gather: streams of one source, group and remote region (same page
+ * stride, views less than a page apart) whose pieces are remote-adjacent,
+ * emitted as one walk over their pieces merged in remote order, so that a
+ * READ runs across streams with one SGE per local piece. Decided at compile
+ * time: emission stays a flat walk.
+ */
+struct kvp_pgather {
+	uint32_t set;	/* into gsets */
+	uint32_t rview; /* the view gpieces' remote offsets count from */
+	uint32_t n;	/* streams */
+};
+
+/* A gather's pieces: gpieces[first .. first + count), shared by gathers
+ * of the same member sets and view distances (one per layer, typically). */
+struct kvp_gset {
+	uint32_t first, count;
+};
+
+/* A piece of a gather: as struct kvp_piece, its remote offset counted from
+ * the gather's remote view, and `m`: the stream (from the gather's first)
+ * whose local view it lands in. */
+struct kvp_gpiece {
+	uint32_t roff, loff, len;
+	uint16_t rbi, lbi;
+	uint32_t m;
 };
 
 struct kvp_pview {
@@ -85,6 +119,10 @@ struct kvp_plan {
 	struct kvp_pset *sets;
 	struct kvp_piece *pieces;
 	struct kvp_pview *lviews, *rviews;
+	uint32_t ngathers, ngsets, ngpieces;
+	struct kvp_pgather *gathers;
+	struct kvp_gset *gsets;
+	struct kvp_gpiece *gpieces;
 	/* everything above lives in this one allocation */
 };
 

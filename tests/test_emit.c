@@ -671,28 +671,81 @@ struct bound {
 	uint32_t nwr, nsge, runs, frags;
 };
 
+/* A piece of a stream, placed: for walking a gather in remote order. */
+struct gp {
+	struct kvp_plan_piece p;
+	struct kvp_view_desc lv, rv;
+	uint32_t src, rreg, lreg;
+};
+
+static int gp_cmp(const void *x, const void *y)
+{
+	const struct gp *a = x, *b = y;
+	uint64_t ra = a->rv.offset + a->p.remote_offset;
+	uint64_t rb = b->rv.offset + b->p.remote_offset;
+
+	if (a->p.remote_block != b->p.remote_block)
+		return a->p.remote_block < b->p.remote_block ? -1 : 1;
+	return ra < rb ? -1 : ra > rb;
+}
+
+/*
+ * The pieces the request reads, in emission's order: stream by stream,
+ * period by period, except that a gather (kvp_plan_stream_gather()) is
+ * walked as one, each period's pieces of all its streams in remote order.
+ */
 static uint32_t instances(const struct fix *f, const struct kvp_ids *ids,
 			  struct inst *out, uint32_t cap)
 {
 	struct kvp_plan_info pi;
 	struct kvp_plan_group g;
-	uint32_t si, n = 0;
+	static struct gp gp[4096];
+	uint32_t si, n = 0, ng;
 
 	kvp_plan_get_info(f->plan, &pi);
 	assert_int_equal(kvp_plan_get_group(f->plan, 0, &g), 0);
-	for (si = 0; si < pi.nstreams; si++) {
-		struct kvp_plan_stream st;
-		struct kvp_view_desc lv, rv;
+	for (si = 0; si < pi.nstreams; si += ng) {
 		uint64_t tokens, nl, skip, rend, k, k0, k1;
-		uint32_t q;
+		uint32_t q, m, np = 0;
+		int gn = kvp_plan_stream_gather(f->plan, si);
 
-		assert_int_equal(kvp_plan_get_stream(f->plan, si, &st), 0);
-		assert_int_equal(
-			kvp_layout_get_view(f->loc, st.local_view, &lv), 0);
-		assert_int_equal(
-			kvp_layout_get_view(f->rem, st.remote_view, &rv), 0);
-		assert_int_equal(lv.region, st.local_region);
-		assert_int_equal(rv.region, st.remote_region);
+		assert_true(gn >= 1 && si + (uint32_t)gn <= pi.nstreams);
+		ng = (uint32_t)gn;
+		for (m = 0; m < ng; m++) {
+			struct kvp_plan_stream st;
+			struct kvp_view_desc lv, rv;
+
+			assert_int_equal(kvp_plan_get_stream(f->plan, si + m,
+							     &st),
+					 0);
+			assert_int_equal(kvp_plan_stream_gather(f->plan,
+								si + m),
+					 m ? 0 : gn);
+			assert_int_equal(kvp_layout_get_view(f->loc,
+							     st.local_view, &lv),
+					 0);
+			assert_int_equal(kvp_layout_get_view(f->rem,
+							     st.remote_view,
+							     &rv),
+					 0);
+			assert_int_equal(lv.region, st.local_region);
+			assert_int_equal(rv.region, st.remote_region);
+			for (q = 0; q < st.npieces; q++, np++) {
+				assert_true(np < 4096);
+				assert_int_equal(
+					kvp_plan_get_piece(f->plan,
+							   st.piece_first + q,
+							   &gp[np].p),
+					0);
+				gp[np].lv = lv;
+				gp[np].rv = rv;
+				gp[np].src = st.src;
+				gp[np].rreg = st.remote_region;
+				gp[np].lreg = st.local_region;
+			}
+		}
+		if (ng > 1)
+			qsort(gp, np, sizeof(*gp), gp_cmp);
 		tokens = ids->tokens ? ids->tokens
 				     : (uint64_t)ids->nremote * g.remote_tokens;
 		nl = (tokens + g.local_tokens - 1) / g.local_tokens;
@@ -701,32 +754,27 @@ static uint32_t instances(const struct fix *f, const struct kvp_ids *ids,
 		k0 = skip / g.local_per_period;
 		k1 = (nl + g.local_per_period - 1) / g.local_per_period;
 		for (k = k0; ids->nlocal && k < k1; k++) {
-			for (q = 0; q < st.npieces; q++) {
-				struct kvp_plan_piece p;
+			for (q = 0; q < np; q++) {
+				const struct kvp_plan_piece *p = &gp[q].p;
 				uint64_t L, R;
 
-				assert_int_equal(
-					kvp_plan_get_piece(f->plan,
-							   st.piece_first + q,
-							   &p),
-					0);
-				L = k * g.local_per_period + p.local_block;
-				R = k * g.remote_per_period + p.remote_block;
+				L = k * g.local_per_period + p->local_block;
+				R = k * g.remote_per_period + p->remote_block;
 				if (L < skip || L >= nl || R >= rend)
 					continue;
 				assert_true(n < cap);
-				out[n].src = st.src;
-				out[n].rreg = st.remote_region;
-				out[n].lreg = st.local_region;
-				out[n].len = p.len;
-				out[n].roff =
-					rv.offset +
-					(uint64_t)ids->remote[R] * rv.stride +
-					p.remote_offset;
-				out[n].loff = lv.offset +
+				out[n].src = gp[q].src;
+				out[n].rreg = gp[q].rreg;
+				out[n].lreg = gp[q].lreg;
+				out[n].len = p->len;
+				out[n].roff = gp[q].rv.offset +
+					      (uint64_t)ids->remote[R] *
+						      gp[q].rv.stride +
+					      p->remote_offset;
+				out[n].loff = gp[q].lv.offset +
 					      (uint64_t)ids->local[L - skip] *
-						      lv.stride +
-					      p.local_offset;
+						      gp[q].lv.stride +
+					      p->local_offset;
 				n++;
 			}
 		}

@@ -902,6 +902,28 @@ static void test_matrix_len(void **state)
 				     1));
 }
 
+/* Pairs whose plans hold gathers (a FlashInfer or packed producer page
+ * read into separate K and V regions): windows cut inside a gather's
+ * period and resume there. */
+static const struct wcase wcases_gather[] = {
+	{ &dense8, 1, 1, 16, 0, FI, 0, 16, 0, HND, 0, 4, 0 },
+	{ &dense8, 4, 2, 16, 0, FI, 0, 16, 0, HND, 0, 16, 0 },
+	{ &dense8, 1, 1, 16, 0, PK, 0, 16, 0, NHD, 0, 8, 0 },
+	{ &dense8, 2, 1, 16, 0, PK, 0, 16, 0, HND, 0, 2, 0 },
+	{ &dense8, 1, 1, 24, 0, FI, 0, 16, 0, NHD, 0, 5, 0 },
+	{ &dense8, 1, 1, 16, 0, FI, 0, 8, 0, HND, 0, 3, 0 },
+	{ &dense8, 1, 1, 16, 0, FI, 0, 16, 0, HND, 0, 4, 100 },
+	{ &dense8, 2, 1, 16, 0, PK, 0, 16, 0, HND, 0, 4, 24 },
+};
+
+static void test_matrix_gather(void **state)
+{
+	(void)state;
+	run_matrix(wcases_gather,
+		   sizeof(wcases_gather) / sizeof(wcases_gather[0]), 29);
+	assert_int_equal(nreqs, 6 * 9);
+}
+
 int main(void)
 {
 	const struct CMUnitTest t[] = {
@@ -910,6 +932,7 @@ int main(void)
 		cmocka_unit_test(test_rejects),
 		cmocka_unit_test(test_matrix),
 		cmocka_unit_test(test_matrix_len),
+		cmocka_unit_test(test_matrix_gather),
 	};
 
 	return cmocka_run_group_tests(t, NULL, NULL);

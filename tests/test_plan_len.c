@@ -6,7 +6,8 @@
  * and its comp_mask gating; and, over layout pairs built from presets, the
  * identity contract executed with memcpy under caps of 100 bytes to 64 KiB
  * (no READ longer than the cap, every requested byte written once, the WR
- * and SGE counts within kvp_plan_emit_bound()).
+ * and SGE counts within kvp_plan_emit_bound()). And the benchmark aid
+ * KVP_PLAN_NO_COALESCE: one READ per piece template per period.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -511,6 +512,53 @@ static void test_identity(void **state)
 		      (unsigned long long)checks, (unsigned long long)wrs);
 }
 
+/* KVP_PLAN_NO_COALESCE: one READ of one SGE per piece template per
+ * period, no gathers; with max_len, per chunk. */
+static void test_no_coalesce(void **state)
+{
+	static const struct kvp_model hand = {
+		.name = "hand", .layers = 2, .kv_heads = 2, .head_dim = 4,
+		.dtype_bytes = 2,
+	};
+	static const uint32_t l[] = { 0, 1, 2 }, r[] = { 0, 1, 2 };
+	struct kvp_ids ids = { l, r, 3, 3, 0 };
+	kvp_layout *rem = kvt_build(&hand, 1, 0, 4, 0, 16, FI);
+	kvp_layout *loc = kvt_build(&hand, 1, 0, 4, 0, 16, HND);
+	struct kvp_plan_attr a = { .max_sge = 4,
+				   .comp_mask = KVP_PLAN_ATTR_FLAGS,
+				   .flags = KVP_PLAN_NO_COALESCE };
+	struct kvp_plan_info pi;
+	struct emitted e;
+	kvp_plan *p = NULL;
+	uint32_t i;
+
+	(void)state;
+	assert_non_null(rem);
+	assert_non_null(loc);
+	assert_int_equal(kvp_plan_compile(loc, rem, &a, &p, NULL, 0), 0);
+	kvp_plan_get_info(p, &pi);
+	for (i = 0; i < pi.nstreams; i++)
+		assert_int_equal(kvp_plan_stream_gather(p, i), 1);
+	/* 4 streams x 3 blocks, whole 64-byte pages; coalesced: 4 READs */
+	emit_all(p, l, r, 3, &e);
+	assert_int_equal(e.n, 12);
+	for (i = 0; i < 12; i++) {
+		assert_int_equal(e.wr[i].len, 64);
+		assert_int_equal(e.wr[i].nsge, 1);
+	}
+	kvp_plan_destroy(p);
+	assert_int_equal(check_pull_attr(loc, &rem, &a, &ids, 3), 12);
+	/* with a cap of 48 bytes: two READs a page */
+	a.comp_mask |= KVP_PLAN_ATTR_MAX_LEN;
+	a.max_len = 48;
+	assert_int_equal(check_pull_attr(loc, &rem, &a, &ids, 3), 24);
+	/* flags without their comp_mask bit are not read */
+	a.comp_mask = 0;
+	assert_int_equal(check_pull_attr(loc, &rem, &a, &ids, 3), 4);
+	kvp_layout_destroy(loc);
+	kvp_layout_destroy(rem);
+}
+
 int main(void)
 {
 	const struct CMUnitTest t[] = {
@@ -519,6 +567,7 @@ int main(void)
 		cmocka_unit_test(test_rejects),
 		cmocka_unit_test(test_too_many_pieces),
 		cmocka_unit_test(test_identity),
+		cmocka_unit_test(test_no_coalesce),
 	};
 
 	return cmocka_run_group_tests(t, NULL, NULL);

@@ -8,7 +8,8 @@
  *   kvpull-bench [--model NAME] [--remote-tp P] [--local-tp D]
  *                [--num-blocks N] [--request B] [--max-sge S]
  *                [--layout flash_hnd|flash_nhd|flashinfer|packed]
- *                [--iters N] [--random] [--version]
+ *                [--iters N] [--random] [--max-len BYTES] [--no-coalesce]
+ *                [--version]
  *
  * Defaults: llama-3.1-70b (80 layers), TP 8 -> 2, 100000 blocks, 128-block
  * requests, FLASH_HND, max_sge 16, consecutive block ids.
@@ -41,13 +42,17 @@ static void usage(FILE *f)
 		"usage: kvpull-bench [--model NAME] [--remote-tp P] [--local-tp D]\n"
 		"                    [--num-blocks N] [--request B] [--max-sge S]\n"
 		"                    [--layout flash_nhd|flash_hnd|flashinfer|packed]\n"
-		"                    [--iters N] [--random] [--version]\n"
+		"                    [--iters N] [--random] [--max-len BYTES]\n"
+		"                    [--no-coalesce] [--version]\n"
 		"Compiles the plan of consumer rank 0 (TP D) pulling from a producer\n"
 		"engine (TP P) and emits requests of B blocks per group. Prints the\n"
 		"median compile time, the plan size, and emission ns per WR and per\n"
 		"block, whole (kvp_plan_emit) and in windows of %u WRs per source\n"
 		"(kvp_plan_emit_window). --random draws block ids at random (no\n"
-		"coalescing across blocks); the default uses consecutive ids.\n",
+		"coalescing across blocks); the default uses consecutive ids.\n"
+		"--max-len caps the bytes per READ (kvp_plan_attr.max_len);\n"
+		"--no-coalesce posts one READ per piece per block, as connectors\n"
+		"with one descriptor per block per region do (a comparison).\n",
 		WINDOW_WRS);
 }
 
@@ -63,6 +68,7 @@ int main(int argc, char **argv)
 	const char *model = "llama-3.1-70b";
 	uint32_t P = 8, D = 2, nblocks = 100000, req = 128, max_sge = 16;
 	uint32_t layout = 1, iters = 200, random_ids = 0, i, g;
+	uint32_t max_len = 0, no_coalesce = 0;
 	struct kvp_engine_desc pe = { 0 }, de = { 0 };
 	struct kvp_plan_attr attr = { 0 };
 	struct kvp_plan_info info;
@@ -87,6 +93,8 @@ int main(int argc, char **argv)
 		{ "--iters", TOOL_U32, &iters, 0 },
 		{ "--layout", TOOL_LAYOUT, &layout, 0 },
 		{ "--random", TOOL_FLAG, &random_ids, 0 },
+		{ "--max-len", TOOL_U32, &max_len, 0 },
+		{ "--no-coalesce", TOOL_FLAG, &no_coalesce, 0 },
 		{ NULL, TOOL_STR, NULL, 0 },
 	};
 
@@ -120,6 +128,9 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	attr.max_sge = max_sge;
+	attr.comp_mask = KVP_PLAN_ATTR_MAX_LEN | KVP_PLAN_ATTR_FLAGS;
+	attr.max_len = max_len;
+	attr.flags = no_coalesce ? KVP_PLAN_NO_COALESCE : 0;
 	t = calloc(iters, sizeof(*t));
 	for (i = 0; i < iters; i++) {
 		double t0 = now_ns();
