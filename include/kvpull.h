@@ -766,8 +766,9 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  * consumer rank its notification receive depth at the handshake, and
  * counts in a counter the consumer READs the receive buffers it re-posts:
  * a consumer sends a notification only into a posted buffer, so an RNR
- * wait never holds its queue pair (RNR retries are finite, 6, for a peer
- * that lies). A producer that stops polling therefore holds back only
+ * wait never holds its queue pair (for a peer that lies, RNR retries are
+ * finite, 6, and a producer's RNR timer is 1.28 ms, not rdma_cm's
+ * 655 ms). A producer that stops polling therefore holds back only
  * notifications; once one has waited stall_ms, or a pull's data is not in
  * after stall_ms, the engine goes down with -ETIMEDOUT (its requests not
  * DONE fail first) and is reconnected on demand. The device's
@@ -1345,6 +1346,9 @@ struct kvp_agent_stats {
 	uint64_t plan_compiles, plan_hits; /* engine handshakes that compiled
 					    * a plan / reused one */
 	uint64_t probes; /* producer: liveness probes answered */
+	uint64_t rnr_timer_unset; /* producer: connections whose RNR timer
+				   * the provider would not change from
+				   * rdma_cm's (655 ms) */
 	uint64_t striped; /* consumer: a request's READs from one producer
 			   * rank that went over more than one queue pair */
 	uint64_t dmabuf_fallbacks; /* kvp_agent_register_dmabuf() calls

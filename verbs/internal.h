@@ -88,6 +88,8 @@ KVP_HIDDEN int kvp__req_notify_cq(struct ibv_cq *cq);
  * (acknowledged), 0 if none, or -errno. */
 KVP_HIDDEN int kvp__get_cq_event(struct ibv_comp_channel *ch);
 KVP_HIDDEN int kvp__qp_to_error(struct ibv_qp *qp);
+/* The RNR NAK timer a QP in RTS asks its senders to wait (RTS to RTS). */
+KVP_HIDDEN int kvp__set_min_rnr_timer(struct ibv_qp *qp, uint8_t t);
 /* One asynchronous device event without blocking (the context's async fd
  * is non-blocking): 1 and *out (acknowledged), 0 if none, or -errno. */
 struct kvp_async {
@@ -227,6 +229,9 @@ struct kvp_emit_pos;
 /* RNR retries (7 would be for ever): with credits a notification never
  * meets an empty receive queue, so only a misbehaving peer hits this. */
 #define KVP_RNR_RETRY 6
+/* The producer's RNR NAK timer: 14 is 1.28 ms (rdma_cm leaves 0, which
+ * means 655 ms per retry). */
+#define KVP_MIN_RNR_TIMER 14
 #define KVP_CREDIT_MAX 65536
 #define KVP_REFUSE_MAGIC 0x4b565052u
 #define KVP_REFUSE_LEN 8

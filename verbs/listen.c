@@ -348,6 +348,12 @@ void kvp__producer_event(kvp_agent *a, struct kvp_conn *c,
 {
 	switch (type) {
 	case RDMA_CM_EVENT_ESTABLISHED:
+		/* A sender that finds no receive buffer (only a consumer that
+		 * ignores its credit can) retries after 1.28 ms, not 655:
+		 * with 6 retries, it fails in ms rather than seconds. */
+		if (c->qp && kvp__set_min_rnr_timer(c->qp, KVP_MIN_RNR_TIMER))
+			a->st.rnr_timer_unset++;
+		return;
 	case RDMA_CM_EVENT_TIMEWAIT_EXIT:
 	case RDMA_CM_EVENT_ADDR_CHANGE:
 		return;

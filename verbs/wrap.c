@@ -221,6 +221,15 @@ int kvp__get_async_event(struct ibv_context *ctx, struct kvp_async *out)
 	return 1;
 }
 
+int kvp__set_min_rnr_timer(struct ibv_qp *qp, uint8_t t)
+{
+	struct ibv_qp_attr attr;
+
+	memset(&attr, 0, sizeof(attr));
+	attr.min_rnr_timer = t;
+	return kvp__vret(ibv_modify_qp(qp, &attr, IBV_QP_MIN_RNR_TIMER));
+}
+
 int kvp__qp_to_error(struct ibv_qp *qp)
 {
 	struct ibv_qp_attr attr;

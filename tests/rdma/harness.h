@@ -515,6 +515,14 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 	}
 	/* Keep the connections served until every consumer is done. */
 	for (;;) {
+		struct kvp_agent_stats pst;
+
+		/* The RNR timer of every connection was set (RTS to RTS is
+		 * in the IB spec: every provider takes it). */
+		kvp_agent_get_stats(a, &pst);
+		if (pst.rnr_timer_unset)
+			RT_FAIL("RNR timer not set on %llu connections",
+				(unsigned long long)pst.rnr_timer_unset);
 		struct pollfd p = { .fd = stop_fd, .events = POLLIN };
 
 		if (poll(&p, 1, 0) > 0)
