@@ -59,6 +59,10 @@ static const struct rt_case cases[] = {
 	{ LLAMA("llama 2->1, traffic class DSCP 26", 2, 1),
 	  .tos = (26 << 2) + 1 },
 	{ LLAMA("llama 2->2 full hit", 2, 2), .full_hit = 1 },
+	/* Full hits through few slots: nothing to read, so nothing queued
+	 * on a rank's other queue pairs, and the slots come back. */
+	{ LLAMA("llama 2->1 full hit, 16 requests through 4 slots", 2, 1),
+	  .full_hit = 1, .nreq = 16, .tokens = 32, .max_inflight = 4 },
 	{ .name = "qwen2.5-1.5b 4->2 (2 KV heads)", .model = "qwen2.5-1.5b",
 	  .layers = 3, .P = 4, .D = 2, .pblock = 16, .dblock = 16,
 	  .playout = FHND, .dlayout = FNHD, .pblocks = 64, .dblocks = 64,

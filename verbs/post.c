@@ -608,7 +608,9 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 				r->pending++;
 			}
 		}
-		for (q = 0; q < e->nq; q++) {
+		/* The first queue pair always (the notification); the
+		 * others only when there is something to read. */
+		for (q = 0; q < (sidx != NO_STRIPE ? e->nq : 1); q++) {
 			struct kvp_conn *c;
 			struct kvp_chunk *ch;
 
