@@ -891,7 +891,19 @@ struct kvp_agent_attr {
 	 * is resolved, and on a producer's listening id (its connections
 	 * inherit it). */
 	uint32_t tos;
+	/* Consumer: kvp_plan_attr.flags of every plan the agent compiles
+	 * (KVP_PLAN_NO_COALESCE: one READ per piece, as connectors that post
+	 * one descriptor per block per region do; for comparisons). 0: none;
+	 * unknown bits: -EINVAL. */
+	uint32_t plan_flags;
+	/* Bytes one memory registration may cover at most. 0: the device's
+	 * max_mr_size. A region longer than that is registered as several
+	 * overlapping MRs (see kvp_agent_register()); a smaller value than
+	 * the device's only tests that path. At least KVP_MR_MIN. */
+	uint64_t max_mr;
 };
+
+#define KVP_MR_MIN (1ull << 16)
 
 #define KVP_SECRET_MIN 16
 #define KVP_SECRET_MAX 256

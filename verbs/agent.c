@@ -271,6 +271,8 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	a->rq_depth = attr->rq_depth;
 	a->max_read = attr->max_read;
 	a->tos = attr->tos;
+	a->plan_flags = attr->plan_flags;
+	a->max_mr = attr->max_mr;
 	a->qps = attr->qps_per_peer ? attr->qps_per_peer : DEF_QPS;
 	a->stall_ns = (uint64_t)(attr->stall_ms ? attr->stall_ms :
 				 DEF_STALL_MS) * 1000000ull;
@@ -280,6 +282,8 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	    a->max_ids > (1u << 24) || attr->handshake_ms > 3600000 ||
 	    attr->stall_ms > 3600000 || attr->rq_depth > KVP_CREDIT_MAX ||
 	    attr->tos > 256 || a->qps > MAX_QPS ||
+	    (attr->plan_flags & ~(uint32_t)KVP_PLAN_NO_COALESCE) ||
+	    (attr->max_mr && attr->max_mr < KVP_MR_MIN) ||
 	    !attr->secret != !attr->secret_len ||
 	    (attr->secret && (attr->secret_len < KVP_SECRET_MIN ||
 			      attr->secret_len > KVP_SECRET_MAX))) {

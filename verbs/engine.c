@@ -317,8 +317,9 @@ static int plan_resolve(kvp_agent *a, struct kvp_eng *e)
 	pattr.max_sge = a->max_sge;
 	/* No READ longer than the port's message size or the slice asked
 	 * for (limits.c). */
-	pattr.comp_mask = KVP_PLAN_ATTR_MAX_LEN;
+	pattr.comp_mask = KVP_PLAN_ATTR_MAX_LEN | KVP_PLAN_ATTR_FLAGS;
 	pattr.max_len = a->lim.max_len;
+	pattr.flags = a->plan_flags;
 	err = kvp_plan_compile(a->layout, e->ref, &pattr, &pc->plan, NULL, 0);
 	if (err)
 		return err == -ENOMEM ? err : -EPROTO;

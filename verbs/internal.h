@@ -503,6 +503,8 @@ struct kvp_agent {
 	struct kvp_layout_info li;
 	uint32_t max_ids, max_inflight, max_peers, sq_depth, max_sge;
 	uint32_t max_read;	 /* the attribute: bytes per READ, 0: none */
+	uint32_t plan_flags;	 /* the attribute: kvp_plan_attr.flags */
+	uint64_t max_mr;	 /* the attribute: bytes per MR, 0: device's */
 	uint32_t tos;		 /* the attribute: 0, or the ToS + 1 */
 	uint32_t qps;		 /* consumer: queue pairs per producer rank */
 	struct kvp_limits lim;	 /* what the device grants (limits.c) */
