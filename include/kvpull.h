@@ -241,6 +241,36 @@ KVP_API KVP_MUST_CHECK int kvp_layout_get_region_key(const kvp_layout *layout,
 						     uint64_t *addr,
 						     uint32_t *rkey);
 
+/* A region registered as several memory regions (MRs), because the device
+ * caps one MR below the region's size (max_mr_size: 2 GiB on some), has one
+ * key per 2^shift bytes: MR k covers the region's bytes from k << shift,
+ * 2^shift + 2^(shift - 3) bytes long (clipped at the region's end), so that
+ * MRs overlap by KVP_MR_WINDOW(shift) bytes and any access of at most that
+ * many bytes lies in the MR of the piece it starts in: key[offset >> shift].
+ * A peer keeps its READs that short. nkeys must be exactly
+ * ceil(size / 2^shift), at most KVP_MR_MAX_KEYS; shift KVP_MR_SHIFT_MIN to KVP_MR_SHIFT_MAX, or 0
+ * with one key (what kvp_layout_set_region_key() sets). Returns 0, or
+ * -EINVAL for a bad index, shift or key count; -ENOMEM. */
+#define KVP_MR_SHIFT_MIN 15
+#define KVP_MR_SHIFT_MAX 62
+#define KVP_MR_MAX_KEYS (1u << 20)
+#define KVP_MR_WINDOW(shift) (1ull << ((shift) - 3))
+KVP_API KVP_MUST_CHECK int kvp_layout_set_region_keys(kvp_layout *layout,
+						      uint32_t region,
+						      uint64_t addr,
+						      uint32_t shift,
+						      const uint32_t *keys,
+						      uint32_t nkeys);
+/* Region `region`'s address, shift (0: one key) and keys: copies the first
+ * min(nkeys, cap) keys to keys[] (NULL with cap 0 to count them). Returns
+ * nkeys (at least 1), or -EINVAL. */
+KVP_API KVP_MUST_CHECK int kvp_layout_get_region_keys(const kvp_layout *layout,
+						      uint32_t region,
+						      uint64_t *addr,
+						      uint32_t *shift,
+						      uint32_t *keys,
+						      uint32_t cap);
+
 /* ------------------------------------------------------------------------
  * Metadata blob: a layout (with region keys) on the wire.
  *
@@ -249,7 +279,10 @@ KVP_API KVP_MUST_CHECK int kvp_layout_get_region_key(const kvp_layout *layout,
  * before building anything and rejects the blob whole on any error.
  * ---------------------------------------------------------------------- */
 
+/* Version 1, or 2 when a region has several keys (a key table follows the
+ * records); kvp_meta_decode() reads both. */
 #define KVP_META_VERSION 1
+#define KVP_META_VERSION_KEYS 2
 
 /* The length of the shortest blob kvp_meta_decode() can accept: a header
  * (56 bytes) and one group (8), one region (24), one view (32) and one field

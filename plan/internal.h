@@ -25,6 +25,11 @@ struct kvp_layout {
 	uint64_t *regions; /* sizes */
 	uint64_t *raddr;   /* per region: address on its owner, or 0 */
 	uint32_t *rkey;	   /* per region: remote key, or 0 */
+	/* Per region: 0, or the log2 of its MR stride when it has several
+	 * keys (kvp_layout_set_region_keys()); then xkeys[i] holds its keys
+	 * 1 to n - 1 (rkey[i] is key 0), else NULL. */
+	uint8_t *mrshift;
+	uint32_t **xkeys;
 	struct kvp_view_desc *views;
 	struct kvp_field *fields;
 	uint32_t ngroups, nregions, nviews, nfields;
@@ -142,12 +147,19 @@ KVP_HIDDEN int kvp__layout_build(const struct kvp_model *m,
 /* The spec name of a group kind ("full", "sliding", "mla", "state"), or
  * "?" out of range. */
 KVP_HIDDEN const char *kvp__group_name(uint32_t kind);
+
+/* Keys of a region of `size` bytes registered with MR stride 2^shift. */
+static inline uint64_t kvp__region_nkeys(uint64_t size, uint32_t shift)
+{
+	return shift ? (size >> shift) + !!(size & ((1ull << shift) - 1)) : 1;
+}
+
 /* wire.c: adds a blob's records (p: after the header; count: groups,
  * regions, views, fields, checked against the blob's length by the caller)
  * to l with the public builders. 0, or kvp_meta_decode()'s error. For
  * kvp_meta_decode() and the fuzz target that re-hashes mutated blobs. */
 KVP_HIDDEN int kvp__meta_records(kvp_layout *l, const uint8_t *p,
-				 const uint32_t *count);
+				 const uint32_t *count, const uint8_t *keys);
 
 /* Producer ranks [lo, hi) that consumer rank c of D notifies to cover all
  * P producers. */

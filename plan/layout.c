@@ -48,6 +48,10 @@ void kvp_layout_destroy(kvp_layout *l)
 	free(l->regions);
 	free(l->raddr);
 	free(l->rkey);
+	for (uint32_t i = 0; l->xkeys && i < l->nregions; i++)
+		free(l->xkeys[i]);
+	free(l->xkeys);
+	free(l->mrshift);
 	free(l->views);
 	free(l->fields);
 	free(l->fslots);
@@ -66,6 +70,30 @@ static int dup_array(void **dst, const void *src, size_t n, size_t size)
 	return 0;
 }
 
+/* The extra keys of regions with several; on failure nothing of them
+ * is left for the caller's destroy of the partial copy. */
+static int dup_keys(kvp_layout *c, const kvp_layout *l)
+{
+	uint32_t i;
+
+	c->xkeys = l->nregions ? calloc(l->nregions, sizeof(*c->xkeys)) : NULL;
+	if (l->nregions && !c->xkeys)
+		return -ENOMEM;
+	for (i = 0; i < l->nregions; i++) {
+		uint64_t n = kvp__region_nkeys(l->regions[i], l->mrshift[i]);
+
+		if (n > 1 && dup_array((void **)&c->xkeys[i], l->xkeys[i],
+				       n - 1, sizeof(**l->xkeys))) {
+			while (i--)
+				free(c->xkeys[i]);
+			free(c->xkeys);
+			c->xkeys = NULL;
+			return -ENOMEM;
+		}
+	}
+	return 0;
+}
+
 int kvp_layout_clone(const kvp_layout *l, kvp_layout **out)
 {
 	kvp_layout *c;
@@ -76,6 +104,7 @@ int kvp_layout_clone(const kvp_layout *l, kvp_layout **out)
 	if (!c)
 		return -ENOMEM;
 	c->attr = l->attr;
+	c->nregions = l->nregions; /* for the destroy of a partial copy */
 	if (dup_array((void **)&c->groups, l->groups, l->ngroups,
 		      sizeof(*l->groups)) ||
 	    dup_array((void **)&c->regions, l->regions, l->nregions,
@@ -84,6 +113,9 @@ int kvp_layout_clone(const kvp_layout *l, kvp_layout **out)
 		      sizeof(*l->raddr)) ||
 	    dup_array((void **)&c->rkey, l->rkey, l->nregions,
 		      sizeof(*l->rkey)) ||
+	    dup_array((void **)&c->mrshift, l->mrshift, l->nregions,
+		      sizeof(*l->mrshift)) ||
+	    dup_keys(c, l) ||
 	    dup_array((void **)&c->views, l->views, l->nviews,
 		      sizeof(*l->views)) ||
 	    dup_array((void **)&c->fields, l->fields, l->nfields,
@@ -148,20 +180,26 @@ int kvp_layout_add_region(kvp_layout *l, uint64_t size, uint32_t *id)
 
 	/* Three arrays share one capacity: grow all, then commit it. */
 	if (l->nregions >= cap) {
-		uint32_t c2 = cap, c3 = cap;
+		uint32_t c2 = cap, c3 = cap, c4 = cap, c5 = cap;
 
 		if (grow((void **)&l->regions, &cap, l->nregions,
 			 sizeof(*l->regions)) ||
 		    grow((void **)&l->raddr, &c2, l->nregions,
 			 sizeof(*l->raddr)) ||
 		    grow((void **)&l->rkey, &c3, l->nregions,
-			 sizeof(*l->rkey)))
+			 sizeof(*l->rkey)) ||
+		    grow((void **)&l->mrshift, &c4, l->nregions,
+			 sizeof(*l->mrshift)) ||
+		    grow((void **)&l->xkeys, &c5, l->nregions,
+			 sizeof(*l->xkeys)))
 			return -ENOMEM;
 		l->cap_regions = cap;
 	}
 	l->regions[l->nregions] = size;
 	l->raddr[l->nregions] = 0;
 	l->rkey[l->nregions] = 0;
+	l->mrshift[l->nregions] = 0;
+	l->xkeys[l->nregions] = NULL;
 	if (id)
 		*id = l->nregions;
 	l->nregions++;
@@ -390,7 +428,51 @@ int kvp_layout_set_region_key(kvp_layout *l, uint32_t i, uint64_t addr,
 		return -EINVAL;
 	l->raddr[i] = addr;
 	l->rkey[i] = rkey;
+	l->mrshift[i] = 0;
+	free(l->xkeys[i]);
+	l->xkeys[i] = NULL;
 	return 0;
+}
+
+int kvp_layout_set_region_keys(kvp_layout *l, uint32_t i, uint64_t addr,
+			       uint32_t shift, const uint32_t *keys,
+			       uint32_t nkeys)
+{
+	uint32_t *x = NULL;
+
+	if (!l || i >= l->nregions || !keys ||
+	    (shift && (shift < KVP_MR_SHIFT_MIN || shift > KVP_MR_SHIFT_MAX)) ||
+	    nkeys > KVP_MR_MAX_KEYS ||
+	    nkeys != kvp__region_nkeys(l->regions[i], shift))
+		return -EINVAL;
+	if (nkeys > 1) {
+		x = malloc((size_t)(nkeys - 1) * sizeof(*x));
+		if (!x)
+			return -ENOMEM;
+		memcpy(x, keys + 1, (size_t)(nkeys - 1) * sizeof(*x));
+	}
+	free(l->xkeys[i]);
+	l->xkeys[i] = x;
+	l->raddr[i] = addr;
+	l->rkey[i] = keys[0];
+	l->mrshift[i] = (uint8_t)shift;
+	return 0;
+}
+
+int kvp_layout_get_region_keys(const kvp_layout *l, uint32_t i,
+			       uint64_t *addr, uint32_t *shift, uint32_t *keys,
+			       uint32_t cap)
+{
+	uint64_t n, k;
+
+	if (!l || !addr || !shift || (!keys && cap) || i >= l->nregions)
+		return -EINVAL;
+	n = kvp__region_nkeys(l->regions[i], l->mrshift[i]);
+	*addr = l->raddr[i];
+	*shift = l->mrshift[i];
+	for (k = 0; k < n && k < cap; k++)
+		keys[k] = k ? l->xkeys[i][k - 1] : l->rkey[i];
+	return (int)n;
 }
 
 int kvp_layout_get_region_key(const kvp_layout *l, uint32_t i, uint64_t *addr,

@@ -8,7 +8,8 @@
  *
  * Header, 56 bytes:
  *    0  u8[4] magic        "KVPM"
- *    4  u16   version      KVP_META_VERSION (1)
+ *    4  u16   version      KVP_META_VERSION (1), or KVP_META_VERSION_KEYS
+ *                          (2) when a region has several keys
  *    6  u16   header_len   56; the records start here
  *    8  u32   total_len    bytes in the whole blob, header included
  *   12  u32   reserved     0
@@ -24,7 +25,7 @@
  * Then ngroups group records, nregions region records, nviews view records
  * and nfields field records, in that order and in id order, with no gaps:
  * total_len == header_len + 8 * ngroups + 24 * nregions + 32 * nviews +
- * 128 * nfields.
+ * 128 * nfields (version 2: plus the key table).
  *
  * Group, 8 bytes:
  *    0  u32   kind         enum kvp_group_kind
@@ -33,8 +34,16 @@
  * Region, 24 bytes:
  *    0  u64   size         bytes
  *    8  u64   addr         address on the owner (0: not registered)
- *   16  u32   rkey
- *   20  u32   reserved     0
+ *   16  u32   rkey         (of the first MR, when it has several)
+ *   20  u32   mr_shift     version 1: 0. Version 2: 0, or the log2 of the
+ *                          region's MR stride, KVP_MR_SHIFT_MIN to
+ *                          KVP_MR_SHIFT_MAX (kvp_layout_set_region_keys())
+ *
+ * Version 2 only, after the field records: the key table. For each region
+ * whose mr_shift is not 0, in region order, its keys but the first: n - 1
+ * u32 where n = ceil(size / 2^mr_shift), at most KVP_MR_MAX_KEYS. Then
+ * total_len == header_len + the records + 4 * those counts. A layout
+ * without such a region encodes as version 1, byte for byte as before.
  *
  * View, 32 bytes:
  *    0  u32   group
@@ -60,11 +69,14 @@
  *
  * The descriptors' comp_mask fields are not carried: they are 0 in every
  * valid layout. A decoder rejects the whole blob on any mismatch: magic,
- * version, header_len, lengths, non-zero reserved bytes or unused dims, any
+ * version, header_len, lengths (the key table's included, computed from
+ * the region records before anything is allocated), non-zero reserved
+ * bytes or unused dims, an mr_shift out of range or in version 1, any
  * record the layout builders refuse, a region whose [addr, addr + size)
  * wraps, or a compat_hash that differs from the rebuilt layout's.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -136,22 +148,31 @@ int kvp_meta_encode(const kvp_layout *l, void *buf, size_t cap, size_t *len)
 {
 	uint8_t *p = buf;
 	uint32_t need, i;
+	int keyed = 0;
 
 	if (!l || !len || (!buf && cap))
 		return -EINVAL;
 	need = blob_len(l->ngroups, l->nregions, l->nviews, l->nfields);
 	if (!need)
 		return -EINVAL;
-	for (i = 0; i < l->nregions; i++)
+	for (i = 0; i < l->nregions; i++) {
+		uint64_t n = kvp__region_nkeys(l->regions[i], l->mrshift[i]);
+
 		if (!region_key_ok(l->regions[i], l->raddr[i]))
 			return -EINVAL;
+		if (l->mrshift[i])
+			keyed = 1;
+		if (need + 4 * (n - 1) > UINT32_MAX)
+			return -EINVAL;
+		need += (uint32_t)(4 * (n - 1));
+	}
 	if (cap < need) {
 		*len = need;
 		return -EMSGSIZE;
 	}
 
 	memcpy(p, meta_magic, sizeof(meta_magic));
-	kvp__put16(p + 4, KVP_META_VERSION);
+	kvp__put16(p + 4, keyed ? KVP_META_VERSION_KEYS : KVP_META_VERSION);
 	kvp__put16(p + 6, HDR_LEN);
 	kvp__put32(p + 8, need);
 	kvp__put32(p + 12, 0);
@@ -172,7 +193,7 @@ int kvp_meta_encode(const kvp_layout *l, void *buf, size_t cap, size_t *len)
 		kvp__put64(p, l->regions[i]);
 		kvp__put64(p + 8, l->raddr[i]);
 		kvp__put32(p + 16, l->rkey[i]);
-		kvp__put32(p + 20, 0);
+		kvp__put32(p + 20, l->mrshift[i]);
 	}
 	for (i = 0; i < l->nviews; i++, p += VIEW_LEN) {
 		const struct kvp_view_desc *v = &l->views[i];
@@ -186,6 +207,12 @@ int kvp_meta_encode(const kvp_layout *l, void *buf, size_t cap, size_t *len)
 	}
 	for (i = 0; i < l->nfields; i++, p += FIELD_LEN)
 		encode_field(p, &l->fields[i]);
+	for (i = 0; i < l->nregions; i++) {
+		uint64_t k, n = kvp__region_nkeys(l->regions[i], l->mrshift[i]);
+
+		for (k = 1; k < n; k++, p += 4)
+			kvp__put32(p, l->xkeys[i][k - 1]);
+	}
 	*len = need;
 	return 0;
 }
@@ -228,10 +255,61 @@ static int decode_field(const uint8_t *p, uint32_t *view,
 	return 0;
 }
 
+/* Region id's keys: `first` from its record, the others from the key
+ * table at *keys (whose length the caller checked), advanced past them. */
+static int region_keys(kvp_layout *l, uint32_t id, uint64_t addr,
+		       uint32_t shift, uint32_t first, const uint8_t **keys)
+{
+	uint64_t size = 0, n, k;
+	uint32_t *v;
+	int err;
+
+	if (shift < KVP_MR_SHIFT_MIN || shift > KVP_MR_SHIFT_MAX ||
+	    kvp_layout_get_region(l, id, &size))
+		return -EPROTO;
+	n = kvp__region_nkeys(size, shift);
+	if (n > KVP_MR_MAX_KEYS)
+		return -EPROTO;
+	v = malloc(n * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	v[0] = first;
+	for (k = 1; k < n; k++, *keys += 4)
+		v[k] = kvp__get32(*keys);
+	err = kvp_layout_set_region_keys(l, id, addr, shift, v, (uint32_t)n);
+	free(v);
+	return err;
+}
+
+/* The key table's length for the region records at p (count of them), or
+ * UINT64_MAX for an mr_shift out of range or for no region with one (the
+ * encoder writes version 2 only for those: one encoding per layout).
+ * Linear in count. */
+static uint64_t key_table_len(const uint8_t *p, uint32_t count)
+{
+	uint64_t len = 0, n;
+	uint32_t i, shift, keyed = 0;
+
+	for (i = 0; i < count; i++, p += REGION_LEN) {
+		shift = kvp__get32(p + 20);
+		if (!shift)
+			continue;
+		if (shift < KVP_MR_SHIFT_MIN || shift > KVP_MR_SHIFT_MAX)
+			return UINT64_MAX;
+		n = kvp__region_nkeys(kvp__get64(p), shift);
+		if (n > KVP_MR_MAX_KEYS)
+			return UINT64_MAX;
+		len += 4 * (n - 1); /* < 2^32 * 2^22: no overflow */
+		keyed = 1;
+	}
+	return keyed ? len : UINT64_MAX;
+}
+
 /* Rebuilds the layout from records whose lengths have been checked, through
  * the public builders only, so remote data meets every check local data
  * does. */
-int kvp__meta_records(kvp_layout *l, const uint8_t *p, const uint32_t *count)
+int kvp__meta_records(kvp_layout *l, const uint8_t *p, const uint32_t *count,
+		      const uint8_t *keys)
 {
 	uint32_t i, id;
 	int err;
@@ -248,12 +326,17 @@ int kvp__meta_records(kvp_layout *l, const uint8_t *p, const uint32_t *count)
 	for (i = 0; i < count[1]; i++, p += REGION_LEN) {
 		uint64_t size = kvp__get64(p), addr = kvp__get64(p + 8);
 
-		if (kvp__get32(p + 20) || !region_key_ok(size, addr))
+		uint32_t shift = kvp__get32(p + 20);
+
+		if ((shift && !keys) || !region_key_ok(size, addr))
 			return -EPROTO;
 		err = kvp_layout_add_region(l, size, &id);
-		if (!err)
+		if (!err && !shift)
 			err = kvp_layout_set_region_key(l, id, addr,
 							kvp__get32(p + 16));
+		else if (!err)
+			err = region_keys(l, id, addr, shift,
+					  kvp__get32(p + 16), &keys);
 		if (err)
 			return wire_err(err);
 	}
@@ -285,10 +368,11 @@ int kvp__meta_records(kvp_layout *l, const uint8_t *p, const uint32_t *count)
 
 int kvp_meta_decode(const void *buf, size_t len, kvp_layout **out)
 {
-	const uint8_t *p = buf;
+	const uint8_t *p = buf, *keys = NULL;
 	struct kvp_layout_attr attr = { 0 };
-	uint32_t count[4], total, i;
-	uint64_t hash;
+	uint32_t count[4], total, base, i;
+	uint64_t hash, extra = 0;
+	uint16_t version;
 	kvp_layout *l;
 	int err;
 
@@ -298,8 +382,10 @@ int kvp_meta_decode(const void *buf, size_t len, kvp_layout **out)
 	 * a transport's early length check and ours agree. */
 	if (len < KVP_META_MIN_LEN)
 		return -EMSGSIZE;
+	version = kvp__get16(p + 4);
 	if (memcmp(p, meta_magic, sizeof(meta_magic)) ||
-	    kvp__get16(p + 4) != KVP_META_VERSION || kvp__get16(p + 6) != HDR_LEN)
+	    (version != KVP_META_VERSION && version != KVP_META_VERSION_KEYS) ||
+	    kvp__get16(p + 6) != HDR_LEN)
 		return -EPROTO;
 	total = kvp__get32(p + 8);
 	if (total < HDR_LEN || kvp__get32(p + 12))
@@ -311,8 +397,16 @@ int kvp_meta_decode(const void *buf, size_t len, kvp_layout **out)
 	for (i = 0; i < 4; i++)
 		count[i] = kvp__get32(p + 40 + 4 * i);
 	/* A field needs a view, a view a group and a region. */
-	if (!count[3] ||
-	    blob_len(count[0], count[1], count[2], count[3]) != total)
+	base = blob_len(count[0], count[1], count[2], count[3]);
+	if (!count[3] || !base || base > total)
+		return -EPROTO;
+	if (version == KVP_META_VERSION_KEYS) {
+		/* The region records are inside the checked length. */
+		extra = key_table_len(p + HDR_LEN + GROUP_LEN * count[0],
+				      count[1]);
+		keys = p + base;
+	}
+	if (extra != total - base)
 		return -EPROTO;
 
 	hash = kvp__get64(p + 16);
@@ -322,7 +416,7 @@ int kvp_meta_decode(const void *buf, size_t len, kvp_layout **out)
 	err = kvp_layout_create(&attr, &l);
 	if (err)
 		return wire_err(err);
-	err = kvp__meta_records(l, p + HDR_LEN, count);
+	err = kvp__meta_records(l, p + HDR_LEN, count, keys);
 	if (!err && kvp_layout_compat_hash(l) != hash)
 		err = -EPROTO;
 	if (err) {

@@ -931,6 +931,128 @@ static void test_records(void **state)
 
 /* Every byte, flipped three ways: the blob decodes to a layout that encodes
  * back to exactly those bytes, or it fails cleanly. */
+/* A region registered as several MRs: its keys, set and read back, on the
+ * wire as version 2 with a key table, and refused when the table or the
+ * shift does not add up. */
+static void test_region_keys(void **state)
+{
+	kvp_layout *l, *dec = NULL, *c = NULL;
+	struct blob b1, b2;
+	uint32_t keys[64], got[64], shift, n, i;
+	uint64_t size, addr;
+	size_t len = 0, r0;
+
+	(void)state;
+	l = build("llama-3.1-8b", 42, 2, 1, 64, 16, KVP_KV_FLASH_HND);
+	set_keys(l);
+	encode(l, &b1);
+	assert_int_equal(b1.p[4], 1);
+	assert_int_equal(kvp_layout_get_region(l, 0, &size), 0);
+	n = (uint32_t)((size + (1u << 20) - 1) >> 20);
+	assert_true(n >= 2 && n <= 64);
+	for (i = 0; i < n; i++)
+		keys[i] = 0xc0de0000u + i;
+
+	/* Bad shifts and counts change nothing. */
+	assert_int_equal(kvp_layout_set_region_keys(l, 0, 1, 14, keys, n),
+			 -EINVAL);
+	assert_int_equal(kvp_layout_set_region_keys(l, 0, 1, 63, keys, n),
+			 -EINVAL);
+	assert_int_equal(kvp_layout_set_region_keys(l, 0, 1, 20, keys, n - 1),
+			 -EINVAL);
+	assert_int_equal(kvp_layout_set_region_keys(l, 0, 1, 20, keys, n + 1),
+			 -EINVAL);
+	assert_int_equal(kvp_layout_set_region_keys(l, 0, 1, 0, keys, 2),
+			 -EINVAL);
+	assert_int_equal(kvp_layout_set_region_keys(l, 0, 1, 20, NULL, n),
+			 -EINVAL);
+	assert_int_equal(kvp_layout_set_region_keys(l, b1.nregions, 1, 20,
+						    keys, n),
+			 -EINVAL);
+	assert_int_equal(kvp_layout_get_region_keys(l, 0, &addr, &shift, got,
+						    64),
+			 1);
+	assert_int_equal(shift, 0);
+	assert_int_equal(got[0], 0xab000000u);
+
+	assert_int_equal(kvp_layout_set_region_keys(l, 0, 0x7f0000000000ull, 20,
+						    keys, n),
+			 0);
+	assert_int_equal(kvp_layout_get_region_keys(l, 0, &addr, &shift, NULL,
+						    0),
+			 (int)n);
+	memset(got, 0, sizeof(got));
+	assert_int_equal(kvp_layout_get_region_keys(l, 0, &addr, &shift, got,
+						    2),
+			 (int)n);
+	assert_int_equal(got[1], keys[1]);
+	assert_int_equal(got[2], 0);
+	assert_int_equal(kvp_layout_get_region_keys(l, 0, &addr, &shift, got,
+						    64),
+			 (int)n);
+	assert_int_equal(shift, 20);
+	assert_int_equal(addr, 0x7f0000000000ull);
+	assert_memory_equal(got, keys, n * sizeof(*keys));
+
+	/* Version 2: the region record carries the shift, the table keys 1
+	 * to n - 1 after the fields. */
+	assert_int_equal(kvp_meta_encode(l, NULL, 0, &len), -EMSGSIZE);
+	assert_int_equal(len, b1.len + 4 * (n - 1));
+	b2 = b1;
+	b2.p = malloc(len);
+	assert_non_null(b2.p);
+	assert_int_equal(kvp_meta_encode(l, b2.p, len, &b2.len), 0);
+	assert_int_equal(b2.len, len);
+	assert_int_equal(b2.p[4], 2);
+	r0 = off_region(&b2, 0);
+	assert_int_equal(rd32(b2.p + r0 + 16), keys[0]);
+	assert_int_equal(rd32(b2.p + r0 + 20), 20);
+	for (i = 1; i < n; i++)
+		assert_int_equal(rd32(b2.p + b1.len + 4 * (i - 1)), keys[i]);
+	assert_int_equal(kvp_meta_decode(b2.p, b2.len, &dec), 0);
+	memset(got, 0, sizeof(got));
+	assert_int_equal(kvp_layout_get_region_keys(dec, 0, &addr, &shift, got,
+						    64),
+			 (int)n);
+	assert_int_equal(shift, 20);
+	assert_memory_equal(got, keys, n * sizeof(*keys));
+	kvp_layout_destroy(dec);
+	assert_int_equal(kvp_layout_clone(l, &c), 0);
+	memset(got, 0, sizeof(got));
+	assert_int_equal(kvp_layout_get_region_keys(c, 0, &addr, &shift, got,
+						    64),
+			 (int)n);
+	assert_memory_equal(got, keys, n * sizeof(*keys));
+	kvp_layout_destroy(c);
+
+	/* Shifts out of range, or one that makes the table another length;
+	 * no keyed region in version 2; a keyed region in version 1; a
+	 * table cut short. */
+	expect_patched32(&b2, r0 + 20, 14, -EPROTO);
+	expect_patched32(&b2, r0 + 20, 63, -EPROTO);
+	expect_patched32(&b2, r0 + 20, 0x100000u, -EPROTO);
+	expect_patched32(&b2, r0 + 20, 19, -EPROTO);
+	expect_patched32(&b2, r0 + 20, 21, -EPROTO);
+	expect_patched32(&b2, r0 + 20, 0, -EPROTO);
+	b2.p[4] = 1;
+	expect_decode(&b2, b2.len, -EPROTO);
+	b2.p[4] = 2;
+	expect_patched32(&b2, 8, (uint32_t)b2.len - 4, -EPROTO);
+	expect_decode(&b2, b2.len - 4, -EMSGSIZE);
+
+	/* One key again: version 1, byte for byte as before. */
+	assert_int_equal(kvp_layout_set_region_key(l, 0, 0x7f0000000000ull,
+						   0xab000000u),
+			 0);
+	free(b2.p);
+	encode(l, &b2);
+	assert_int_equal(b2.len, b1.len);
+	assert_memory_equal(b2.p, b1.p, b1.len);
+	free(b2.p);
+	free(b1.p);
+	kvp_layout_destroy(l);
+}
+
 static void flip_all(const kvp_layout *l)
 {
 	static const uint8_t masks[] = { 0x01, 0x80, 0xff };
@@ -1004,6 +1126,7 @@ int main(void)
 		cmocka_unit_test(test_hash),
 		cmocka_unit_test(test_counts),
 		cmocka_unit_test(test_records),
+		cmocka_unit_test(test_region_keys),
 		cmocka_unit_test(test_flips),
 	};
 
