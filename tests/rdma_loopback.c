@@ -53,6 +53,14 @@ static const struct rt_case cases[] = {
 	 * soft-RoCE cannot, so each falls back to the address. */
 	{ LLAMA("llama 2->1, dma-buf registration (fallback)", 2, 1),
 	  .dmabuf = 1 },
+	/* MRs capped at 64 KiB on both sides (a device's max_mr_size, made
+	 * small): every region registered as overlapping MRs, the keys in
+	 * the blob, READs and SGEs cut to the 4 KiB window; with a layout
+	 * conversion, so SGEs land across the consumer's seams too. */
+	{ LLAMA("llama 2->2 nhd->hnd, 64 KiB MRs (regions split)", 2, 2),
+	  .playout = FNHD, .max_sge = 8, .max_mr = 65536 },
+	{ LLAMA("llama 2->1, dma-buf fallback, 64 KiB MRs", 2, 1),
+	  .dmabuf = 1, .max_mr = 65536 },
 	/* READs cut at 4 KiB (32 KiB pages, coalesced runs of several). */
 	{ LLAMA("llama 2->1, 4 KiB READ slices", 2, 1), .max_read = 4096 },
 	/* DSCP 26 (AF31) on every connection of both engines. */

@@ -237,6 +237,95 @@ static void test_sq_usable(void **st)
 	assert_int_equal(kvp__sq_usable(512, &got), 512);
 }
 
+/* Regions above the device's max_mr_size (2 GiB on some devices) are
+ * registered as overlapping MRs: each within the cap, and any access of
+ * at most the window inside the MR of the piece it starts in. */
+static void check_split(uint64_t size, uint64_t max_mr)
+{
+	int s = kvp__mr_shift(size, max_mr);
+	uint64_t n, k, w, o, end, len;
+
+	assert_true(s >= KVP_MR_SHIFT_MIN && s <= KVP_MR_SHIFT_MAX);
+	n = kvp__mr_count(size, (uint32_t)s);
+	w = KVP_MR_WINDOW(s);
+	assert_true(n >= 2 && n <= KVP_MR_MAX_KEYS);
+	/* The stride is the largest that fits. */
+	assert_true((1ull << s) + w <= max_mr);
+	assert_true(s == KVP_MR_SHIFT_MAX ||
+		    (2ull << s) + 2 * w > max_mr);
+	for (k = 0; k < n; k++) {
+		end = (k << s) + (1ull << s) + w;
+		if (end > size)
+			end = size;
+		len = end - (k << s);
+		assert_true(len > 0 && len <= max_mr);
+	}
+	/* Accesses at every seam, and at the region's start and end. */
+	for (k = 0; k < n; k++) {
+		uint64_t at[4] = { k << s, (k << s) + 1, ((k + 1) << s) - 1,
+				   ((k + 1) << s) - w / 2 };
+
+		for (o = 0; o < 4; o++) {
+			if (at[o] >= size)
+				continue;
+			end = ((at[o] >> s) << s) + (1ull << s) + w;
+			if (end > size)
+				end = size;
+			len = size - at[o] < w ? size - at[o] : w;
+			assert_true(at[o] + len <= end);
+		}
+	}
+}
+
+static void test_mr_split(void **st)
+{
+	struct ibv_device_attr d = connectx6();
+	struct ibv_port_attr p = { .max_msg_sz = 1u << 30 };
+	struct kvp_want w = consumer_want();
+	struct kvp_limits l;
+
+	(void)st;
+	/* The cap: the device's, a smaller one asked for, none reported. */
+	d.max_mr_size = 1ull << 31;
+	assert_int_equal(kvp__limits(&d, &p, 0, &w, &l), 0);
+	assert_int_equal(l.max_mr, 1ull << 31);
+	w.max_mr = 1u << 20;
+	assert_int_equal(kvp__limits(&d, &p, 0, &w, &l), 0);
+	assert_int_equal(l.max_mr, 1u << 20);
+	w.max_mr = 1ull << 40;
+	assert_int_equal(kvp__limits(&d, &p, 0, &w, &l), 0);
+	assert_int_equal(l.max_mr, 1ull << 31);
+	d.max_mr_size = 0;
+	w.max_mr = 0;
+	assert_int_equal(kvp__limits(&d, &p, 0, &w, &l), 0);
+	assert_int_equal(l.max_mr, UINT64_MAX);
+
+	/* 80 GiB of GPU memory under a 2 GiB cap: 80 MRs of 1 GiB stride,
+	 * 1.125 GiB each, READs up to 128 MiB. */
+	assert_int_equal(kvp__mr_shift(80ull << 30, 1ull << 31), 30);
+	assert_int_equal(kvp__mr_count(80ull << 30, 30), 80);
+	assert_int_equal(KVP_MR_WINDOW(30), 128u << 20);
+	/* What fits is one MR. */
+	assert_int_equal(kvp__mr_shift(1ull << 31, 1ull << 31), 0);
+	assert_int_equal(kvp__mr_shift(1, KVP_MR_MIN), 0);
+	assert_int_equal(kvp__mr_shift((1ull << 31) + 1, 1ull << 31), 30);
+	assert_int_equal(kvp__mr_count((1ull << 31) + 1, 30), 3);
+	/* The smallest cap kvp_agent_attr.max_mr allows: 32 KiB stride,
+	 * 4 KiB window. */
+	assert_int_equal(kvp__mr_shift(1u << 20, KVP_MR_MIN), 15);
+	assert_int_equal(kvp__mr_shift(1u << 20, 36864), 15);
+	assert_int_equal(kvp__mr_shift(1u << 20, 36863), -EINVAL);
+	/* More MRs than a blob may carry keys for. */
+	assert_int_equal(kvp__mr_shift(1ull << 36, KVP_MR_MIN), -EINVAL);
+	assert_int_equal(kvp__mr_shift(1ull << 35, KVP_MR_MIN), 15);
+
+	check_split(80ull << 30, 1ull << 31);
+	check_split((1ull << 31) + 1, 1ull << 31);
+	check_split((5ull << 20) + 12345, KVP_MR_MIN);
+	check_split(1ull << 40, 3ull << 30);
+	check_split(UINT64_MAX / 2, UINT64_MAX / 4);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -246,6 +335,7 @@ int main(void)
 		cmocka_unit_test(test_cq_bounds_queues),
 		cmocka_unit_test(test_unusable),
 		cmocka_unit_test(test_sq_usable),
+		cmocka_unit_test(test_mr_split),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -143,6 +143,7 @@ static int device_limits(kvp_agent *a)
 	w.prod_sq = PROD_SQ;
 	w.max_sge = a->max_sge;
 	w.max_read = a->max_read;
+	w.max_mr = a->max_mr;
 	w.producer = a->producer;
 	w.consumer = a->consumer;
 	err = kvp__limits(&a->dattr, &pa, iwarp, &w, &a->lim);
@@ -335,11 +336,11 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	if (err)
 		goto err_cch;
 	n = a->li.nregions;
-	a->mrs = calloc(n + 1, sizeof(*a->mrs));
-	a->lbase = calloc(n + 1, sizeof(*a->lbase));
-	a->lkey = calloc(n + 1, sizeof(*a->lkey));
+	a->lreg = calloc(n + 1, sizeof(*a->lreg));
+	a->mr = calloc(n + 1, sizeof(*a->mr));
+	a->mr_window = UINT32_MAX;
 	err = -ENOMEM;
-	if (!a->mrs || !a->lbase || !a->lkey)
+	if (!a->lreg || !a->mr)
 		goto err_arrays;
 	err = open_sides(a);
 	if (err)
@@ -349,9 +350,8 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 
 err_arrays:
 	close_sides(a);
-	free(a->mrs);
-	free(a->lbase);
-	free(a->lkey);
+	free(a->lreg);
+	free(a->mr);
 err_cch:
 	kvp__destroy_comp_channel(a->cch);
 err_pd:
@@ -370,6 +370,7 @@ err_free:
 }
 
 static void flush_backlog(kvp_agent *a);
+static void reg_drop(kvp_agent *a, uint32_t region);
 
 /* Notifications already owed (DONE reported, or data on the way) go out
  * before the connections close, for at most CLOSE_FLUSH_NS: the producers
@@ -409,16 +410,15 @@ void kvp_agent_close(kvp_agent *a)
 	close_sides(a);
 	kvp__blob_free(a);
 	for (i = 0; i < a->li.nregions; i++)
-		kvp__dereg_mr(a->mrs[i]);
+		reg_drop(a, i);
 	kvp__destroy_comp_channel(a->cch);
 	kvp__dealloc_pd(a->pd);
 	kvp__free_devices(a->devs);
 	kvp__destroy_event_channel(a->ech);
 	kvp_layout_destroy(a->layout);
 	secret_free(a);
-	free(a->mrs);
-	free(a->lbase);
-	free(a->lkey);
+	free(a->lreg);
+	free(a->mr);
 	free(a->src_addr);
 	free(a);
 }
@@ -428,7 +428,7 @@ static int reg_check(kvp_agent *a, uint32_t region, uint64_t len)
 {
 	uint64_t size;
 
-	if (region >= a->li.nregions || a->mrs[region])
+	if (region >= a->li.nregions || a->lreg[region].nkeys)
 		return -EINVAL;
 	if (a->started)
 		return -EBUSY;
@@ -447,17 +447,96 @@ static int reg_access(const kvp_agent *a)
 	       (a->consumer ? a->lim.sink_access : 0);
 }
 
-static void reg_take(kvp_agent *a, uint32_t region, struct ibv_mr *mr,
-		     uint64_t base)
+/* Where registration gets the memory of bytes [off, off + len) of a
+ * region: an address, or a dma-buf. */
+struct reg_src {
+	char *addr;	  /* NULL: the dma-buf */
+	int fd;
+	uint64_t offset;  /* of the region in the dma-buf */
+	uint64_t iova;	  /* the region's address in this process */
+};
+
+static int reg_piece(kvp_agent *a, const struct reg_src *src, uint64_t off,
+		     uint64_t len, struct ibv_mr **mr)
 {
-	a->mrs[region] = mr;
-	a->lbase[region] = base;
-	a->lkey[region] = mr->lkey;
+	if (src->addr)
+		return kvp__reg_mr(a->pd, src->addr + off, (size_t)len,
+				   reg_access(a), mr);
+	return kvp__reg_dmabuf_mr(a->pd, src->offset + off, (size_t)len,
+				  src->iova + off, src->fd, reg_access(a), mr);
+}
+
+/* Registers region `region` (`len` bytes given, at least its size) as one
+ * MR, or as several overlapping ones when the device caps an MR below it
+ * (limits.h: kvp__mr_shift()); then only the region's own bytes are
+ * registered. Nothing is kept on failure. */
+static int reg_region(kvp_agent *a, uint32_t region, uint64_t len,
+		      const struct reg_src *src)
+{
+	struct kvp_keys *lr = &a->lreg[region];
+	uint64_t size = 0, n, k, off, piece;
+	struct ibv_mr **mr;
+	uint32_t *key;
+	int shift, err = 0;
+
+	if (kvp_layout_get_region(a->layout, region, &size))
+		return -EINVAL; /* unreachable: reg_check() passed */
+	shift = len <= a->lim.max_mr ? 0 : kvp__mr_shift(size, a->lim.max_mr);
+	if (shift < 0)
+		return -EINVAL;
+	n = shift ? kvp__mr_count(size, (uint32_t)shift) : 1;
+	mr = calloc(n, sizeof(*mr));
+	key = calloc(n, sizeof(*key));
+	if (!mr || !key) {
+		err = -ENOMEM;
+		goto out;
+	}
+	for (k = 0; k < n && !err; k++) {
+		off = shift ? k << shift : 0;
+		if (!shift)
+			piece = len <= a->lim.max_mr ? len : size;
+		else if (size - off > (1ull << shift) + KVP_MR_WINDOW(shift))
+			piece = (1ull << shift) + KVP_MR_WINDOW(shift);
+		else
+			piece = size - off;
+		err = reg_piece(a, src, off, piece, &mr[k]);
+		if (!err)
+			key[k] = mr[k]->lkey;
+	}
+	if (err)
+		goto out;
+	lr->addr = src->addr ? (uint64_t)(uintptr_t)src->addr : src->iova;
+	lr->key = key;
+	lr->shift = shift ? (uint32_t)shift : KVP_ONE_MR;
+	lr->nkeys = (uint32_t)n;
+	a->mr[region] = mr;
+	if (shift && KVP_MR_WINDOW(shift) < a->mr_window)
+		a->mr_window = (uint32_t)KVP_MR_WINDOW(shift);
+	return 0;
+out:
+	for (k = 0; mr && k < n; k++)
+		kvp__dereg_mr(mr[k]);
+	free(mr);
+	free(key);
+	return err;
+}
+
+static void reg_drop(kvp_agent *a, uint32_t region)
+{
+	struct kvp_keys *lr = &a->lreg[region];
+	uint32_t k;
+
+	for (k = 0; k < lr->nkeys; k++)
+		kvp__dereg_mr(a->mr[region][k]);
+	free(a->mr[region]);
+	free(lr->key);
+	a->mr[region] = NULL;
+	memset(lr, 0, sizeof(*lr));
 }
 
 int kvp_agent_register(kvp_agent *a, uint32_t region, void *addr, uint64_t len)
 {
-	struct ibv_mr *mr;
+	struct reg_src src = { addr, -1, 0, 0 };
 	int err;
 
 	if (!a || !addr)
@@ -465,18 +544,17 @@ int kvp_agent_register(kvp_agent *a, uint32_t region, void *addr, uint64_t len)
 	err = reg_check(a, region, len);
 	if (err)
 		return err;
-	err = kvp__reg_mr(a->pd, addr, (size_t)len, reg_access(a), &mr);
-	if (err)
-		return err;
-	reg_take(a, region, mr, (uint64_t)(uintptr_t)addr);
-	return 0;
+	return reg_region(a, region, len, &src);
 }
 
 int kvp_agent_register_dmabuf(kvp_agent *a, uint32_t region, int fd,
 			      uint64_t offset, uint64_t len, void *addr)
 {
-	struct ibv_mr *mr;
-	uint64_t iova;
+	/* The region is known by addr (its virtual address in this process:
+	 * a GPU's, for device memory) to the blob and to local scatter
+	 * entries; without one, by its offset in the dma-buf. */
+	struct reg_src src = { NULL, fd, offset,
+			       addr ? (uint64_t)(uintptr_t)addr : offset };
 	int err;
 
 	if (!a || fd < 0)
@@ -484,24 +562,15 @@ int kvp_agent_register_dmabuf(kvp_agent *a, uint32_t region, int fd,
 	err = reg_check(a, region, len);
 	if (err)
 		return err;
-	/* The region is known by addr (its virtual address in this process:
-	 * a GPU's, for device memory) to the blob and to local scatter
-	 * entries; without one, by its offset in the dma-buf. */
-	iova = addr ? (uint64_t)(uintptr_t)addr : offset;
-	err = kvp__reg_dmabuf_mr(a->pd, offset, (size_t)len, iova, fd,
-				 reg_access(a), &mr);
-	if (!err) {
-		reg_take(a, region, mr, iova);
-		return 0;
-	}
+	err = reg_region(a, region, len, &src);
 	if (err != -ENOTSUP || !addr)
 		return err;
 	/* No dma-buf support in this provider: the address itself (host
 	 * memory, or device memory a peer-memory module exposes). */
-	err = kvp__reg_mr(a->pd, addr, (size_t)len, reg_access(a), &mr);
+	src.addr = addr;
+	err = reg_region(a, region, len, &src);
 	if (err)
 		return err;
-	reg_take(a, region, mr, iova);
 	a->st.dmabuf_fallbacks++;
 	return 1;
 }

@@ -51,7 +51,7 @@ int kvp__regions_ready(const kvp_agent *a)
 	uint32_t i;
 
 	for (i = 0; i < a->li.nregions; i++)
-		if (!a->mrs[i])
+		if (!a->lreg[i].nkeys)
 			return 0;
 	return 1;
 }
@@ -73,8 +73,18 @@ static int meta_encode(const kvp_agent *a, void *buf, size_t cap, size_t *len)
 	if (err)
 		return err;
 	for (i = 0; a->producer && i < a->li.nregions; i++) {
-		err = kvp_layout_set_region_key(l, i, a->lbase[i],
-						a->mrs[i]->rkey);
+		const struct kvp_keys *lr = &a->lreg[i];
+		uint32_t k, *rkey = calloc(lr->nkeys, sizeof(*rkey));
+
+		err = -ENOMEM;
+		if (!rkey)
+			goto out;
+		for (k = 0; k < lr->nkeys; k++)
+			rkey[k] = a->mr[i][k]->rkey;
+		err = kvp_layout_set_region_keys(
+			l, i, lr->addr, lr->shift == KVP_ONE_MR ? 0 : lr->shift,
+			rkey, lr->nkeys);
+		free(rkey);
 		if (err)
 			goto out;
 	}
@@ -334,8 +344,8 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 		a->npending--;
 	if (c->side == KVP_ROLE_PRODUCER)
 		kvp__engine_leave(a, c);
-	free(c->raddr);
-	free(c->rkey);
+	free(c->rreg);
+	free(c->rkeys);
 	free(c->chunks);
 	c->chunks = NULL;
 	c->outstanding = c->c_head = c->c_post = c->c_tail = 0;
@@ -351,8 +361,8 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->drain_deadline = 0;
 	c->qp = NULL;
 	c->id = NULL;
-	c->raddr = NULL;
-	c->rkey = NULL;
+	c->rreg = NULL;
+	c->rkeys = NULL;
 	c->rank = 0;
 	c->engine_id = 0;
 	c->reported = 0;

@@ -286,15 +286,41 @@ static int carried_take(struct kvp_eng *e, const struct kvp_peer *ranks,
 
 /* ---- plans, shared by geometry ----------------------------------------- */
 
+/* The longest access every region of layout l allows: the MR window of
+ * those registered as several MRs (kvp_layout_set_region_keys()), else
+ * UINT32_MAX. */
+static uint32_t keys_window(const kvp_layout *l)
+{
+	struct kvp_layout_info li;
+	uint32_t i, shift, w = UINT32_MAX;
+	uint64_t addr;
+
+	kvp_layout_get_info(l, &li);
+	for (i = 0; i < li.nregions; i++)
+		if (kvp_layout_get_region_keys(l, i, &addr, &shift, NULL, 0) >
+			    0 &&
+		    shift && KVP_MR_WINDOW(shift) < w)
+			w = (uint32_t)KVP_MR_WINDOW(shift);
+	return w;
+}
+
 /* The plan for engines of ref's geometry: from the cache, or compiled and
- * cached (evicting the least recently used plan no engine holds). */
+ * cached (evicting the least recently used plan no engine holds). Its
+ * READs are no longer than the port allows, the slice asked for, and the
+ * MR window of any region on either side registered as several MRs. */
 static int plan_resolve(kvp_agent *a, struct kvp_eng *e)
 {
 	uint64_t h = kvp_layout_compat_hash(e->ref);
 	struct kvp_pcache *pc, *victim = NULL;
 	struct kvp_plan_attr pattr;
-	uint32_t i, k, n;
+	uint32_t i, k, n, max_len = a->lim.max_len, w;
 	int err, r;
+
+	if (a->mr_window < max_len)
+		max_len = a->mr_window;
+	w = keys_window(e->ref);
+	if (w < max_len)
+		max_len = w;
 
 	for (i = 0; i < a->max_peers; i++) {
 		pc = &a->pcache[i];
@@ -303,7 +329,8 @@ static int plan_resolve(kvp_agent *a, struct kvp_eng *e)
 				victim = pc;
 			continue;
 		}
-		if (pc->hash == h && geo_equal(pc->geo, e->ref))
+		if (pc->hash == h && pc->max_len == max_len &&
+		    geo_equal(pc->geo, e->ref))
 			goto hit;
 		if (!pc->refs && (!victim || (victim->plan &&
 					      pc->used < victim->used)))
@@ -318,7 +345,8 @@ static int plan_resolve(kvp_agent *a, struct kvp_eng *e)
 	/* No READ longer than the port's message size or the slice asked
 	 * for (limits.c). */
 	pattr.comp_mask = KVP_PLAN_ATTR_MAX_LEN | KVP_PLAN_ATTR_FLAGS;
-	pattr.max_len = a->lim.max_len;
+	pattr.max_len = max_len;
+	pc->max_len = max_len;
 	pattr.flags = a->plan_flags;
 	err = kvp_plan_compile(a->layout, e->ref, &pattr, &pc->plan, NULL, 0);
 	if (err)
@@ -491,6 +519,9 @@ static int check_peer(const struct kvp_eng *e, const struct kvp_conn *c)
 
 	kvp_layout_get_info(c->peer, &pi);
 	if (pi.engine_id != c->engine_id)
+		return -EPROTO;
+	/* The plan's READs must fit this rank's MRs too. */
+	if (keys_window(c->peer) < e->pc->max_len)
 		return -EPROTO;
 	if (e->craw && e->craw[r] &&
 	    (c->blob_got != e->craw_len[r] ||
@@ -817,10 +848,14 @@ int kvp_agent_engine_info(const kvp_agent *a, uint32_t engine,
 		if (c->chunks)
 			table += (uint64_t)(a->chunk_mask + 1) *
 				 sizeof(*c->chunks);
-		if (c->raddr && e->ref) {
+		if (c->rreg && e->ref) {
+			uint32_t i;
+
 			kvp_layout_get_info(e->ref, &li);
-			table += (uint64_t)li.nregions *
-				 (sizeof(*c->raddr) + sizeof(*c->rkey));
+			for (i = 0; i < li.nregions; i++)
+				table += sizeof(*c->rreg) +
+					 (uint64_t)c->rreg[i].nkeys *
+						 sizeof(*c->rkeys);
 		}
 	}
 	info->table_bytes = table;

@@ -309,6 +309,20 @@ struct kvp_stripe {
 	uint32_t qmask;	/* queue pairs that carried some of its READs */
 };
 
+/* A region's memory as work requests address it: byte `off` of the region
+ * is at addr + off under key[off >> shift]. One MR: shift 63 and one key.
+ * Several (the device caps an MR below the region's size): the MRs overlap
+ * so that an access of at most KVP_MR_WINDOW(shift) bytes lies in the MR
+ * of the piece it starts in. */
+struct kvp_keys {
+	uint64_t addr;
+	uint32_t *key;
+	uint32_t shift;
+	uint32_t nkeys;
+};
+
+#define KVP_ONE_MR 63
+
 struct kvp_conn {
 	/* Mutable counters, written on every post and completion of this QP.
 	 * The agent is single-threaded, so this is not about contention: the
@@ -335,8 +349,8 @@ struct kvp_conn {
 	struct ibv_qp *qp;
 	struct rdma_cm_id *id;
 	struct kvp_chunk *chunks; /* consumer: FIFO, chunk_mask + 1 entries */
-	uint64_t *raddr;	  /* consumer: per remote region */
-	uint32_t *rkey;
+	struct kvp_keys *rreg;	  /* consumer: per remote region */
+	uint32_t *rkeys;	  /* their keys, every region's in one array */
 	uint32_t idx;		  /* index in agent->conns */
 	uint32_t rank;		  /* peer rank */
 	uint64_t engine_id;	  /* peer engine */
@@ -428,6 +442,7 @@ struct kvp_pcache {
 	uint64_t hash;		/* its compat hash */
 	kvp_plan *plan;		/* NULL: free entry */
 	struct kvp_plan_info pi;
+	uint32_t max_len;	/* its READs' cap (part of the cache key) */
 	uint32_t *note_rank;	/* per notify index: producer rank */
 	uint32_t *note_src;	/* per notify index: source index or NO_SRC */
 	uint32_t refs;
@@ -523,10 +538,13 @@ struct kvp_agent {
 	struct rdma_event_channel *ech;
 	struct rdma_cm_id *listen_id;
 
-	/* Regions. */
-	struct ibv_mr **mrs;
-	uint64_t *lbase; /* per local region: registered address */
-	uint32_t *lkey;
+	/* Regions: lreg[i] is region i's registration, its memory one MR or
+	 * several (limits.h: kvp__mr_shift()), mr[i] its MRs. */
+	struct kvp_keys *lreg;
+	struct ibv_mr ***mr;
+	/* Bytes an access may span in every region registered as several
+	 * MRs (KVP_MR_WINDOW): READs are cut to it. UINT32_MAX: none. */
+	uint32_t mr_window;
 
 	/* Handshake control buffers: KVP_CTL_LEN to receive and to send per
 	 * connection slot, registered once. */

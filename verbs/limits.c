@@ -67,6 +67,10 @@ int kvp__limits(const struct ibv_device_attr *d, const struct ibv_port_attr *p,
 		len = min32(len, p->max_msg_sz);
 	if (w->max_read)
 		len = min32(len, w->max_read);
+	/* 0: a provider that does not say; no cap then. */
+	out->max_mr = d->max_mr_size ? d->max_mr_size : UINT64_MAX;
+	if (w->max_mr && w->max_mr < out->max_mr)
+		out->max_mr = w->max_mr;
 	out->sq_depth = sq;
 	out->rq_depth = rq;
 	out->max_sge = sge;
@@ -92,4 +96,19 @@ uint32_t kvp__sq_usable(uint32_t asked, const struct ibv_qp_cap *got)
 {
 	return got->max_send_wr && got->max_send_wr < asked ?
 		       got->max_send_wr : asked;
+}
+
+int kvp__mr_shift(uint64_t size, uint64_t max_mr)
+{
+	uint32_t s;
+
+	if (size <= max_mr)
+		return 0;
+	for (s = KVP_MR_SHIFT_MAX; s >= KVP_MR_SHIFT_MIN; s--)
+		if ((1ull << s) + KVP_MR_WINDOW(s) <= max_mr)
+			break;
+	if (s < KVP_MR_SHIFT_MIN ||
+	    kvp__mr_count(size, s) > KVP_MR_MAX_KEYS)
+		return -EINVAL;
+	return (int)s;
 }

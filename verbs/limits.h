@@ -12,6 +12,8 @@
 
 #include <infiniband/verbs.h>
 
+#include "kvpull.h"
+
 /* What the agent asks for, its defaults applied. */
 struct kvp_want {
 	uint32_t nprod, ncons;	/* connection slots of each side */
@@ -20,6 +22,7 @@ struct kvp_want {
 	uint32_t prod_sq;	/* producer: send queue entries per QP */
 	uint32_t max_sge;	/* consumer: local SGEs per READ */
 	uint32_t max_read;	/* consumer: bytes per READ, 0: no slice */
+	uint64_t max_mr;	/* bytes per MR at most, 0: the device's */
 	uint32_t producer, consumer;
 };
 
@@ -36,6 +39,8 @@ struct kvp_limits {
 	uint32_t resp_res;	/* incoming READs per QP (responder) */
 	uint32_t cqe;		/* completion queue entries: what every QP it
 				 * serves can complete at once */
+	uint64_t max_mr;	/* bytes one MR may cover: the device's
+				 * max_mr_size, or less if asked */
 	int sink_access;	/* consumer memory: local write (and remote
 				 * write on iWARP, where a READ's response
 				 * lands as an RDMA WRITE) */
@@ -56,5 +61,20 @@ int kvp__limits(const struct ibv_device_attr *d, const struct ibv_port_attr *p,
 /* The send queue entries a QP really has: what was asked for, or less if
  * the provider returned less (it may count WQE blocks, not WRs). */
 uint32_t kvp__sq_usable(uint32_t asked, const struct ibv_qp_cap *got);
+
+/* How many MRs of stride 2^shift a region of `size` bytes takes. */
+static inline uint64_t kvp__mr_count(uint64_t size, uint32_t shift)
+{
+	return (size >> shift) + !!(size & ((1ull << shift) - 1));
+}
+
+/* How a region of `size` bytes is registered when one MR may cover at
+ * most max_mr bytes: 0 when one MR does; else the log2 s of the MR
+ * stride, the largest with 2^s + KVP_MR_WINDOW(s) <= max_mr (MR k covers
+ * [k << s, (k + 1) << s + KVP_MR_WINDOW(s)), clipped at the region's
+ * end, so any access of at most KVP_MR_WINDOW(s) bytes lies in the MR it
+ * starts in); -EINVAL when no stride fits (max_mr below 36 KiB) or more
+ * than KVP_MR_MAX_KEYS MRs would be needed. */
+int kvp__mr_shift(uint64_t size, uint64_t max_mr);
 
 #endif

@@ -365,15 +365,19 @@ static int post_window(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
 		const struct kvp_wr *rw = &a->wtmp[j];
 		const struct kvp_sge *rs = &a->stmp[rw->sge_first];
 		struct ibv_send_wr *s = chain_add(ch);
+		const struct kvp_keys *rr;
 
 		s->num_sge = (int)rw->nsge;
 		s->opcode = IBV_WR_RDMA_READ;
-		s->wr.rdma.remote_addr = c->raddr[rw->region] + rw->offset;
-		s->wr.rdma.rkey = c->rkey[rw->region];
+		rr = &c->rreg[rw->region];
+		s->wr.rdma.remote_addr = rr->addr + rw->offset;
+		s->wr.rdma.rkey = rr->key[rw->offset >> rr->shift];
 		for (q = 0; q < rw->nsge; q++, ch->g++) {
-			ch->g->addr = a->lbase[rs[q].region] + rs[q].offset;
+			const struct kvp_keys *lr = &a->lreg[rs[q].region];
+
+			ch->g->addr = lr->addr + rs[q].offset;
 			ch->g->length = rs[q].len;
-			ch->g->lkey = a->lkey[rs[q].region];
+			ch->g->lkey = lr->key[rs[q].offset >> lr->shift];
 		}
 		s->wr_id = kvp__wrid(WK_READ, c->gen, c->idx, 0);
 		if (kvp_unlikely(ch->since == a->sig_every))
@@ -395,8 +399,8 @@ static void post_marker(struct kvp_conn *c, struct chain *ch)
 	s->sg_list = NULL;
 	s->num_sge = 0;
 	s->opcode = IBV_WR_RDMA_READ;
-	s->wr.rdma.remote_addr = c->raddr[0];
-	s->wr.rdma.rkey = c->rkey[0];
+	s->wr.rdma.remote_addr = c->rreg[0].addr;
+	s->wr.rdma.rkey = c->rreg[0].key[0];
 	chain_signal(ch, c, WK_LAST);
 }
 
@@ -803,18 +807,33 @@ int kvp__data_alloc(kvp_agent *a)
 int kvp__conn_data_alloc(kvp_agent *a, struct kvp_conn *c)
 {
 	struct kvp_layout_info pi;
-	uint32_t i;
+	uint64_t addr, nkeys = 0;
+	uint32_t i, shift;
+	int n;
 
 	kvp_layout_get_info(c->peer, &pi);
-	c->chunks = calloc(a->chunk_mask + 1, sizeof(*c->chunks));
-	c->raddr = calloc(pi.nregions + 1, sizeof(*c->raddr));
-	c->rkey = calloc(pi.nregions + 1, sizeof(*c->rkey));
-	if (!c->chunks || !c->raddr || !c->rkey)
-		return -ENOMEM; /* freed with the connection */
-	for (i = 0; i < pi.nregions; i++)
-		if (kvp_layout_get_region_key(c->peer, i, &c->raddr[i],
-					      &c->rkey[i]))
+	for (i = 0; i < pi.nregions; i++) {
+		n = kvp_layout_get_region_keys(c->peer, i, &addr, &shift,
+					       NULL, 0);
+		if (n < 1)
 			return -EPROTO;
+		nkeys += (uint32_t)n; /* each at most KVP_MR_MAX_KEYS */
+	}
+	c->chunks = calloc(a->chunk_mask + 1, sizeof(*c->chunks));
+	c->rreg = calloc(pi.nregions + 1, sizeof(*c->rreg));
+	c->rkeys = calloc(nkeys + 1, sizeof(*c->rkeys));
+	if (!c->chunks || !c->rreg || !c->rkeys)
+		return -ENOMEM; /* freed with the connection */
+	for (i = 0, nkeys = 0; i < pi.nregions; i++) {
+		struct kvp_keys *rr = &c->rreg[i];
+
+		rr->key = c->rkeys + nkeys;
+		n = kvp_layout_get_region_keys(c->peer, i, &rr->addr, &shift,
+					       rr->key, UINT32_MAX);
+		rr->nkeys = (uint32_t)n;
+		rr->shift = shift ? shift : KVP_ONE_MR;
+		nkeys += (uint32_t)n;
+	}
 	c->outstanding = 0;
 	c->c_head = c->c_data = c->c_note = c->c_post = c->c_tail = 0;
 	c->notes_posted = c->credit_seen = 0;

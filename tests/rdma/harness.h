@@ -70,6 +70,8 @@ struct rt_case {
 				    * kvp_agent_register_dmabuf() */
 	uint32_t tos;		   /* kvp_agent_attr.tos, both sides */
 	uint32_t max_read;	   /* consumer: bytes per READ at most */
+	uint32_t max_mr;	   /* kvp_agent_attr.max_mr, both sides: the
+				    * regions registered as several MRs */
 	uint32_t striped;	   /* requests must go over 2 queue pairs */
 	uint32_t max_ids;	   /* per group and request, 0: RT_MAX_IDS */
 	uint32_t extra_expire;	   /* ids the producer expects, nobody pulls */
@@ -354,6 +356,37 @@ static int rt_register_all(kvp_agent *a, struct kvt_mem *m)
 /* Registers every region through the dma-buf path, with /dev/null for the
  * fd (no dma-buf exporter here). soft-RoCE has no dma-buf registration: without an address that is
  * -ENOTSUP; with one, kvpull falls back to ibv_reg_mr() on it (1). */
+/* A producer whose MRs are capped at tc->max_mr: its blob carries, for
+ * every region larger than the cap, one key per MR stride, the stride
+ * the largest that fits (limits.h); 0 when so. */
+static int rt_check_split(kvp_agent *a, const kvp_layout *l)
+{
+	struct kvp_layout_info li;
+	uint8_t blob[65536];
+	kvp_layout *got = NULL;
+	uint64_t size, addr;
+	uint32_t i, shift, split = 0;
+	size_t len;
+	int n, bad = 0;
+
+	kvp_layout_get_info(l, &li);
+	if (kvp_agent_get_meta(a, blob, sizeof(blob), &len) ||
+	    kvp_meta_decode(blob, len, &got))
+		return -1;
+	for (i = 0; i < li.nregions; i++) {
+		n = kvp_layout_get_region_keys(got, i, &addr, &shift, NULL, 0);
+		if (kvp_layout_get_region(l, i, &size) || n < 1)
+			bad = 1;
+		else if (size > KVP_MR_MIN &&
+			 (shift < KVP_MR_SHIFT_MIN ||
+			  (uint64_t)n != (size + (1ull << shift) - 1) >> shift))
+			bad = 1;
+		split += shift != 0;
+	}
+	kvp_layout_destroy(got);
+	return bad || !split ? -1 : 0;
+}
+
 static int rt_register_dmabuf(kvp_agent *a, struct kvt_mem *m)
 {
 	uint32_t r;
@@ -426,12 +459,16 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 	at.max_inflight = 32;
 	at.rq_depth = tc->prq;
 	at.tos = tc->tos;
+	at.max_mr = tc->max_mr;
 	err = kvp_agent_open(&at, &a);
 	if (err)
 		RT_FAIL("open: %s", kvp_strerror(err));
 	err = rt_register(tc, a, &mem);
 	if (err)
 		RT_FAIL("register: %s", kvp_strerror(err));
+	if (tc->max_mr && rt_check_split(a, l))
+		RT_FAIL("regions not split into MRs of at most %u bytes",
+			tc->max_mr);
 	err = kvp_agent_listen(a, env->addr0, (uint16_t)(env->port + rank));
 	if (err)
 		RT_FAIL("listen: %s", kvp_strerror(err));
@@ -624,6 +661,7 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 	at.max_sge = tc->max_sge;
 	at.tos = tc->tos;
 	at.max_read = tc->max_read;
+	at.max_mr = tc->max_mr;
 	err = kvp_agent_open(&at, &a);
 	if (err)
 		RT_FAIL("open: %s", kvp_strerror(err));
@@ -725,6 +763,26 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 		RT_FAIL("%llu READs for %llu bytes in %u-byte slices",
 			(unsigned long long)st.reads,
 			(unsigned long long)st.read_bytes, tc->max_read);
+	/* Regions split into MRs: no READ longer than their window, which
+	 * the plan obeys (KVP_MR_WINDOW of the stride the cap allows). */
+	if (tc->max_mr) {
+		struct kvp_plan_info pi;
+		const kvp_plan *pl = kvp_agent_plan(a);
+		uint32_t s = KVP_MR_SHIFT_MIN;
+
+		while ((2ull << s) + KVP_MR_WINDOW(s + 1) <= tc->max_mr)
+			s++;
+		if (!pl)
+			RT_FAIL("no plan");
+		kvp_plan_get_info(pl, &pi);
+		if (pi.max_len != KVP_MR_WINDOW(s))
+			RT_FAIL("plan READ cap is not the MR window %llu",
+				(unsigned long long)KVP_MR_WINDOW(s));
+		if (st.reads < (st.read_bytes + pi.max_len - 1) / pi.max_len)
+			RT_FAIL("%llu READs for %llu bytes in %u-byte MR "
+				"windows", (unsigned long long)st.reads,
+				(unsigned long long)st.read_bytes, pi.max_len);
+	}
 	if (tc->prq && tc->prq < tc->nreq && !st.credit_waits)
 		RT_FAIL("%u notifications into %u buffers without a credit read",
 			tc->nreq, tc->prq);
