@@ -979,7 +979,12 @@ KVP_API void kvp_agent_close(kvp_agent *agent);
  * READ only, a consumer's for local write only (and remote write on iWARP,
  * whose READ responses land as RDMA WRITEs; on no other transport), a
  * KVP_ROLE_BOTH agent's for both; all with relaxed ordering, an optional
- * flag providers without it ignore. The memory is borrowed: it must stay valid until kvp_agent_close().
+ * flag providers without it ignore. The memory is borrowed: it must stay
+ * valid until kvp_agent_close(). A region longer than one MR may cover (the
+ * device's max_mr_size, or kvp_agent_attr.max_mr) is registered as several
+ * overlapping MRs, its own size only: stride 2^s, the largest with 2^s +
+ * KVP_MR_WINDOW(s) within the cap, every key in the blob
+ * (kvp_layout_set_region_keys()), READs no longer than the window.
  * Every region must be registered, once, before kvp_agent_listen() or the
  * first kvp_agent_add_engine() (or kvp_agent_connect()); it then serves
  * every peer engine, added, failed or reconnected, until close. Returns 0;
