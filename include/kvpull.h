@@ -623,6 +623,62 @@ KVP_API KVP_MUST_CHECK int kvp_plan_emit_window(const kvp_plan *plan,
 						uint32_t sge_cap,
 						uint64_t *bytes);
 
+/* Emission straight into a transport's own work requests: a verbs
+ * provider's struct ibv_send_wr and struct ibv_sge, or any records with
+ * such fields, with addresses and keys resolved on the way, so that no
+ * conversion pass follows. kvpull's plan/ does not include verbs.h: the
+ * sink names the record's size and its fields' offsets (offsetof() of
+ * struct ibv_send_wr), and scatter entries have struct ibv_sge's layout.
+ *
+ * A region's map: its byte `off` is at addr + off, under the key
+ * key[off >> shift] (shift 63: one key; several: the MRs of a region
+ * registered in pieces, kvp_layout_set_region_keys(), whose window the
+ * plan's max_len must not exceed). */
+struct kvp_emit_map {
+	uint64_t addr;
+	const uint32_t *key;
+	uint32_t shift;
+	uint32_t comp_mask; /* must be 0 */
+};
+
+/* struct ibv_sge's layout. */
+struct kvp_emit_sge {
+	uint64_t addr;
+	uint32_t length;
+	uint32_t key;
+};
+
+struct kvp_emit_sink {
+	void *wr;	    /* wr_cap records of wr_stride bytes */
+	uint32_t wr_stride; /* at least 32, a multiple of 8 */
+	uint32_t comp_mask; /* must be 0 */
+	/* Byte offsets in a record, each of a field of the type named, each
+	 * aligned to its size: u64 wr_id, pointer sg_list (to the record's
+	 * first scatter entry), int num_sge, u64 remote_addr, u32 rkey. The
+	 * record's other fields (next, opcode, flags) are the caller's. */
+	uint32_t off_wr_id, off_sg_list, off_num_sge, off_remote_addr,
+		off_rkey;
+	uint64_t wr_id;		   /* stored in every record */
+	struct kvp_emit_sge *sge;  /* sge_cap entries */
+	/* Per region of the plan's local layout, and per region of the
+	 * producer rank that pos's source reads. */
+	const struct kvp_emit_map *local, *remote;
+};
+
+/* kvp_plan_emit_window() into a sink: the same READs, SGEs and bytes in the
+ * same order, each WR's remote address and key and each SGE's address and
+ * key resolved through the maps; the position advances the same way.
+ * Returns the number of WRs written and, if not NULL, in *nsge the SGEs
+ * used and in *bytes the bytes read; -EINVAL as kvp_plan_emit_window(), and
+ * for a sink with NULL records, scatter entries or maps, a non-zero
+ * comp_mask, a stride or an offset that does not fit. Allocation-free;
+ * thread-safe on distinct positions and sinks. */
+KVP_API KVP_MUST_CHECK int
+kvp_plan_emit_window_into(const kvp_plan *plan, const struct kvp_ids *ids,
+			  struct kvp_emit_pos *pos,
+			  const struct kvp_emit_sink *sink, uint32_t wr_cap,
+			  uint32_t sge_cap, uint32_t *nsge, uint64_t *bytes);
+
 /* 1 when every READ of pos's source has been written, else 0. pos must not
  * be NULL. */
 KVP_API KVP_MUST_CHECK int

@@ -103,16 +103,27 @@ void kvp_plan_emit_bound(const kvp_plan *p, uint32_t max_ids,
 	*max_sges = (uint32_t)n;
 }
 
-/* The WR being built. */
+/* The WR being built. Records are kvp_wr and kvp_sge, or (`into`, a
+ * constant the emission functions take like `bounded`) a sink's: its WR
+ * records through their field offsets, its scatter entries, addresses and
+ * keys resolved through its maps. */
 struct cursor {
 	struct kvp_wr *wr, *w;
 	struct kvp_sge *sge, *s;
+	char *xwr, *xw;			/* into: the sink's records */
+	struct kvp_emit_sge *xsge, *xs; /* into: its scatter entries */
+	const struct kvp_emit_sink *sk;
+	uint64_t xbytes;		/* into: bytes of the pieces put */
 	uint32_t nwr, nsge, max_sge, merge_len;
 	uint32_t wr_cap, sge_cap; /* a window's room (bounded emission only) */
 	uint64_t rend, lend; /* next contiguous remote and local offsets */
 	uint32_t rreg, lreg, src, group;
+	uint32_t wn, wlen, slen; /* the open WR: SGEs, bytes, last SGE's */
 	int open;
 };
+
+/* A field of a sink's record. */
+#define REC(w, off, type) (*(type *)(void *)((w) + (off)))
 
 /*
  * The open WR while one stream is emitted. A stream's regions are fixed, so
@@ -127,6 +138,9 @@ struct live {
 	uint32_t nwr, nsge, wn, wlen, slen;
 	uint32_t wmax; /* with both caps (bounded 2): SGEs the open WR may hold */
 	uint32_t lreg; /* gathers: the open SGE's local region */
+	char *xw;		  /* into: the open WR's record */
+	struct kvp_emit_sge *xs;  /* into: its last scatter entry */
+	uint64_t bytes;		  /* into: bytes of the pieces put here */
 };
 
 /* Where bounded emission stopped: the first piece not written, as the
@@ -156,15 +170,15 @@ live_begin(const struct cursor *c, uint32_t rreg, uint32_t lreg,
 	   const int bounded, const int gather)
 {
 	struct live v = { c->w, c->s, UINT64_MAX, UINT64_MAX,
-			  c->nwr, c->nsge, 0, 0, 0, 0, 0 };
+			  c->nwr, c->nsge, 0, 0, 0, 0, 0, c->xw, c->xs, 0 };
 
 	if (c->open && c->rreg == rreg) {
 		v.rend = c->rend;
-		v.wn = v.w->nsge;
-		v.wlen = v.w->len;
-		v.slen = v.s->len;
+		v.wn = c->wn;
+		v.wlen = c->wlen;
+		v.slen = c->slen;
 		if (bounded == 2)
-			v.wmax = wr_sge_limit(c, v.w->sge_first);
+			v.wmax = wr_sge_limit(c, c->nsge - c->wn);
 		if (gather) {
 			v.lend = c->lend;
 			v.lreg = c->lreg;
@@ -176,13 +190,22 @@ live_begin(const struct cursor *c, uint32_t rreg, uint32_t lreg,
 }
 
 /* Stores the open WR and hands it back to the cursor. */
-static inline void live_end(struct cursor *c, const struct live *v,
-			    uint32_t rreg, uint32_t lreg, const int gather)
+static inline __attribute__((always_inline)) void
+live_end(struct cursor *c, const struct live *v, uint32_t rreg, uint32_t lreg,
+	 const int gather, const int into)
 {
 	if (v->rend != UINT64_MAX) {
-		v->w->len = v->wlen;
-		v->w->nsge = v->wn;
-		v->s->len = v->slen;
+		if (into) {
+			REC(v->xw, c->sk->off_num_sge, int) = (int)v->wn;
+			v->xs->length = v->slen;
+		} else {
+			v->w->len = v->wlen;
+			v->w->nsge = v->wn;
+			v->s->len = v->slen;
+		}
+		c->wn = v->wn;
+		c->wlen = v->wlen;
+		c->slen = v->slen;
 		c->open = 1;
 		c->rreg = rreg;
 		c->lreg = gather ? v->lreg : lreg;
@@ -191,8 +214,22 @@ static inline void live_end(struct cursor *c, const struct live *v,
 	}
 	c->w = v->w;
 	c->s = v->s;
+	c->xw = v->xw;
+	c->xs = v->xs;
+	c->xbytes += v->bytes;
 	c->nwr = v->nwr;
 	c->nsge = v->nsge;
+}
+
+/* into: the scatter entry at xs reads local region lreg's offset lo. */
+static inline __attribute__((always_inline)) void
+sge_open(const struct cursor *c, struct kvp_emit_sge *xs, uint64_t lo,
+	 uint32_t lreg)
+{
+	const struct kvp_emit_map *m = &c->sk->local[lreg];
+
+	xs->addr = m->addr + lo;
+	xs->key = m->key[lo >> m->shift];
 }
 
 /*
@@ -209,8 +246,10 @@ static inline void live_end(struct cursor *c, const struct live *v,
 static inline __attribute__((always_inline)) int
 live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 	 uint32_t len, uint32_t rreg, uint32_t lreg, const int bounded,
-	 const int gather)
+	 const int gather, const int into)
 {
+	if (into)
+		v->bytes += len; /* undone below if the window is full */
 	if (ro == v->rend && v->wlen + (uint64_t)len <= c->merge_len) {
 		if (lo == v->lend && (!gather || lreg == v->lreg)) {
 			v->slen += len;
@@ -220,10 +259,16 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 			return 0;
 		}
 		if (v->wn < (bounded == 2 ? v->wmax : c->max_sge)) {
-			v->s->len = v->slen;
-			v->s = &c->sge[v->nsge++];
-			v->s->offset = lo;
-			v->s->region = lreg;
+			if (into) {
+				v->xs->length = v->slen;
+				v->xs = &c->xsge[v->nsge++];
+				sge_open(c, v->xs, lo, lreg);
+			} else {
+				v->s->len = v->slen;
+				v->s = &c->sge[v->nsge++];
+				v->s->offset = lo;
+				v->s->region = lreg;
+			}
 			if (gather)
 				v->lreg = lreg;
 			v->slen = len;
@@ -235,25 +280,46 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 		}
 	}
 	if (bounded && kvp_unlikely(v->nwr == c->wr_cap ||
-				    (bounded == 2 && v->nsge == c->sge_cap)))
+				    (bounded == 2 && v->nsge == c->sge_cap))) {
+		if (into)
+			v->bytes -= len;
 		return 1;
-	if (v->rend != UINT64_MAX) { /* close the open WR */
-		v->w->len = v->wlen;
-		v->w->nsge = v->wn;
-		v->s->len = v->slen;
 	}
-	v->w = &c->wr[v->nwr++];
-	v->s = &c->sge[v->nsge];
-	v->w->offset = ro;
-	v->w->region = rreg;
-	v->w->src = c->src;
-	v->w->group = c->group;
-	v->w->sge_first = v->nsge;
+	if (v->rend != UINT64_MAX) { /* close the open WR */
+		if (into) {
+			REC(v->xw, c->sk->off_num_sge, int) = (int)v->wn;
+			v->xs->length = v->slen;
+		} else {
+			v->w->len = v->wlen;
+			v->w->nsge = v->wn;
+			v->s->len = v->slen;
+		}
+	}
+	if (into) {
+		const struct kvp_emit_sink *k = c->sk;
+		const struct kvp_emit_map *m = &k->remote[rreg];
+
+		v->xw = c->xwr + (size_t)v->nwr++ * k->wr_stride;
+		v->xs = &c->xsge[v->nsge];
+		REC(v->xw, k->off_wr_id, uint64_t) = k->wr_id;
+		REC(v->xw, k->off_sg_list, struct kvp_emit_sge *) = v->xs;
+		REC(v->xw, k->off_remote_addr, uint64_t) = m->addr + ro;
+		REC(v->xw, k->off_rkey, uint32_t) = m->key[ro >> m->shift];
+		sge_open(c, v->xs, lo, lreg);
+	} else {
+		v->w = &c->wr[v->nwr++];
+		v->s = &c->sge[v->nsge];
+		v->w->offset = ro;
+		v->w->region = rreg;
+		v->w->src = c->src;
+		v->w->group = c->group;
+		v->w->sge_first = v->nsge;
+		v->s->offset = lo;
+		v->s->region = lreg;
+	}
 	if (bounded == 2)
 		v->wmax = wr_sge_limit(c, v->nsge);
 	v->nsge++;
-	v->s->offset = lo;
-	v->s->region = lreg;
 	if (gather)
 		v->lreg = lreg;
 	v->wn = 1;
@@ -276,7 +342,7 @@ emit_simple(struct live *v, const struct cursor *c, const struct kvp_pview *lv,
 	    const struct kvp_pview *rv, const struct kvp_piece *pc,
 	    const struct kvp_piece *pe, const uint32_t *lids,
 	    const uint32_t *rids, uint32_t base, uint32_t k0, uint32_t q0,
-	    uint32_t k1, struct at *at, const int bounded)
+	    uint32_t k1, struct at *at, const int bounded, const int into)
 {
 	const uint32_t rreg = rv->region, lreg = lv->region;
 	const uint64_t rs = rv->stride, ls = lv->stride;
@@ -293,7 +359,7 @@ emit_simple(struct live *v, const struct cursor *c, const struct kvp_pview *lv,
 		for (k = k0; k < k1; k++) {
 			if (live_put(v, c, ro0 + (uint64_t)rids[k] * rs,
 				     lo0 + (uint64_t)lids[k - base] * ls, len,
-				     rreg, lreg, bounded, 0)) {
+				     rreg, lreg, bounded, 0, into)) {
 				at->k = k;
 				at->q = 0;
 				return 1;
@@ -307,7 +373,7 @@ emit_simple(struct live *v, const struct cursor *c, const struct kvp_pview *lv,
 
 		for (; q < pe; q++) {
 			if (live_put(v, c, rb + q->roff, lb + q->loff, q->len,
-				     rreg, lreg, bounded, 0)) {
+				     rreg, lreg, bounded, 0, into)) {
 				at->k = k;
 				at->q = (uint32_t)(q - pc);
 				return 1;
@@ -327,7 +393,7 @@ emit_periods(struct live *v, const struct cursor *c,
 	     const struct kvp_pview *rv, const struct kvp_piece *pc,
 	     const struct kvp_piece *pe, const struct need *n,
 	     const uint32_t *lids, const uint32_t *rids, uint32_t k0,
-	     uint32_t q0, struct at *at, const int bounded)
+	     uint32_t q0, struct at *at, const int bounded, const int into)
 {
 	const uint32_t rreg = rv->region, lreg = lv->region;
 	const struct kvp_piece *q;
@@ -349,7 +415,7 @@ emit_periods(struct live *v, const struct cursor *c,
 					     (uint64_t)lids[L - n->skip] *
 						     lv->stride +
 					     q->loff,
-				     q->len, rreg, lreg, bounded, 0)) {
+				     q->len, rreg, lreg, bounded, 0, into)) {
 				at->k = k;
 				at->q = (uint32_t)(q - pc);
 				return 1;
@@ -392,7 +458,7 @@ static uint32_t stream_periods(const struct kvp_pgroup *pg,
 static inline __attribute__((always_inline)) int
 emit_stream(struct cursor *c, const kvp_plan *p, const struct kvp_pstream *st,
 	    const struct need *n, const struct kvp_ids *id, uint32_t period,
-	    uint32_t piece, struct at *at, const int bounded)
+	    uint32_t piece, struct at *at, const int bounded, const int into)
 {
 	const struct kvp_pset *set = &p->sets[st->set];
 	const struct kvp_pgroup *pg = &p->groups[set->group];
@@ -413,13 +479,13 @@ emit_stream(struct cursor *c, const kvp_plan *p, const struct kvp_pstream *st,
 		if (k0 < k1 && period < k1 - k0)
 			full = emit_simple(&v, c, lv, rv, pc, pe, id->local,
 					   id->remote, k0, k0 + period, piece,
-					   k1, at, bounded);
+					   k1, at, bounded, into);
 	} else if (k0 < k1 && period < k1 - k0) {
 		full = emit_periods(&v, c, pg, lv, rv, pc, pe, n, id->local,
 				    id->remote, k0 + period, piece, at,
-				    bounded);
+				    bounded, into);
 	}
-	live_end(c, &v, rv->region, lv->region, 0);
+	live_end(c, &v, rv->region, lv->region, 0, into);
 	if (full)
 		at->k -= k0;
 	return full;
@@ -444,7 +510,7 @@ emit_gather(struct live *v, const struct cursor *c, const kvp_plan *p,
 	    const uint32_t *lids, const uint32_t *rids, uint32_t base,
 	    uint32_t k0, uint32_t q0, uint32_t k1, struct at *at,
 	    const struct kvp_pview *const *mv, const int simple,
-	    const int bounded)
+	    const int bounded, const int into)
 {
 	const struct kvp_pview *rv = &p->rviews[ga->rview];
 	const struct kvp_gset *gs = &p->gsets[ga->set];
@@ -476,7 +542,8 @@ emit_gather(struct live *v, const struct cursor *c, const kvp_plan *p,
 			}
 			if (live_put(v, c, rb + q->roff,
 				     lv->offset + lid * lv->stride + q->loff,
-				     q->len, rreg, lv->region, bounded, 1)) {
+				     q->len, rreg, lv->region, bounded, 1,
+				     into)) {
 				at->k = k;
 				at->q = (uint32_t)(q - pc);
 				return 1;
@@ -491,7 +558,7 @@ static inline __attribute__((always_inline)) int
 emit_gathered(struct cursor *c, const kvp_plan *p,
 	      const struct kvp_pstream *st, const struct need *n,
 	      const struct kvp_ids *id, uint32_t period, uint32_t piece,
-	      struct at *at, const int bounded)
+	      struct at *at, const int bounded, const int into)
 {
 	const struct kvp_pgather *ga = &p->gathers[st->gather - 1];
 	const uint32_t group = p->sets[st->set].group;
@@ -515,18 +582,18 @@ emit_gathered(struct cursor *c, const kvp_plan *p,
 		if (k0 < k1 && period < k1 - k0 && ga->n <= GATHER_VIEWS)
 			full = emit_gather(&v, c, p, st, ga, pg, n, id->local,
 					   id->remote, k0, k0 + period, piece,
-					   k1, at, mv, 1, bounded);
+					   k1, at, mv, 1, bounded, into);
 		else if (k0 < k1 && period < k1 - k0)
 			full = emit_gather(&v, c, p, st, ga, pg, n, id->local,
 					   id->remote, k0, k0 + period, piece,
-					   k1, at, NULL, 1, bounded);
+					   k1, at, NULL, 1, bounded, into);
 	} else if (k0 < k1 && period < k1 - k0) {
 		full = emit_gather(&v, c, p, st, ga, pg, n, id->local,
 				   id->remote, 0, k0 + period, piece, k1, at,
 				   ga->n <= GATHER_VIEWS ? mv : NULL, 0,
-				   bounded);
+				   bounded, into);
 	}
-	live_end(c, &v, rreg, 0, 1);
+	live_end(c, &v, rreg, 0, 1, into);
 	if (full)
 		at->k -= k0;
 	return full;
@@ -544,12 +611,13 @@ static inline uint32_t unit_streams(const kvp_plan *p,
 static inline __attribute__((always_inline)) int
 emit_unit(struct cursor *c, const kvp_plan *p, const struct kvp_pstream *st,
 	  const struct need *n, const struct kvp_ids *id, uint32_t period,
-	  uint32_t piece, struct at *at, const int bounded)
+	  uint32_t piece, struct at *at, const int bounded, const int into)
 {
 	if (st->gather)
 		return emit_gathered(c, p, st, n, id, period, piece, at,
-				     bounded);
-	return emit_stream(c, p, st, n, id, period, piece, at, bounded);
+				     bounded, into);
+	return emit_stream(c, p, st, n, id, period, piece, at, bounded,
+			   into);
 }
 
 int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
@@ -593,7 +661,7 @@ int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
 			while (cur_src < st->src)
 				src_end[cur_src++] = c.nwr;
 		}
-		emit_unit(&c, p, st, &need[g], &ids[g], 0, 0, &at, 0);
+		emit_unit(&c, p, st, &need[g], &ids[g], 0, 0, &at, 0, 0);
 	}
 	if (src_end) {
 		while (cur_src < p->nsrc)
@@ -690,7 +758,8 @@ int kvp_plan_emit_start(const kvp_plan *p, const struct kvp_ids *ids,
  */
 static inline __attribute__((always_inline)) int64_t
 window_streams(struct cursor *c, const kvp_plan *p, const struct kvp_ids *ids,
-	       const struct kvp_emit_pos *pos, struct at *at, const int bounded)
+	       const struct kvp_emit_pos *pos, struct at *at, const int bounded,
+	       const int into)
 {
 	uint32_t si, period = pos->period, piece = pos->piece;
 	const struct need *n;
@@ -714,10 +783,43 @@ window_streams(struct cursor *c, const kvp_plan *p, const struct kvp_ids *ids,
 			break;
 		}
 		if (emit_unit(c, p, st, n, &ids[g], period, piece, at,
-			      bounded))
+			      bounded, into))
 			break;
 	}
 	return si;
+}
+
+/* A window into cursor c, set up by the caller with its records and
+ * caps: the streams from pos, then pos moved past what was written.
+ * Returns the WRs written, or a negative errno with nothing written and
+ * pos untouched. */
+static inline __attribute__((always_inline)) int
+window(struct cursor *c, const kvp_plan *p, const struct kvp_ids *ids,
+       struct kvp_emit_pos *pos, const int into)
+{
+	struct at at = { 0, 0 };
+	int64_t si;
+
+	c->max_sge = p->max_sge;
+	c->merge_len = p->merge_len;
+	c->src = UINT32_MAX;
+	/* With max_sge SGEs of room for each WR (a send queue's slots), the
+	 * SGE cap cannot bind: a loop without its tests. */
+	if ((uint64_t)c->wr_cap * c->max_sge <= c->sge_cap)
+		si = window_streams(c, p, ids, pos, &at, 1, into);
+	else
+		si = window_streams(c, p, ids, pos, &at, 2, into);
+	if (si < 0)
+		return (int)si;
+	if (si < pos->end) {
+		pos->stream = (uint32_t)si;
+		pos->period = at.k;
+		pos->piece = at.q;
+	} else {
+		pos->stream = pos->end;
+		pos->period = pos->piece = 0;
+	}
+	return (int)c->nwr;
 }
 
 int kvp_plan_emit_window(const kvp_plan *p, const struct kvp_ids *ids,
@@ -726,10 +828,9 @@ int kvp_plan_emit_window(const kvp_plan *p, const struct kvp_ids *ids,
 			 uint32_t sge_cap, uint64_t *bytes)
 {
 	struct cursor c;
-	struct at at = { 0, 0 };
 	uint64_t sum = 0;
 	uint32_t i;
-	int64_t si;
+	int n;
 
 	if (!p || !ids || !pos || (wr_cap && !wr) || (sge_cap && !sge) ||
 	    pos->end > p->nstreams)
@@ -742,33 +843,66 @@ int kvp_plan_emit_window(const kvp_plan *p, const struct kvp_ids *ids,
 	memset(&c, 0, sizeof(c));
 	c.wr = wr;
 	c.sge = sge;
-	c.max_sge = p->max_sge;
-	c.merge_len = p->merge_len;
 	c.wr_cap = wr_cap > INT_MAX ? INT_MAX : wr_cap; /* returned as int */
 	c.sge_cap = sge_cap;
-	c.src = UINT32_MAX;
-	/* With max_sge SGEs of room for each WR (a send queue's slots), the
-	 * SGE cap cannot bind: a loop without its tests. */
-	if ((uint64_t)c.wr_cap * c.max_sge <= sge_cap)
-		si = window_streams(&c, p, ids, pos, &at, 1);
-	else
-		si = window_streams(&c, p, ids, pos, &at, 2);
-	if (si < 0)
-		return (int)si;
-	if (si < pos->end) {
-		pos->stream = (uint32_t)si;
-		pos->period = at.k;
-		pos->piece = at.q;
-	} else {
-		pos->stream = pos->end;
-		pos->period = pos->piece = 0;
-	}
-	if (bytes) {
+	n = window(&c, p, ids, pos, 0);
+	if (n > 0 && bytes) {
 		for (i = 0; i < c.nwr; i++)
 			sum += wr[i].len;
 		*bytes = sum;
 	}
-	return (int)c.nwr;
+	return n;
+}
+
+/* A field of `size` bytes at `off` fits a record of `stride` bytes, and is
+ * aligned for its type. */
+static int field_ok(uint32_t off, uint32_t size, uint32_t stride)
+{
+	return off % size == 0 && off <= stride - size;
+}
+
+static int sink_ok(const struct kvp_emit_sink *k)
+{
+	return k && k->wr && k->sge && k->local && k->remote &&
+	       !k->comp_mask && k->wr_stride >= 32 && k->wr_stride % 8 == 0 &&
+	       field_ok(k->off_wr_id, 8, k->wr_stride) &&
+	       field_ok(k->off_sg_list, sizeof(void *), k->wr_stride) &&
+	       field_ok(k->off_num_sge, sizeof(int), k->wr_stride) &&
+	       field_ok(k->off_remote_addr, 8, k->wr_stride) &&
+	       field_ok(k->off_rkey, 4, k->wr_stride);
+}
+
+int kvp_plan_emit_window_into(const kvp_plan *p, const struct kvp_ids *ids,
+			      struct kvp_emit_pos *pos,
+			      const struct kvp_emit_sink *sink,
+			      uint32_t wr_cap, uint32_t sge_cap,
+			      uint32_t *nsge, uint64_t *bytes)
+{
+	struct cursor c;
+	int n;
+
+	if (!p || !ids || !pos || !sink_ok(sink) || pos->end > p->nstreams)
+		return -EINVAL;
+	if (nsge)
+		*nsge = 0;
+	if (bytes)
+		*bytes = 0;
+	if (!wr_cap || !sge_cap || pos->stream >= pos->end)
+		return 0;
+	memset(&c, 0, sizeof(c));
+	c.sk = sink;
+	c.xwr = sink->wr;
+	c.xsge = sink->sge;
+	c.wr_cap = wr_cap > INT_MAX ? INT_MAX : wr_cap;
+	c.sge_cap = sge_cap;
+	n = window(&c, p, ids, pos, 1);
+	if (n > 0) {
+		if (nsge)
+			*nsge = c.nsge;
+		if (bytes)
+			*bytes = c.xbytes;
+	}
+	return n;
 }
 
 int kvp_plan_emit_done(const struct kvp_emit_pos *pos)

@@ -24,8 +24,19 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <infiniband/verbs.h>
 
 #include "kvtest.h"
+
+/* Scatter entries of kvp_plan_emit_window_into() are providers' own. */
+_Static_assert(sizeof(struct kvp_emit_sge) == sizeof(struct ibv_sge) &&
+		       offsetof(struct kvp_emit_sge, addr) ==
+			       offsetof(struct ibv_sge, addr) &&
+		       offsetof(struct kvp_emit_sge, length) ==
+			       offsetof(struct ibv_sge, length) &&
+		       offsetof(struct kvp_emit_sge, key) ==
+			       offsetof(struct ibv_sge, lkey),
+	       "struct kvp_emit_sge is struct ibv_sge");
 
 #define HND KVP_KV_FLASH_HND
 #define NHD KVP_KV_FLASH_NHD
@@ -662,9 +673,118 @@ struct scratch {
 	struct kvp_sge *esge, *sge;
 	struct run *er, *wrun;
 	uint32_t src_end[16];
+	struct ibv_send_wr *xwr; /* kvp_plan_emit_window_into()'s */
+	struct kvp_emit_sge *xsge;
 };
 
-static uint64_t nwindows, nsources, nreqs, nmid;
+static uint64_t nwindows, nsources, nreqs, nmid, ninto;
+
+/* Region maps for the sink: region r at (r + 1) << 40; even regions with
+ * one key, odd ones with a key per MiB (a region registered in pieces). */
+#define NMAP 64u
+#define MAP_KEYS 4096u
+#define INTO_WRID 0x77aa55ccdd11ull
+static struct kvp_emit_map lmap[NMAP], rmap[NMAP];
+static uint32_t lkeys[NMAP][MAP_KEYS], rkeys[NMAP][MAP_KEYS];
+
+static void maps_init(void)
+{
+	uint32_t r, k;
+
+	for (r = 0; r < NMAP; r++) {
+		for (k = 0; k < MAP_KEYS; k++) {
+			lkeys[r][k] = 0x10000000u | r << 16 | k;
+			rkeys[r][k] = 0x20000000u | r << 16 | k;
+		}
+		lmap[r].addr = (uint64_t)(r + 1) << 40;
+		rmap[r].addr = (uint64_t)(r + 9) << 40;
+		lmap[r].key = lkeys[r];
+		rmap[r].key = rkeys[r];
+		lmap[r].shift = rmap[r].shift = r & 1 ? 20 : 63;
+	}
+}
+
+static uint32_t map_key(const struct kvp_emit_map *m, uint64_t off)
+{
+	assert_true((off >> m->shift) < MAP_KEYS);
+	return m->key[off >> m->shift];
+}
+
+/*
+ * The window that kvp_plan_emit_window() wrote from `from` (n WRs in sc,
+ * `bytes`, ending at `to`), again straight into struct ibv_send_wr and
+ * struct ibv_sge through the maps: the same count, position and bytes,
+ * every record's fields those of the kvp_wr and kvp_sge resolved, and
+ * nothing past them written.
+ */
+static void check_into(const kvp_plan *plan, const struct kvp_ids *ids,
+		       const struct kvp_emit_pos *from,
+		       const struct kvp_emit_pos *to, uint32_t w, uint32_t g,
+		       const struct scratch *sc, int n, uint64_t bytes)
+{
+	struct kvp_emit_sink k = { 0 };
+	struct kvp_emit_pos pos = *from;
+	uint64_t xb = 0;
+	uint32_t ns = 0, i, q, sum = 0;
+	int m;
+
+	k.wr = sc->xwr;
+	k.wr_stride = sizeof(struct ibv_send_wr);
+	k.off_wr_id = offsetof(struct ibv_send_wr, wr_id);
+	k.off_sg_list = offsetof(struct ibv_send_wr, sg_list);
+	k.off_num_sge = offsetof(struct ibv_send_wr, num_sge);
+	k.off_remote_addr = offsetof(struct ibv_send_wr, wr.rdma.remote_addr);
+	k.off_rkey = offsetof(struct ibv_send_wr, wr.rdma.rkey);
+	k.wr_id = INTO_WRID;
+	k.sge = sc->xsge;
+	k.local = lmap;
+	k.remote = rmap;
+	/* The records the window may write and the one after them. */
+	for (i = 0; i < (uint32_t)n; i++)
+		sum += sc->wr[i].nsge;
+	memset(sc->xwr, 0xa5,
+	       (size_t)((uint32_t)n < sc->maxw ? n + 1 : n) *
+		       sizeof(*sc->xwr));
+	memset(sc->xsge, 0xa5,
+	       (size_t)(sum < sc->maxs ? sum + 1 : sum) * sizeof(*sc->xsge));
+	sum = 0;
+	m = kvp_plan_emit_window_into(plan, ids, &pos, &k, w, g, &ns, &xb);
+	assert_int_equal(m, n);
+	assert_memory_equal(&pos, to, sizeof(pos));
+	assert_int_equal(xb, bytes);
+	for (i = 0; i < (uint32_t)n; i++) {
+		const struct ibv_send_wr *x = &sc->xwr[i];
+		const struct kvp_wr *y = &sc->wr[i];
+
+		assert_true(y->region < NMAP);
+		assert_int_equal(x->wr_id, INTO_WRID);
+		assert_ptr_equal(x->sg_list, &sc->xsge[y->sge_first]);
+		assert_int_equal(x->num_sge, y->nsge);
+		assert_int_equal(x->wr.rdma.remote_addr,
+				 rmap[y->region].addr + y->offset);
+		assert_int_equal(x->wr.rdma.rkey,
+				 map_key(&rmap[y->region], y->offset));
+		/* The caller's fields are untouched. */
+		assert_int_equal(x->send_flags, 0xa5a5a5a5u);
+		for (q = 0; q < y->nsge; q++) {
+			const struct kvp_emit_sge *e = &sc->xsge[y->sge_first + q];
+			const struct kvp_sge *f = &sc->sge[y->sge_first + q];
+
+			assert_true(f->region < NMAP);
+			assert_int_equal(e->addr, lmap[f->region].addr + f->offset);
+			assert_int_equal(e->length, f->len);
+			assert_int_equal(e->key, map_key(&lmap[f->region],
+							 f->offset));
+		}
+		sum += y->nsge;
+	}
+	assert_int_equal(ns, sum);
+	if ((uint32_t)n < sc->maxw)
+		assert_int_equal(sc->xwr[n].wr_id, 0xa5a5a5a5a5a5a5a5ull);
+	if (ns < sc->maxs)
+		assert_int_equal(sc->xsge[ns].length, 0xa5a5a5a5u);
+	ninto++;
+}
 
 static void wipe(struct scratch *s)
 {
@@ -720,6 +840,7 @@ static void check_windows(const kvp_plan *plan, const struct kvp_ids *ids,
 		n = kvp_plan_emit_window(plan, ids, &pos, sc->wr, w, sc->sge, g,
 					 &bytes);
 		assert_true(n >= 1 && (uint32_t)n <= w);
+		check_into(plan, ids, &before, &pos, w, g, sc, n, bytes);
 		for (i = 0; i < (uint32_t)n; i++) {
 			assert_int_equal(sc->wr[i].src, s);
 			assert_int_equal(sc->wr[i].sge_first, nsge);
@@ -817,7 +938,8 @@ static void run_matrix(const struct wcase *cases, uint32_t ncases,
 {
 	uint32_t ci, c, t;
 
-	nwindows = nsources = nreqs = nmid = 0;
+	nwindows = nsources = nreqs = nmid = ninto = 0;
+	maps_init();
 	for (ci = 0; ci < ncases; ci++) {
 		const struct wcase *wc = &cases[ci];
 
@@ -837,8 +959,10 @@ static void run_matrix(const struct wcase *cases, uint32_t ncases,
 			sc.sge = malloc(sc.maxs * sizeof(*sc.sge));
 			sc.er = malloc(sc.maxs * sizeof(*sc.er));
 			sc.wrun = malloc(sc.maxs * sizeof(*sc.wrun));
+			sc.xwr = malloc(sc.maxw * sizeof(*sc.xwr));
+			sc.xsge = malloc(sc.maxs * sizeof(*sc.xsge));
 			assert_true(sc.ewr && sc.wr && sc.esge && sc.sge &&
-				    sc.er && sc.wrun);
+				    sc.er && sc.wrun && sc.xwr && sc.xsge);
 			for (t = 0; t < NREQ; t++) {
 				make_wreq(&q, plan, t, &seed);
 				check_request(plan, q.ids, &sc);
@@ -849,12 +973,16 @@ static void run_matrix(const struct wcase *cases, uint32_t ncases,
 			free(sc.sge);
 			free(sc.er);
 			free(sc.wrun);
+			free(sc.xwr);
+			free(sc.xsge);
 			pair_close(&x);
 		}
 	}
-	print_message("emit windows: %llu requests, %llu sources, %llu windows (%llu ending mid-period), mapping equal to kvp_plan_emit()\n",
+	print_message("emit windows: %llu requests, %llu sources, %llu windows (%llu ending mid-period), mapping equal to kvp_plan_emit(); %llu windows into ibv_send_wr equal\n",
 		      (unsigned long long)nreqs, (unsigned long long)nsources,
-		      (unsigned long long)nwindows, (unsigned long long)nmid);
+		      (unsigned long long)nwindows, (unsigned long long)nmid,
+		      (unsigned long long)ninto);
+	assert_int_equal(ninto, nwindows);
 }
 
 /*
