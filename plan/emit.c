@@ -112,7 +112,11 @@ struct cursor {
 	struct kvp_sge *sge, *s;
 	char *xwr, *xw;			/* into: the sink's records */
 	struct kvp_emit_sge *xsge, *xs; /* into: its scatter entries */
-	const struct kvp_emit_sink *sk;
+	/* into: the sink's fields, copied here (a local the records'
+	 * stores cannot alias, so they stay in registers). */
+	const struct kvp_emit_map *lmap, *rmap;
+	uint64_t wr_id;
+	uint32_t stride, o_wr_id, o_sg, o_nsge, o_raddr, o_rkey;
 	uint64_t xbytes;		/* into: bytes of the pieces put */
 	uint32_t nwr, nsge, max_sge, merge_len;
 	uint32_t wr_cap, sge_cap; /* a window's room (bounded emission only) */
@@ -196,7 +200,7 @@ live_end(struct cursor *c, const struct live *v, uint32_t rreg, uint32_t lreg,
 {
 	if (v->rend != UINT64_MAX) {
 		if (into) {
-			REC(v->xw, c->sk->off_num_sge, int) = (int)v->wn;
+			REC(v->xw, c->o_nsge, int) = (int)v->wn;
 			v->xs->length = v->slen;
 		} else {
 			v->w->len = v->wlen;
@@ -226,7 +230,7 @@ static inline __attribute__((always_inline)) void
 sge_open(const struct cursor *c, struct kvp_emit_sge *xs, uint64_t lo,
 	 uint32_t lreg)
 {
-	const struct kvp_emit_map *m = &c->sk->local[lreg];
+	const struct kvp_emit_map *m = &c->lmap[lreg];
 
 	xs->addr = m->addr + lo;
 	xs->key = m->key[lo >> m->shift];
@@ -287,7 +291,7 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 	}
 	if (v->rend != UINT64_MAX) { /* close the open WR */
 		if (into) {
-			REC(v->xw, c->sk->off_num_sge, int) = (int)v->wn;
+			REC(v->xw, c->o_nsge, int) = (int)v->wn;
 			v->xs->length = v->slen;
 		} else {
 			v->w->len = v->wlen;
@@ -296,15 +300,14 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 		}
 	}
 	if (into) {
-		const struct kvp_emit_sink *k = c->sk;
-		const struct kvp_emit_map *m = &k->remote[rreg];
+		const struct kvp_emit_map *m = &c->rmap[rreg];
 
-		v->xw = c->xwr + (size_t)v->nwr++ * k->wr_stride;
+		v->xw = c->xwr + (size_t)v->nwr++ * c->stride;
 		v->xs = &c->xsge[v->nsge];
-		REC(v->xw, k->off_wr_id, uint64_t) = k->wr_id;
-		REC(v->xw, k->off_sg_list, struct kvp_emit_sge *) = v->xs;
-		REC(v->xw, k->off_remote_addr, uint64_t) = m->addr + ro;
-		REC(v->xw, k->off_rkey, uint32_t) = m->key[ro >> m->shift];
+		REC(v->xw, c->o_wr_id, uint64_t) = c->wr_id;
+		REC(v->xw, c->o_sg, struct kvp_emit_sge *) = v->xs;
+		REC(v->xw, c->o_raddr, uint64_t) = m->addr + ro;
+		REC(v->xw, c->o_rkey, uint32_t) = m->key[ro >> m->shift];
 		sge_open(c, v->xs, lo, lreg);
 	} else {
 		v->w = &c->wr[v->nwr++];
@@ -890,7 +893,15 @@ int kvp_plan_emit_window_into(const kvp_plan *p, const struct kvp_ids *ids,
 	if (!wr_cap || !sge_cap || pos->stream >= pos->end)
 		return 0;
 	memset(&c, 0, sizeof(c));
-	c.sk = sink;
+	c.lmap = sink->local;
+	c.rmap = sink->remote;
+	c.wr_id = sink->wr_id;
+	c.stride = sink->wr_stride;
+	c.o_wr_id = sink->off_wr_id;
+	c.o_sg = sink->off_sg_list;
+	c.o_nsge = sink->off_num_sge;
+	c.o_raddr = sink->off_remote_addr;
+	c.o_rkey = sink->off_rkey;
 	c.xwr = sink->wr;
 	c.xsge = sink->sge;
 	c.wr_cap = wr_cap > INT_MAX ? INT_MAX : wr_cap;

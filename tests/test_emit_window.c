@@ -28,15 +28,6 @@
 
 #include "kvtest.h"
 
-/* Scatter entries of kvp_plan_emit_window_into() are providers' own. */
-_Static_assert(sizeof(struct kvp_emit_sge) == sizeof(struct ibv_sge) &&
-		       offsetof(struct kvp_emit_sge, addr) ==
-			       offsetof(struct ibv_sge, addr) &&
-		       offsetof(struct kvp_emit_sge, length) ==
-			       offsetof(struct ibv_sge, length) &&
-		       offsetof(struct kvp_emit_sge, key) ==
-			       offsetof(struct ibv_sge, lkey),
-	       "struct kvp_emit_sge is struct ibv_sge");
 
 #define HND KVP_KV_FLASH_HND
 #define NHD KVP_KV_FLASH_NHD

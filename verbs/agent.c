@@ -337,10 +337,11 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 		goto err_cch;
 	n = a->li.nregions;
 	a->lreg = calloc(n + 1, sizeof(*a->lreg));
+	a->lnkeys = calloc(n + 1, sizeof(*a->lnkeys));
 	a->mr = calloc(n + 1, sizeof(*a->mr));
 	a->mr_window = UINT32_MAX;
 	err = -ENOMEM;
-	if (!a->lreg || !a->mr)
+	if (!a->lreg || !a->lnkeys || !a->mr)
 		goto err_arrays;
 	err = open_sides(a);
 	if (err)
@@ -351,6 +352,7 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 err_arrays:
 	close_sides(a);
 	free(a->lreg);
+	free(a->lnkeys);
 	free(a->mr);
 err_cch:
 	kvp__destroy_comp_channel(a->cch);
@@ -418,6 +420,7 @@ void kvp_agent_close(kvp_agent *a)
 	kvp_layout_destroy(a->layout);
 	secret_free(a);
 	free(a->lreg);
+	free(a->lnkeys);
 	free(a->mr);
 	free(a->src_addr);
 	free(a);
@@ -428,7 +431,7 @@ static int reg_check(kvp_agent *a, uint32_t region, uint64_t len)
 {
 	uint64_t size;
 
-	if (region >= a->li.nregions || a->lreg[region].nkeys)
+	if (region >= a->li.nregions || a->lnkeys[region])
 		return -EINVAL;
 	if (a->started)
 		return -EBUSY;
@@ -473,7 +476,7 @@ static int reg_piece(kvp_agent *a, const struct reg_src *src, uint64_t off,
 static int reg_region(kvp_agent *a, uint32_t region, uint64_t len,
 		      const struct reg_src *src)
 {
-	struct kvp_keys *lr = &a->lreg[region];
+	struct kvp_emit_map *lr = &a->lreg[region];
 	uint64_t size = 0, n, k, off, piece;
 	struct ibv_mr **mr;
 	uint32_t *key;
@@ -508,7 +511,7 @@ static int reg_region(kvp_agent *a, uint32_t region, uint64_t len,
 	lr->addr = src->addr ? (uint64_t)(uintptr_t)src->addr : src->iova;
 	lr->key = key;
 	lr->shift = shift ? (uint32_t)shift : KVP_ONE_MR;
-	lr->nkeys = (uint32_t)n;
+	a->lnkeys[region] = (uint32_t)n;
 	a->mr[region] = mr;
 	if (shift && KVP_MR_WINDOW(shift) < a->mr_window)
 		a->mr_window = (uint32_t)KVP_MR_WINDOW(shift);
@@ -523,14 +526,15 @@ out:
 
 static void reg_drop(kvp_agent *a, uint32_t region)
 {
-	struct kvp_keys *lr = &a->lreg[region];
+	struct kvp_emit_map *lr = &a->lreg[region];
 	uint32_t k;
 
-	for (k = 0; k < lr->nkeys; k++)
+	for (k = 0; k < a->lnkeys[region]; k++)
 		kvp__dereg_mr(a->mr[region][k]);
 	free(a->mr[region]);
-	free(lr->key);
+	free((void *)lr->key);
 	a->mr[region] = NULL;
+	a->lnkeys[region] = 0;
 	memset(lr, 0, sizeof(*lr));
 }
 
@@ -601,8 +605,8 @@ static uint64_t mem_bytes(const kvp_agent *a)
 			    sizeof(struct kvp_ids)));
 		m += (uint64_t)(a->pq_mask + 1) * 2 * sizeof(uint32_t);
 		m += (uint64_t)a->sq_cap *
-		     (sizeof(*a->swr) + sizeof(*a->wtmp) +
-		      a->max_sge * (sizeof(*a->ssge) + sizeof(*a->stmp)));
+		     (sizeof(*a->swr) + a->max_sge * sizeof(*a->ssge) +
+		      2 * sizeof(*a->dirty));
 		m += (uint64_t)a->max_peers *
 		     (sizeof(*a->engs) + sizeof(*a->pcache));
 		for (i = 0; i < a->max_peers; i++) {

@@ -51,7 +51,7 @@ int kvp__regions_ready(const kvp_agent *a)
 	uint32_t i;
 
 	for (i = 0; i < a->li.nregions; i++)
-		if (!a->lreg[i].nkeys)
+		if (!a->lnkeys[i])
 			return 0;
 	return 1;
 }
@@ -73,17 +73,17 @@ static int meta_encode(const kvp_agent *a, void *buf, size_t cap, size_t *len)
 	if (err)
 		return err;
 	for (i = 0; a->producer && i < a->li.nregions; i++) {
-		const struct kvp_keys *lr = &a->lreg[i];
-		uint32_t k, *rkey = calloc(lr->nkeys, sizeof(*rkey));
+		const struct kvp_emit_map *lr = &a->lreg[i];
+		uint32_t k, n = a->lnkeys[i], *rkey = calloc(n, sizeof(*rkey));
 
 		err = -ENOMEM;
 		if (!rkey)
 			goto out;
-		for (k = 0; k < lr->nkeys; k++)
+		for (k = 0; k < n; k++)
 			rkey[k] = a->mr[i][k]->rkey;
 		err = kvp_layout_set_region_keys(
 			l, i, lr->addr, lr->shift == KVP_ONE_MR ? 0 : lr->shift,
-			rkey, lr->nkeys);
+			rkey, n);
 		free(rkey);
 		if (err)
 			goto out;

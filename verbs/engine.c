@@ -849,13 +849,9 @@ int kvp_agent_engine_info(const kvp_agent *a, uint32_t engine,
 			table += (uint64_t)(a->chunk_mask + 1) *
 				 sizeof(*c->chunks);
 		if (c->rreg && e->ref) {
-			uint32_t i;
-
 			kvp_layout_get_info(e->ref, &li);
-			for (i = 0; i < li.nregions; i++)
-				table += sizeof(*c->rreg) +
-					 (uint64_t)c->rreg[i].nkeys *
-						 sizeof(*c->rkeys);
+			table += (uint64_t)li.nregions * sizeof(*c->rreg) +
+				 (uint64_t)c->nrkeys * sizeof(*c->rkeys);
 		}
 	}
 	info->table_bytes = table;

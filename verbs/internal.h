@@ -309,18 +309,11 @@ struct kvp_stripe {
 	uint32_t qmask;	/* queue pairs that carried some of its READs */
 };
 
-/* A region's memory as work requests address it: byte `off` of the region
- * is at addr + off under key[off >> shift]. One MR: shift 63 and one key.
- * Several (the device caps an MR below the region's size): the MRs overlap
- * so that an access of at most KVP_MR_WINDOW(shift) bytes lies in the MR
- * of the piece it starts in. */
-struct kvp_keys {
-	uint64_t addr;
-	uint32_t *key;
-	uint32_t shift;
-	uint32_t nkeys;
-};
-
+/* A region's memory as work requests address it: struct kvp_emit_map
+ * (kvpull.h), byte `off` at addr + off under key[off >> shift]. One MR:
+ * shift KVP_ONE_MR and one key. Several (the device caps an MR below the
+ * region's size): the MRs overlap so that an access of at most
+ * KVP_MR_WINDOW(shift) bytes lies in the MR of the piece it starts in. */
 #define KVP_ONE_MR 63
 
 struct kvp_conn {
@@ -349,8 +342,9 @@ struct kvp_conn {
 	struct ibv_qp *qp;
 	struct rdma_cm_id *id;
 	struct kvp_chunk *chunks; /* consumer: FIFO, chunk_mask + 1 entries */
-	struct kvp_keys *rreg;	  /* consumer: per remote region */
+	struct kvp_emit_map *rreg; /* consumer: per remote region */
 	uint32_t *rkeys;	  /* their keys, every region's in one array */
+	uint32_t nrkeys;
 	uint32_t idx;		  /* index in agent->conns */
 	uint32_t rank;		  /* peer rank */
 	uint64_t engine_id;	  /* peer engine */
@@ -540,7 +534,8 @@ struct kvp_agent {
 
 	/* Regions: lreg[i] is region i's registration, its memory one MR or
 	 * several (limits.h: kvp__mr_shift()), mr[i] its MRs. */
-	struct kvp_keys *lreg;
+	struct kvp_emit_map *lreg;
+	uint32_t *lnkeys;	/* per region: its MRs, 0: not registered */
 	struct ibv_mr ***mr;
 	/* Bytes an access may span in every region registered as several
 	 * MRs (KVP_MR_WINDOW): READs are cut to it. UINT32_MAX: none. */
@@ -585,10 +580,14 @@ struct kvp_agent {
 	uint8_t *note_buf;     /* per request slot: KVP_NOTE_LEN bytes */
 	struct ibv_mr *note_mr;
 	uint32_t sq_cap, sig_every;
+	/* One posting chain: sq_cap WRs, each linked to the next, opcode
+	 * READ and no flags between flushes (post.c restores what a flush
+	 * changed), and their SGEs; the sink that emission writes them
+	 * through (kvp_plan_emit_window_into()). */
 	struct ibv_send_wr *swr;
 	struct ibv_sge *ssge;
-	struct kvp_wr *wtmp;	/* an emission window: sq_cap WRs */
-	struct kvp_sge *stmp;	/* and their SGEs */
+	uint32_t *dirty;	/* a flush's WRs other than plain READs */
+	struct kvp_emit_sink sink;
 	int bulk_now;
 
 	/* Producer requests (serve.c). */

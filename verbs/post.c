@@ -32,6 +32,16 @@
 
 #include "internal.h"
 
+/* Emission writes providers' scatter entries. */
+_Static_assert(sizeof(struct kvp_emit_sge) == sizeof(struct ibv_sge) &&
+		       offsetof(struct kvp_emit_sge, addr) ==
+			       offsetof(struct ibv_sge, addr) &&
+		       offsetof(struct kvp_emit_sge, length) ==
+			       offsetof(struct ibv_sge, length) &&
+		       offsetof(struct kvp_emit_sge, key) ==
+			       offsetof(struct ibv_sge, lkey),
+	       "struct kvp_emit_sge is struct ibv_sge");
+
 #define NO_REQ UINT32_MAX
 #define CREDIT_OFF (KVP_CTL_LEN - 8) /* the counter lands in the ctl rx
 				      * buffer, idle after the handshake */
@@ -264,24 +274,44 @@ static inline void signal_wr(struct ibv_send_wr *s, const struct kvp_conn *c,
 }
 
 /* A chain being built for one ibv_post_send(): WRs in a->swr, their SGEs
- * in a->ssge, `since` WRs since the last signalled one. */
+ * in a->ssge, `since` WRs since the last signalled one. Between flushes
+ * every WR of a->swr links to the next, with opcode READ and no flags:
+ * emission (kvp_plan_emit_window_into()) writes only a READ's own fields.
+ * The indices of WRs given other opcodes or flags go to `dirty`, and
+ * chain_reset() puts them back. */
 struct chain {
 	struct ibv_send_wr *w, *s;
 	struct ibv_sge *g;
-	uint32_t n, since;
+	uint32_t n, since, nd;
+	uint32_t *dirty;
 	uint64_t bytes, reads;
 };
 
+static inline void chain_dirty(struct chain *ch, const struct ibv_send_wr *s)
+{
+	ch->dirty[ch->nd++] = (uint32_t)(s - ch->w);
+}
+
+/* A WR that is not an emitted READ: the caller sets its opcode, SGEs and
+ * remote fields. */
 static inline struct ibv_send_wr *chain_add(struct chain *ch)
 {
 	struct ibv_send_wr *s = &ch->w[ch->n++];
 
-	s->next = s + 1;
 	s->sg_list = ch->g;
-	s->send_flags = 0;
+	chain_dirty(ch, s);
 	ch->s = s;
 	ch->since++;
 	return s;
+}
+
+/* Marks WR s signalled with `kind`, retiring `since` WRs. */
+static inline void chain_signal_at(struct chain *ch, struct ibv_send_wr *s,
+				   const struct kvp_conn *c, uint32_t kind,
+				   uint32_t since)
+{
+	signal_wr(s, c, kind, since);
+	chain_dirty(ch, s);
 }
 
 /* Marks the chain's last WR signalled with `kind`, retiring the WRs since
@@ -294,8 +324,23 @@ static inline void chain_signal(struct chain *ch, const struct kvp_conn *c,
 	uint32_t prev = ch->s->send_flags & IBV_SEND_SIGNALED ?
 				WRID_VALUE(ch->s->wr_id) : 0;
 
-	signal_wr(ch->s, c, kind, ch->since + prev);
+	chain_signal_at(ch, ch->s, c, kind, ch->since + prev);
 	ch->since = 0;
+}
+
+/* Back to the state between flushes (see struct chain), whether the chain
+ * was posted or not. */
+static void chain_reset(struct chain *ch)
+{
+	uint32_t i;
+
+	if (ch->n)
+		ch->w[ch->n - 1].next = &ch->w[ch->n];
+	for (i = 0; i < ch->nd; i++) {
+		ch->w[ch->dirty[i]].opcode = IBV_WR_RDMA_READ;
+		ch->w[ch->dirty[i]].send_flags = 0;
+	}
+	ch->nd = 0;
 }
 
 /* Whether the notification of chunk `ch` may go: every queue pair's READs
@@ -347,42 +392,37 @@ static void post_credit_read(kvp_agent *a, struct kvp_conn *c,
 	c->credit_reading = 1;
 }
 
-/* Appends up to `room` READs of the stripe's next window to the chain.
- * Returns how many, or -EPROTO. */
+/* Appends up to `room` READs of the stripe's next window to the chain,
+ * emitted straight into its WRs and SGEs; every sig_every-th WR of the
+ * chain signalled. Returns how many, or -EPROTO. */
 static int post_window(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
 		       const kvp_plan *plan, struct kvp_req *r,
 		       struct kvp_stripe *st, uint32_t room)
 {
+	struct kvp_emit_sink *sk = &a->sink;
+	struct ibv_send_wr *w0 = ch->w + ch->n;
+	uint32_t nsge, j;
 	uint64_t bytes;
-	uint32_t j, q;
 	int k;
 
-	k = kvp_plan_emit_window(plan, r->gids, &st->pos, a->wtmp, room,
-				 a->stmp, room * a->max_sge, &bytes);
-	if (kvp_unlikely(k < 0))
-		return -EPROTO; /* unreachable: the ids passed the check */
-	for (j = 0; j < (uint32_t)k; j++) {
-		const struct kvp_wr *rw = &a->wtmp[j];
-		const struct kvp_sge *rs = &a->stmp[rw->sge_first];
-		struct ibv_send_wr *s = chain_add(ch);
-		const struct kvp_keys *rr;
-
-		s->num_sge = (int)rw->nsge;
-		s->opcode = IBV_WR_RDMA_READ;
-		rr = &c->rreg[rw->region];
-		s->wr.rdma.remote_addr = rr->addr + rw->offset;
-		s->wr.rdma.rkey = rr->key[rw->offset >> rr->shift];
-		for (q = 0; q < rw->nsge; q++, ch->g++) {
-			const struct kvp_keys *lr = &a->lreg[rs[q].region];
-
-			ch->g->addr = lr->addr + rs[q].offset;
-			ch->g->length = rs[q].len;
-			ch->g->lkey = lr->key[rs[q].offset >> lr->shift];
-		}
-		s->wr_id = kvp__wrid(WK_READ, c->gen, c->idx, 0);
-		if (kvp_unlikely(ch->since == a->sig_every))
-			chain_signal(ch, c, WK_SIGNAL);
-	}
+	sk->wr = w0;
+	sk->sge = (struct kvp_emit_sge *)ch->g;
+	sk->remote = c->rreg;
+	sk->wr_id = kvp__wrid(WK_READ, c->gen, c->idx, 0);
+	k = kvp_plan_emit_window_into(plan, r->gids, &st->pos, sk, room,
+				      room * a->max_sge, &nsge, &bytes);
+	if (kvp_unlikely(k <= 0))
+		return k < 0 ? -EPROTO : 0; /* -EPROTO unreachable: the ids
+					     * passed the check */
+	ch->n += (uint32_t)k;
+	ch->g += nsge;
+	ch->s = &ch->w[ch->n - 1];
+	/* The periodic signals, so that room comes back during long
+	 * chains: the WRs where `since` reaches sig_every. */
+	for (j = a->sig_every - ch->since - 1; j < (uint32_t)k;
+	     j += a->sig_every)
+		chain_signal_at(ch, &w0[j], c, WK_SIGNAL, a->sig_every);
+	ch->since = (ch->since + (uint32_t)k) % a->sig_every;
 	r->reads += (uint32_t)k;
 	r->bytes += bytes;
 	ch->bytes += bytes;
@@ -396,7 +436,6 @@ static void post_marker(struct kvp_conn *c, struct chain *ch)
 {
 	struct ibv_send_wr *s = chain_add(ch);
 
-	s->sg_list = NULL;
 	s->num_sge = 0;
 	s->opcode = IBV_WR_RDMA_READ;
 	s->wr.rdma.remote_addr = c->rreg[0].addr;
@@ -406,7 +445,7 @@ static void post_marker(struct kvp_conn *c, struct chain *ch)
 
 void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 {
-	struct chain ch = { a->swr, NULL, a->ssge, 0, 0, 0, 0 };
+	struct chain ch = { a->swr, NULL, a->ssge, 0, 0, 0, a->dirty, 0, 0 };
 	const struct kvp_eng *e = &a->engs[c->eng];
 	const kvp_plan *plan = e->pc ? e->pc->plan : NULL;
 	const uint32_t mask = a->chunk_mask;
@@ -452,6 +491,7 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 					room - ch.n);
 			if (kvp_unlikely(k < 0)) {
 				/* What is chained is dropped with the QP. */
+				chain_reset(&ch);
 				kvp__conn_fail(a, c, k);
 				return;
 			}
@@ -485,6 +525,7 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 		chain_signal(&ch, c, WK_SIGNAL);
 	ch.s->next = NULL;
 	err = kvp__post_send(c->qp, ch.w, &bad);
+	chain_reset(&ch);
 	a->st.doorbells++;
 	if (kvp_unlikely(err)) {
 		/* WRs before `bad` are posted; the drain marker flushes them
@@ -748,10 +789,8 @@ void kvp__data_free(kvp_agent *a)
 	a->swr = NULL;
 	free(a->ssge);
 	a->ssge = NULL;
-	free(a->wtmp);
-	a->wtmp = NULL;
-	free(a->stmp);
-	a->stmp = NULL;
+	free(a->dirty);
+	a->dirty = NULL;
 }
 
 /* Request slots (with room for their ids), the notification buffers and
@@ -775,8 +814,8 @@ int kvp__data_alloc(kvp_agent *a)
 	a->sig_every = a->sq_cap / 4 ? a->sq_cap / 4 : 1;
 	a->swr = calloc(a->sq_cap, sizeof(*a->swr));
 	a->ssge = calloc((size_t)a->sq_cap * a->max_sge, sizeof(*a->ssge));
-	a->wtmp = calloc(a->sq_cap, sizeof(*a->wtmp));
-	a->stmp = calloc((size_t)a->sq_cap * a->max_sge, sizeof(*a->stmp));
+	/* Each WR at most twice: added, then signalled. */
+	a->dirty = calloc(2 * (size_t)a->sq_cap + 2, sizeof(*a->dirty));
 	a->note_buf = calloc(mi, KVP_NOTE_LEN);
 	if (a->reqs) {
 		a->reqs[0].ids = ids;
@@ -786,8 +825,22 @@ int kvp__data_alloc(kvp_agent *a)
 		free(gids);
 	}
 	if (!a->reqs || !ids || !gids || !a->pq || !a->pq_seq || !a->swr ||
-	    !a->ssge || !a->wtmp || !a->stmp || !a->note_buf)
+	    !a->ssge || !a->dirty || !a->note_buf)
 		return -ENOMEM;
+	for (i = 0; i < a->sq_cap; i++) {
+		a->swr[i].next = &a->swr[i + 1]; /* the last: never followed */
+		a->swr[i].opcode = IBV_WR_RDMA_READ;
+	}
+	/* Emission's sink: struct ibv_send_wr's fields, the local regions'
+	 * maps; the rest is set per window. */
+	a->sink.wr_stride = sizeof(struct ibv_send_wr);
+	a->sink.off_wr_id = offsetof(struct ibv_send_wr, wr_id);
+	a->sink.off_sg_list = offsetof(struct ibv_send_wr, sg_list);
+	a->sink.off_num_sge = offsetof(struct ibv_send_wr, num_sge);
+	a->sink.off_remote_addr =
+		offsetof(struct ibv_send_wr, wr.rdma.remote_addr);
+	a->sink.off_rkey = offsetof(struct ibv_send_wr, wr.rdma.rkey);
+	a->sink.local = a->lreg;
 	for (i = 0; i < mi; i++) {
 		struct kvp_req *r = &a->reqs[i];
 
@@ -824,13 +877,13 @@ int kvp__conn_data_alloc(kvp_agent *a, struct kvp_conn *c)
 	c->rkeys = calloc(nkeys + 1, sizeof(*c->rkeys));
 	if (!c->chunks || !c->rreg || !c->rkeys)
 		return -ENOMEM; /* freed with the connection */
+	c->nrkeys = (uint32_t)nkeys;
 	for (i = 0, nkeys = 0; i < pi.nregions; i++) {
-		struct kvp_keys *rr = &c->rreg[i];
+		struct kvp_emit_map *rr = &c->rreg[i];
 
 		rr->key = c->rkeys + nkeys;
 		n = kvp_layout_get_region_keys(c->peer, i, &rr->addr, &shift,
-					       rr->key, UINT32_MAX);
-		rr->nkeys = (uint32_t)n;
+					       c->rkeys + nkeys, UINT32_MAX);
 		rr->shift = shift ? shift : KVP_ONE_MR;
 		nkeys += (uint32_t)n;
 	}
