@@ -1004,6 +1004,7 @@ static void test_region_keys(void **state)
 	assert_int_equal(kvp_meta_encode(l, b2.p, len, &b2.len), 0);
 	assert_int_equal(b2.len, len);
 	assert_int_equal(b2.p[4], 2);
+	seed_write("llama-tp2r1-hnd-keys", &b2);
 	r0 = off_region(&b2, 0);
 	assert_int_equal(rd32(b2.p + r0 + 16), keys[0]);
 	assert_int_equal(rd32(b2.p + r0 + 20), 20);

@@ -85,6 +85,31 @@ static uint8_t *blob(const kvp_layout *l, size_t *len)
 	return b;
 }
 
+/* Every region registered as MRs of the smallest stride, keys 1, 2, ... */
+static void keyed(kvp_layout *l)
+{
+	struct kvp_layout_info li;
+	uint64_t size, n, k;
+	uint32_t i, *keys;
+
+	kvp_layout_get_info(l, &li);
+	for (i = 0; i < li.nregions; i++) {
+		if (kvp_layout_get_region(l, i, &size))
+			die("region");
+		n = (size + (1ull << KVP_MR_SHIFT_MIN) - 1) >> KVP_MR_SHIFT_MIN;
+		keys = malloc(n * sizeof(*keys));
+		if (!keys)
+			die("memory");
+		for (k = 0; k < n; k++)
+			keys[k] = (uint32_t)(k + 1);
+		if (kvp_layout_set_region_keys(l, i, 0x10000ull << i,
+					       KVP_MR_SHIFT_MIN, keys,
+					       (uint32_t)n))
+			die("keys");
+		free(keys);
+	}
+}
+
 /* Growing text buffer. */
 struct text {
 	char *p;
@@ -277,6 +302,13 @@ int main(int argc, char **argv)
 			snprintf(file, sizeof(file), "blob-%u", k);
 			put("meta", file, b, n);
 			free(b);
+			if (!i) { /* version 2: regions with several keys */
+				keyed(l);
+				b = blob(l, &n);
+				snprintf(file, sizeof(file), "blob-keys-%u", k);
+				put("meta", file, b, n);
+				free(b);
+			}
 			kvp_layout_destroy(l);
 		}
 	}
