@@ -590,6 +590,12 @@ static uint64_t mem_bytes(const kvp_agent *a)
 	m += (uint64_t)a->nconns * (sizeof(*a->conns) + 2 * KVP_CTL_LEN);
 	m += (uint64_t)a->ev_cap * sizeof(*a->evq);
 	m += a->blob_len;
+	/* Region maps and MR tables. */
+	m += (uint64_t)a->li.nregions *
+	     (sizeof(*a->lreg) + sizeof(*a->lnkeys) + sizeof(*a->mr));
+	for (i = 0; i < a->li.nregions; i++)
+		m += (uint64_t)a->lnkeys[i] *
+		     (sizeof(uint32_t) + sizeof(struct ibv_mr *));
 	if (a->producer) {
 		m += (uint64_t)(a->tab_mask + 1) * sizeof(*a->tab);
 		m += (uint64_t)(a->max_inflight + a->early_cap) *
