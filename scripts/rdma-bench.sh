@@ -98,7 +98,7 @@ side_by_side() {
 		--timeout $((180 + rounds * nrow * 11 * 30)) \
 		--files "$PWD/build/tools/kvpull-rdma-bench $PWD/scripts/rdma-bench-inner.sh $ucx $ucxmods" \
 		-- "bash $PWD/scripts/rdma-bench-inner.sh $PWD/build/tools/kvpull-rdma-bench $rounds $requests $blocks '${pairs[*]}' '${idss[*]}'" |
-		tee "$log" | awk -F'|' '$1 == "R" { printf "round %s, %s, %s ids, %s: %s MB/s (%s B READs)\n", $2, $3, $4, $5, $6, $7; next } { print }' ||
+		tee "$log" | awk -F'|' '$1 == "R" { printf "round %s, %s, %s ids, %s: %s MB/s (%s B READs)\n", $2, $3, $4, $5, $6, $7; fflush(); next } { print; fflush() }' ||
 		rc=$?
 	echo
 	echo "rdma-bench: $rounds round(s), $requests requests of $blocks blocks per token group, in $((SECONDS - t0)) s;" \
@@ -118,6 +118,7 @@ side_by_side() {
 	$1 == "R" {
 		row = $3 "|" $4
 		if (!(row in seen)) { seen[row] = 1; rows[++nr] = row }
+		if ($2 > nround) nround = $2
 		if ($6 != "-") { k = row SUBSEP $5; val[k, ++cnt[k]] = $6 }
 		if ($5 == "kv1" && $7 != "-" && !(row in size)) size[row] = $7
 	}
@@ -134,6 +135,10 @@ side_by_side() {
 				m = med(rows[r] SUBSEP c[i])
 				if (m < 0) { bad++; missing = missing " " rp[1] "/" rp[2] "/" c[i] }
 				line = line " | " cell(m)
+				if (m >= 0 && cnt[rows[r] SUBSEP c[i]] < nround) {
+					line = line "*"
+					few = 1
+				}
 				if (c[i] ~ /^kv/) { if (m > kvb) kvb = m }
 				else if (c[i] ~ /^nc/) { if (m > ncb) ncb = m }
 				else if (m > ob) ob = m
@@ -145,6 +150,8 @@ side_by_side() {
 		print ""
 		print "kvpull / best other: the best of kvpull qps 1, 2, 4 over the best of UCX and the four ib_read_bw runs (goal >= 1 on every row);"
 		print "kvpull / no-coalesce: the best of kvpull over the best of no-coalesce (goal >= 2 where ids are contiguous)."
+		if (few)
+			print "*: median of fewer rounds than " nround " (a run gave no number, even retried; its log is above)."
 		if (bad) {
 			print "rdma-bench: " bad " contender(s) produced no number:" missing
 			exit 1
