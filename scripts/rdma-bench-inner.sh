@@ -37,14 +37,16 @@ cpu1() { if [ "$(nproc)" -gt 1 ]; then taskset -c 1 "$@"; else "$@"; fi; }
 # LOG, and waits until it listens on TCP port PORT (hex): the clients do
 # not retry. Returns 1 (server killed, its log on stderr) if it never does.
 serve() {
-	local port=$1 log=$2 i=0
+	local port=$1 log=$2 i=0 pid
 	shift 2
 	cpu0 timeout 120 "$@" >"$log" 2>&1 &
+	pid=$!
 	until grep -q ":$port 00000000:0000 0A" /proc/net/tcp; do
-		((++i < 200)) && sleep 0.1 && continue
+		((++i < 200)) && kill -0 "$pid" 2>/dev/null && sleep 0.1 &&
+			continue
 		echo "$1's server never listened" >&2
 		cat "$log" >&2
-		kill $! 2>/dev/null
+		kill "$pid" 2>/dev/null
 		wait
 		return 1
 	done
@@ -74,7 +76,9 @@ run_ib() {
 	shift
 	[[ " $* " == *" -q 4 "* ]] && q=4
 	n=$(($1 / s / q))
-	((n >= 5)) || n=5
+	((n >= 16)) || n=16
+	# perftest wants a multiple of the post list (16); the same for all.
+	n=$(((n + 15) / 16 * 16))
 	serve 4853 /tmp/ib_srv.log ib_read_bw -d "$KVP_DEV0" -x "$KVP_GIDX0" -F \
 		-s "$s" -n "$n" "${@:2}" || return 0
 	cpu1 timeout 120 ib_read_bw -d "$KVP_DEV0" -x "$KVP_GIDX0" -F -s "$s" \
