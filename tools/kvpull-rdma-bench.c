@@ -149,7 +149,9 @@ static void usage(FILE *f)
 		"  --sq N            send queue depth [4096]\n"
 		"  --qps N           queue pairs per producer rank, 1-8\n"
 		"                    [0: the library's default, 2]\n"
-		"  --max-sge S       local SGEs per READ [0: the library's, 4]\n"
+		"  --max-sge S       local SGEs per READ [default pair: 1, one\n"
+		"                    page per READ as ib_read_bw; others: 0, the\n"
+		"                    library's default, 4]\n"
 		"  --no-coalesce     one READ per piece (KVP_PLAN_NO_COALESCE),\n"
 		"                    as connectors that post one descriptor per\n"
 		"                    block per region do\n"
@@ -584,6 +586,7 @@ int main(int argc, char **argv)
 	struct opts o = { .ids = "random", .pair_name = pairs[0].name,
 			  .page_kib = 64, .block = UNSET, .blocks = 128,
 			  .nreq = 32, .inflight = 8, .layers = UNSET,
+			  .max_sge = UNSET,
 			  .sq = 4096, .port = 18800 };
 	const struct tool_opt opts[] = {
 		{ "--pair", TOOL_STR, &o.pair_name, 0 },
@@ -639,6 +642,8 @@ int main(int argc, char **argv)
 		return 1;
 	if (o.layers == UNSET)
 		o.layers = o.pair->layers;
+	if (o.max_sge == UNSET)
+		o.max_sge = o.pair == pairs ? 1 : 0;
 	if (o.block == UNSET)
 		/* The default pair: one K or V page of --page-kib KiB. */
 		o.block = o.pair == pairs ? o.page_kib * 1024 /
