@@ -39,7 +39,7 @@ PKGS=(
 	# libraries and unit tests
 	libcmocka-dev libibverbs-dev librdmacm-dev ibverbs-providers rdma-core
 	# RDMA tools used in the VM and in direct mode
-	ibverbs-utils rdmacm-utils perftest iproute2
+	ibverbs-utils rdmacm-utils perftest iproute2 ucx-utils
 	# the VM harness
 	qemu-system-x86 busybox-static cpio gzip xz-utils kmod coreutils libc-bin
 	dpkg apt

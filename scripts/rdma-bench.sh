@@ -1,23 +1,178 @@
 #!/bin/bash
 # SPDX-License-Identifier: MIT
 #
-# kvpull-rdma-bench beside perftest's ib_read_bw, in one soft-RoCE VM run
-# (or directly on a machine with an RDMA device: KVP_RDMA_DIRECT=1, see
-# scripts/README.md). Both move the same bytes in 64 KiB READs: kvpull as
-# KV-shaped requests (128 random blocks x 2 regions per request, 8 requests
-# in flight, one agent per engine rank), ib_read_bw as one stream of READs.
-# Rounds alternate the two so that drift in the emulator hits both; each
-# round prints both throughputs and their ratio, and the last line gives
-# the medians.
+# kvpull-rdma-bench beside perftest's ib_read_bw (and UCX), in one soft-RoCE
+# VM run (or directly on a machine with an RDMA device: KVP_RDMA_DIRECT=1,
+# see scripts/README.md).
 #
 #   scripts/rdma-bench.sh [ROUNDS [REQUESTS]]     defaults: 3 rounds, 32
+#
+# Both move the same bytes in 64 KiB READs: kvpull as KV-shaped requests
+# (128 random blocks x 2 regions per request, 8 requests in flight, one
+# agent per engine rank), ib_read_bw as one stream of READs. Rounds
+# alternate the two so that drift in the emulator hits both; each round
+# prints both throughputs and their ratio, and the last line gives the
+# medians.
+#
+#   scripts/rdma-bench.sh --side-by-side [--rounds N] [--requests N]
+#                         [--blocks N] [--pair NAME]... [--ids MODE]...
+#   scripts/rdma-bench.sh --smoke
+#
+# Side by side on KV-shaped workloads of real model pairs (kvpull-rdma-bench
+# --pair; default: llama-3.1-70b-tp8to2-hnd, llama-3.1-70b-tp4to8-nhd,
+# nemotron-h-8b-tp2to1-hnd), random and contiguous block ids, medians of
+# --rounds rounds (default 3): kvpull with 1, 2 and 4 queue pairs per
+# producer rank, kvpull with coalescing off (KVP_PLAN_NO_COALESCE, one READ
+# per block per region, as NIXL-style connectors post) at 1, 2 and 4 queue
+# pairs, UCX's UCT rc_verbs get zcopy (ucx_perftest) and ib_read_bw with and
+# without --post_list 16 and with -q 4, at the message size of kvpull's
+# average READ in that row and the same bytes. Prints a line per run and a
+# table of medians (MB/s = 10^6 bytes/s) with the ratios kvpull best / best
+# other and kvpull best / no-coalesce best. --smoke: every row once with
+# tiny sizes (1 round, 2 requests of 16 blocks); fails unless every
+# contender produced a number.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# ---------------------------------------------------------- side by side
+side_usage() {
+	echo "usage: scripts/rdma-bench.sh --side-by-side [--rounds N] [--requests N]" >&2
+	echo "                             [--blocks N] [--pair NAME]... [--ids MODE]..." >&2
+	echo "       scripts/rdma-bench.sh --smoke" >&2
+	exit 2
+}
+
+side_by_side() {
+	local rounds=3 requests=16 blocks=128 smoke=0 pairs=() idss=() cmd="$*"
+	while [[ $# -gt 0 ]]; do
+		case $1 in
+		--side-by-side) shift ;;
+		--smoke) smoke=1 rounds=1 requests=2 blocks=16; shift ;;
+		--rounds|--requests|--blocks|--pair|--ids)
+			[[ $# -ge 2 ]] || side_usage
+			case $1 in
+			--rounds) rounds=$2 ;;
+			--requests) requests=$2 ;;
+			--blocks) blocks=$2 ;;
+			--pair) pairs+=("$2") ;;
+			--ids) idss+=("$2") ;;
+			esac
+			shift 2 ;;
+		*) side_usage ;;
+		esac
+	done
+	[[ $rounds =~ ^[1-9][0-9]?$ && $requests =~ ^[1-9][0-9]{0,3}$ &&
+		$blocks =~ ^[1-9][0-9]{0,3}$ ]] || side_usage
+	((${#pairs[@]})) || pairs=(llama-3.1-70b-tp8to2-hnd
+		llama-3.1-70b-tp4to8-nhd nemotron-h-8b-tp2to1-hnd)
+	((${#idss[@]})) || idss=(random contiguous)
+	local p
+	for p in "${idss[@]}"; do
+		[[ $p == random || $p == contiguous ]] || side_usage
+	done
+
+	bash scripts/install-deps.sh
+	make -s BUILD=build build/tools/kvpull-rdma-bench
+	for p in "${pairs[@]}"; do
+		build/tools/kvpull-rdma-bench --help | grep -qw -- "$p" || {
+			echo "rdma-bench: unknown pair $p (kvpull-rdma-bench --help)" >&2
+			exit 2
+		}
+	done
+	# ucx_perftest dlopens its transports (libuct_ib: rc_verbs) from
+	# libucs's directory's ucx/; rxe-vm.sh copies a directory with the
+	# libraries of every ELF file in it.
+	local ucx ucxmods
+	ucx=$(command -v ucx_perftest) || {
+		echo "rdma-bench: ucx_perftest not found (ucx-utils)" >&2
+		exit 2
+	}
+	ucxmods=$(dirname "$(ldd "$ucx" | awk '$1 ~ /^libucs\.so/ { print $3 }')")/ucx
+	[[ -d $ucxmods ]] || { echo "rdma-bench: no $ucxmods" >&2; exit 2; }
+
+	local log nrow=$((${#pairs[@]} * ${#idss[@]})) t0=$SECONDS rc=0
+	log=$(mktemp "${TMPDIR:-/tmp}/kvp-rdma-bench.XXXXXX")
+	# The three 70b producers of TP 8 and the consumer's queues want more
+	# than the default 512 MiB.
+	KVP_VM_MEM=${KVP_VM_MEM:-1024} scripts/rxe-vm.sh -q --devices 1 \
+		--timeout $((180 + rounds * nrow * 11 * 30)) \
+		--files "$PWD/build/tools/kvpull-rdma-bench $PWD/scripts/rdma-bench-inner.sh $ucx $ucxmods" \
+		-- "bash $PWD/scripts/rdma-bench-inner.sh $PWD/build/tools/kvpull-rdma-bench $rounds $requests $blocks '${pairs[*]}' '${idss[*]}'" |
+		tee "$log" | awk -F'|' '$1 == "R" { printf "round %s, %s, %s ids, %s: %s MB/s (%s B READs)\n", $2, $3, $4, $5, $6, $7; fflush(); next } { print; fflush() }' ||
+		rc=$?
+	echo
+	echo "rdma-bench: $rounds round(s), $requests requests of $blocks blocks per token group, in $((SECONDS - t0)) s;" \
+		"soft-RoCE under QEMU TCG (one rxe device, 2 vCPUs), not hardware; MB/s = 10^6 bytes/s, medians"
+	awk -F'|' -v smoke="$smoke" '
+	function med(k,   n, i, j, t, v) {
+		n = cnt[k]
+		if (!n) return -1
+		for (i = 1; i <= n; i++) v[i] = val[k, i]
+		for (i = 2; i <= n; i++)
+			for (j = i; j > 1 && v[j - 1] > v[j]; j--) {
+				t = v[j]; v[j] = v[j - 1]; v[j - 1] = t
+			}
+		return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+	}
+	function cell(x) { return x < 0 ? "-" : sprintf("%.1f", x) }
+	$1 == "R" {
+		row = $3 "|" $4
+		if (!(row in seen)) { seen[row] = 1; rows[++nr] = row }
+		if ($2 > nround) nround = $2
+		if ($6 != "-") { k = row SUBSEP $5; val[k, ++cnt[k]] = $6 }
+		if ($5 == "kv1" && $7 != "-" && !(row in size)) size[row] = $7
+	}
+	END {
+		nc = split("kv1 kv2 kv4 nc1 nc2 nc4 ucx ib ib_pl ib_q4 ib_q4_pl", c, " ")
+		print "| pair | ids | READ B | kvpull qps 1 | qps 2 | qps 4 | no-coalesce qps 1 | qps 2 | qps 4 | UCX get zcopy | ib_read_bw | --post_list 16 | -q 4 | -q 4 --post_list 16 | kvpull / best other | kvpull / no-coalesce |"
+		print "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+		bad = 0
+		for (r = 1; r <= nr; r++) {
+			split(rows[r], rp, "|")
+			line = "| " rp[1] " | " rp[2] " | " (rows[r] in size ? size[rows[r]] : "-")
+			kvb = ncb = ob = -1
+			for (i = 1; i <= nc; i++) {
+				m = med(rows[r] SUBSEP c[i])
+				if (m < 0) { bad++; missing = missing " " rp[1] "/" rp[2] "/" c[i] }
+				line = line " | " cell(m)
+				if (m >= 0 && cnt[rows[r] SUBSEP c[i]] < nround) {
+					line = line "*"
+					few = 1
+				}
+				if (c[i] ~ /^kv/) { if (m > kvb) kvb = m }
+				else if (c[i] ~ /^nc/) { if (m > ncb) ncb = m }
+				else if (m > ob) ob = m
+			}
+			line = line " | " (kvb > 0 && ob > 0 ? sprintf("%.2f", kvb / ob) : "-")
+			line = line " | " (kvb > 0 && ncb > 0 ? sprintf("%.2f", kvb / ncb) : "-") " |"
+			print line
+		}
+		print ""
+		print "kvpull / best other: the best of kvpull qps 1, 2, 4 over the best of UCX and the four ib_read_bw runs (goal >= 1 on every row);"
+		print "kvpull / no-coalesce: the best of kvpull over the best of no-coalesce (goal >= 2 where ids are contiguous)."
+		if (few)
+			print "*: median of fewer rounds than " nround " (a run gave no number, even retried; its log is above)."
+		if (bad) {
+			print "rdma-bench: " bad " contender(s) produced no number:" missing
+			exit 1
+		}
+		if (!nr) { print "rdma-bench: no results"; exit 1 }
+	}' "$log" || rc=1
+	echo "rerun: bash scripts/rdma-bench.sh $cmd"
+	rm -f "$log"
+	return "$rc"
+}
+
+case ${1:-} in
+--side-by-side|--smoke) side_by_side "$@"; exit ;;
+esac
 rounds=${1:-3}
 requests=${2:-32}
 [[ $rounds =~ ^[1-9][0-9]?$ && $requests =~ ^[1-9][0-9]{0,3}$ ]] || {
 	echo "usage: scripts/rdma-bench.sh [ROUNDS 1-99 [REQUESTS 1-9999]]" >&2
+	echo "       scripts/rdma-bench.sh --side-by-side [--rounds N] [--requests N]" >&2
+	echo "                             [--blocks N] [--pair NAME]... [--ids MODE]..." >&2
+	echo "       scripts/rdma-bench.sh --smoke" >&2
 	exit 2
 }
 reads=$((requests * 128 * 2))

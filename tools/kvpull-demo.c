@@ -169,37 +169,6 @@ static int scale_model(struct opts *o, const struct kvp_model *m)
 	return 0;
 }
 
-/* First page of every token group that lies above `slots` state pages in
- * each region where a state view and a token view share memory (vLLM's
- * hybrid pools), else 0. From the views' offsets and strides alone. */
-static uint32_t token_base(const kvp_layout *l, uint32_t slots)
-{
-	struct kvp_layout_info li;
-	struct kvp_view_desc s, t;
-	struct kvp_group_desc sg, tg;
-	uint64_t end, lo = 0;
-	uint32_t i, j;
-
-	kvp_layout_get_info(l, &li);
-	for (i = 0; i < li.nviews; i++) {
-		if (kvp_layout_get_view(l, i, &s) ||
-		    kvp_layout_get_group(l, s.group, &sg) ||
-		    sg.kind != KVP_GROUP_STATE)
-			continue;
-		end = s.offset + (uint64_t)slots * s.stride;
-		for (j = 0; j < li.nviews; j++) {
-			if (kvp_layout_get_view(l, j, &t) ||
-			    t.region != s.region ||
-			    kvp_layout_get_group(l, t.group, &tg) ||
-			    tg.kind == KVP_GROUP_STATE || end <= t.offset)
-				continue;
-			if ((end - t.offset + t.stride - 1) / t.stride > lo)
-				lo = (end - t.offset + t.stride - 1) / t.stride;
-		}
-	}
-	return lo > UINT32_MAX ? UINT32_MAX : (uint32_t)lo;
-}
-
 /* Fills *gm from the layouts of prefill rank 0 and decode rank 0. Returns
  * 0, or -1 with the reason in why[len]. */
 static int get_geom(const struct opts *o, struct geom *gm, char *why,
@@ -231,8 +200,8 @@ static int get_geom(const struct opts *o, struct geom *gm, char *why,
 	/* As the RDMA tests do: two state pages per request set aside, so
 	 * that decode state ids can be drawn too. */
 	gm->slots = 2 * o->nreq;
-	gm->plo = token_base(pl, gm->slots);
-	gm->dlo = token_base(dl, gm->slots);
+	gm->plo = tool_token_base(pl, gm->slots);
+	gm->dlo = tool_token_base(dl, gm->slots);
 	ret = 0;
 out:
 	kvp_plan_destroy(plan);

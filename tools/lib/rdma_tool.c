@@ -39,6 +39,37 @@ int tool_default_addr(const char *prog, const char **addr)
 				  "address");
 }
 
+/* ---- layouts ------------------------------------------------------------ */
+
+/* From the views' offsets and strides alone. */
+uint32_t tool_token_base(const kvp_layout *l, uint32_t slots)
+{
+	struct kvp_layout_info li;
+	struct kvp_view_desc s, t;
+	struct kvp_group_desc sg, tg;
+	uint64_t end, lo = 0;
+	uint32_t i, j;
+
+	kvp_layout_get_info(l, &li);
+	for (i = 0; i < li.nviews; i++) {
+		if (kvp_layout_get_view(l, i, &s) ||
+		    kvp_layout_get_group(l, s.group, &sg) ||
+		    sg.kind != KVP_GROUP_STATE)
+			continue;
+		end = s.offset + (uint64_t)slots * s.stride;
+		for (j = 0; j < li.nviews; j++) {
+			if (kvp_layout_get_view(l, j, &t) ||
+			    t.region != s.region ||
+			    kvp_layout_get_group(l, t.group, &tg) ||
+			    tg.kind == KVP_GROUP_STATE || end <= t.offset)
+				continue;
+			if ((end - t.offset + t.stride - 1) / t.stride > lo)
+				lo = (end - t.offset + t.stride - 1) / t.stride;
+		}
+	}
+	return lo > UINT32_MAX ? UINT32_MAX : (uint32_t)lo;
+}
+
 /* ---- agents ------------------------------------------------------------- */
 
 int tool_agent_open(const struct kvp_agent_attr *at, struct kvt_mem *mem,

@@ -25,6 +25,14 @@ double tool_now_s(void);
  * Returns 0, or 2 after saying on stderr that there is neither. */
 int tool_default_addr(const char *prog, const char **addr);
 
+/* ---- layouts ---- */
+
+/* The first page of every token group that lies above `slots` state pages
+ * in each region where a state view and a token view share memory (vLLM's
+ * hybrid pools), else 0: token ids from there on never overlap the first
+ * `slots` states. */
+uint32_t tool_token_base(const kvp_layout *l, uint32_t slots);
+
 /* ---- agents ---- */
 
 /* Opens an agent with *at and registers every region of *mem (region i
