@@ -81,7 +81,7 @@ struct opts {
 	const char *addr, *src, *ids, *pair_name;
 	const struct pair *pair;
 	uint32_t page_kib, block, blocks, nreq, inflight, layers, sq, spin;
-	uint32_t qps, max_sge, no_coalesce;
+	uint32_t qps, max_sge, no_coalesce, max_peers;
 	uint32_t nblocks; /* blocks per region, from plan_ids() */
 	uint16_t port;
 };
@@ -147,6 +147,9 @@ static void usage(FILE *f)
 		"  --layers L        attention layers kept [default pair: 1, two\n"
 		"                    regions each; others: 2]\n"
 		"  --sq N            send queue depth [4096]\n"
+		"  --max-peers N     the consumer's max_peers [0: the library's\n"
+		"                    default, 64; on soft-RoCE its CQ limit then\n"
+		"                    cuts the send queues to 256]\n"
 		"  --qps N           queue pairs per producer rank, 1-8\n"
 		"                    [0: the library's default, 2]\n"
 		"  --max-sge S       local SGEs per READ [default pair: 1, one\n"
@@ -420,6 +423,7 @@ static int consumer(const struct opts *o, const struct req_ids *r)
 	at.max_inflight = o->inflight;
 	at.sq_depth = o->sq;
 	at.max_sge = o->max_sge;
+	at.max_peers = o->max_peers;
 	at.qps_per_peer = o->qps;
 	at.plan_flags = o->no_coalesce ? KVP_PLAN_NO_COALESCE : 0;
 	err = tool_agent_open(&at, &mem, &a);
@@ -603,6 +607,7 @@ int main(int argc, char **argv)
 		{ "--sq", TOOL_U32, &o.sq, 0 },
 		{ "--qps", TOOL_U32, &o.qps, 0 },
 		{ "--max-sge", TOOL_U32, &o.max_sge, 0 },
+		{ "--max-peers", TOOL_U32, &o.max_peers, 0 },
 		{ "--no-coalesce", TOOL_FLAG, &o.no_coalesce, 0 },
 		{ "--producer-spin", TOOL_U32, &o.spin, 0 },
 		{ NULL, TOOL_STR, NULL, 0 },
