@@ -61,6 +61,11 @@ static const struct rt_case cases[] = {
 	  .playout = FNHD, .max_sge = 8, .max_mr = 65536 },
 	{ LLAMA("llama 2->1, dma-buf fallback, 64 KiB MRs", 2, 1),
 	  .dmabuf = 1, .max_mr = 65536 },
+	/* Producer rank 1 registered in 64 KiB MRs, rank 0 (whose blob the
+	 * plan is compiled from) in one: the plan's 8 MiB READs would cross
+	 * rank 1's seams, so the engine is refused, nothing read. */
+	{ LLAMA("llama 2->1, ranks registered unalike: refused", 2, 1),
+	  .max_mr_odd = 65536, .connect_err = -EPROTO, .nreq = 0 },
 	/* READs cut at 4 KiB (32 KiB pages, coalesced runs of several). */
 	{ LLAMA("llama 2->1, 4 KiB READ slices", 2, 1), .max_read = 4096 },
 	/* DSCP 26 (AF31) on every connection of both engines. */

@@ -72,6 +72,9 @@ struct rt_case {
 	uint32_t max_read;	   /* consumer: bytes per READ at most */
 	uint32_t max_mr;	   /* kvp_agent_attr.max_mr, both sides: the
 				    * regions registered as several MRs */
+	uint32_t max_mr_odd;	   /* the same on odd producer ranks only */
+	int connect_err;	   /* the consumers' connect must fail with
+				    * this; nothing is pulled (nreq 0) */
 	uint32_t striped;	   /* requests must go over 2 queue pairs */
 	uint32_t max_ids;	   /* per group and request, 0: RT_MAX_IDS */
 	uint32_t extra_expire;	   /* ids the producer expects, nobody pulls */
@@ -459,7 +462,7 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 	at.max_inflight = 32;
 	at.rq_depth = tc->prq;
 	at.tos = tc->tos;
-	at.max_mr = tc->max_mr;
+	at.max_mr = tc->max_mr ? tc->max_mr : rank & 1 ? tc->max_mr_odd : 0;
 	err = kvp_agent_open(&at, &a);
 	if (err)
 		RT_FAIL("open: %s", kvp_strerror(err));
@@ -679,6 +682,15 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 		RT_FAIL("connecting hook");
 	t0 = rt_now();
 	err = kvp_agent_connect(a, peers, tc->P, 30000);
+	if (tc->connect_err) {
+		if (err != tc->connect_err)
+			RT_FAIL("connect: %s, want %s", kvp_strerror(err),
+				kvp_strerror(tc->connect_err));
+		if (kvp_agent_plan(a))
+			RT_FAIL("a plan survived a refused connect");
+		ret = 0;
+		goto out;
+	}
 	if (err)
 		RT_FAIL("connect: %s", kvp_strerror(err));
 	if (kvp_agent_connect(a, peers, tc->P, 1000) != -EISCONN)
