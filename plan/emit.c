@@ -193,20 +193,28 @@ live_begin(const struct cursor *c, uint32_t rreg, uint32_t lreg,
 	return v;
 }
 
+/* Stores the open WR's length and SGE count and its last SGE's length
+ * (into: the record's num_sge and the scatter entry's length). */
+static inline __attribute__((always_inline)) void
+wr_store(const struct cursor *c, const struct live *v, const int into)
+{
+	if (into) {
+		REC(v->xw, c->o_nsge, int) = (int)v->wn;
+		v->xs->length = v->slen;
+	} else {
+		v->w->len = v->wlen;
+		v->w->nsge = v->wn;
+		v->s->len = v->slen;
+	}
+}
+
 /* Stores the open WR and hands it back to the cursor. */
 static inline __attribute__((always_inline)) void
 live_end(struct cursor *c, const struct live *v, uint32_t rreg, uint32_t lreg,
 	 const int gather, const int into)
 {
 	if (v->rend != UINT64_MAX) {
-		if (into) {
-			REC(v->xw, c->o_nsge, int) = (int)v->wn;
-			v->xs->length = v->slen;
-		} else {
-			v->w->len = v->wlen;
-			v->w->nsge = v->wn;
-			v->s->len = v->slen;
-		}
+		wr_store(c, v, into);
 		c->wn = v->wn;
 		c->wlen = v->wlen;
 		c->slen = v->slen;
@@ -289,16 +297,8 @@ live_put(struct live *v, const struct cursor *c, uint64_t ro, uint64_t lo,
 			v->bytes -= len;
 		return 1;
 	}
-	if (v->rend != UINT64_MAX) { /* close the open WR */
-		if (into) {
-			REC(v->xw, c->o_nsge, int) = (int)v->wn;
-			v->xs->length = v->slen;
-		} else {
-			v->w->len = v->wlen;
-			v->w->nsge = v->wn;
-			v->s->len = v->slen;
-		}
-	}
+	if (v->rend != UINT64_MAX) /* close the open WR */
+		wr_store(c, v, into);
 	if (into) {
 		const struct kvp_emit_map *m = &c->rmap[rreg];
 
