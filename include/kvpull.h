@@ -929,7 +929,11 @@ struct kvp_agent_attr {
 	 * the device's limits. */
 	uint32_t sq_depth;
 	/* Consumer: local scatter entries per READ (kvp_plan_attr.max_sge);
-	 * 0: 4. Clamped to the device's limit. */
+	 * 0: 16. Clamped to the device's limits (max_send_sge, max_sge_rd).
+	 * More entries mean longer READs where a remote-contiguous run lands
+	 * in scattered local pieces (TP N -> M HND: one head page per block),
+	 * so fewer work requests; on soft-RoCE, 16 moved llama-3.1-70b TP
+	 * 8 -> 2 contiguous blocks 8-10% faster than 4 (README). */
 	uint32_t max_sge;
 	/* Optional shared secret, secret_len bytes (KVP_SECRET_MIN to
 	 * KVP_SECRET_MAX; use 32 random bytes), copied. When set, the

@@ -14,17 +14,22 @@
 # Odd rounds run the contenders in one order, even rounds in the reverse,
 # so that drift in the emulator hits all of them. ib_read_bw and
 # ucx_perftest use the message size of kvpull's average READ in that row
-# (from round 1, where kvpull runs first) and move the same bytes.
+# (from round 1, where kvpull runs first) and move the same bytes. Two
+# more ib_read_bw runs (--post_list 16, and -q 4 with it) use the average
+# READ of kvpull with coalescing off (no-coalesce, qps 1, round 1): what
+# the device gives a poster that does no merging, so that the table can say
+# how much any poster gains from larger READs there.
 set -u
 
 bench=$1 rounds=$2 requests=$3 blocks=$4
 read -r -a pairs <<<"$5"
 read -r -a idss <<<"$6"
 kv=(kv1 kv2 kv4 nc1 nc2 nc4)
-others=(ucx ib ib_pl ib_q4 ib_q4_pl)
-declare -A size=() bytes=()
+others=(ucx ib ib_pl ib_q4 ib_q4_pl ibn_pl ibn_q4_pl)
+declare -A size=() bytes=() nsize=()
 declare -A ibx=([ib]="" [ib_pl]="--post_list 16" [ib_q4]="-q 4"
-	[ib_q4_pl]="-q 4 --post_list 16")
+	[ib_q4_pl]="-q 4 --post_list 16" [ibn_pl]="--post_list 16"
+	[ibn_q4_pl]="-q 4 --post_list 16")
 rev=()
 
 # perftest and UCX time with rdtsc, and the guest finds the vCPUs' TSCs
@@ -106,24 +111,27 @@ run_ucx() {
 	echo "$a $s"
 }
 
+# run ROUND PAIR IDS CONTENDER: prints mbps and the READ size, or nothing.
+run() {
+	local k=$2/$3
+	case $4 in
+	kv*|nc*) run_kv "$2" "$3" "$4" ;;
+	ucx) run_ucx "${size[$k]}" "${bytes[$k]}" ;;
+	ibn*) run_ib "${nsize[$k]}" "${bytes[$k]}" ${ibx[$4]} ;;
+	*) run_ib "${size[$k]}" "${bytes[$k]}" ${ibx[$4]} ;;
+	esac
+}
+
 # one ROUND PAIR IDS CONTENDER
 one() {
 	local r=$1 p=$2 i=$3 c=$4 out k=$2/$3
-	case $c in
-	kv*|nc*) out=$(run_kv "$p" "$i" "$c") ;;
-	ucx) out=$(run_ucx "${size[$k]}" "${bytes[$k]}") ;;
-	*) out=$(run_ib "${size[$k]}" "${bytes[$k]}" ${ibx[$c]}) ;;
-	esac
+	out=$(run "$@")
 	if [[ -z $out ]]; then
 		# perftest gives up on the guest's clock now and then
 		# ("Correlation coefficient r^2 < 0.9": 0.00 MB/s): one retry,
 		# said on stderr.
 		echo "round $r, $p, $i ids, $c: no number, retrying once" >&2
-		case $c in
-		kv*|nc*) out=$(run_kv "$p" "$i" "$c") ;;
-		ucx) out=$(run_ucx "${size[$k]}" "${bytes[$k]}") ;;
-		*) out=$(run_ib "${size[$k]}" "${bytes[$k]}" ${ibx[$c]}) ;;
-		esac
+		out=$(run "$@")
 	fi
 	set -- $out
 	# The message size comes from kvpull's first coalesced run, which
@@ -132,6 +140,7 @@ one() {
 		size[$k]=$2 bytes[$k]=$3
 		grep -E "^pair |^  cut to fit" /tmp/kv.log
 	fi
+	[[ $c == nc1 && -n ${2:-} && -z ${nsize[$k]:-} ]] && nsize[$k]=$2
 	echo "R|$r|$p|$i|$c|${1:--}|${2:--}"
 }
 
@@ -145,7 +154,8 @@ for ((r = 1; r <= rounds; r++)); do
 	for p in "${pairs[@]}"; do
 		for i in "${idss[@]}"; do
 			for c in "${order[@]}"; do
-				if [[ $c != kv* && $c != nc* && -z ${size[$p/$i]:-} ]]; then
+				if [[ ($c == ibn* && -z ${nsize[$p/$i]:-}) ||
+					($c != kv* && $c != nc* && -z ${size[$p/$i]:-}) ]]; then
 					echo "R|$r|$p|$i|$c|-|-"
 					echo "$p $i: no kvpull READ size, $c skipped" >&2
 					continue

@@ -26,9 +26,12 @@
 # per block per region, as NIXL-style connectors post) at 1, 2 and 4 queue
 # pairs, UCX's UCT rc_verbs get zcopy (ucx_perftest) and ib_read_bw with and
 # without --post_list 16 and with -q 4, at the message size of kvpull's
-# average READ in that row and the same bytes. Prints a line per run and a
-# table of medians (MB/s = 10^6 bytes/s) with the ratios kvpull best / best
-# other and kvpull best / no-coalesce best. --smoke: every row once with
+# average READ in that row and the same bytes, and ib_read_bw (--post_list
+# 16, alone and with -q 4) at no-coalesce's average READ. Prints a line per
+# run and a table of medians (MB/s = 10^6 bytes/s) with the ratios kvpull
+# best / best other, kvpull best / no-coalesce best, and the best other over
+# ib_read_bw at no-coalesce's READ size (what larger READs gain on the
+# device itself, for any poster). --smoke: every row once with
 # tiny sizes (1 round, 2 requests of 16 blocks); fails unless every
 # contender produced a number.
 set -euo pipefail
@@ -95,7 +98,7 @@ side_by_side() {
 	# The three 70b producers of TP 8 and the consumer's queues want more
 	# than the default 512 MiB.
 	KVP_VM_MEM=${KVP_VM_MEM:-1024} scripts/rxe-vm.sh -q --devices 1 \
-		--timeout $((180 + rounds * nrow * 11 * 30)) \
+		--timeout $((180 + rounds * nrow * 13 * 30)) \
 		--files "$PWD/build/tools/kvpull-rdma-bench $PWD/scripts/rdma-bench-inner.sh $ucx $ucxmods" \
 		-- "bash $PWD/scripts/rdma-bench-inner.sh $PWD/build/tools/kvpull-rdma-bench $rounds $requests $blocks '${pairs[*]}' '${idss[*]}'" |
 		tee "$log" | awk -F'|' '$1 == "R" { printf "round %s, %s, %s ids, %s: %s MB/s (%s B READs)\n", $2, $3, $4, $5, $6, $7; fflush(); next } { print; fflush() }' ||
@@ -121,17 +124,20 @@ side_by_side() {
 		if ($2 > nround) nround = $2
 		if ($6 != "-") { k = row SUBSEP $5; val[k, ++cnt[k]] = $6 }
 		if ($5 == "kv1" && $7 != "-" && !(row in size)) size[row] = $7
+		if ($5 == "nc1" && $7 != "-" && !(row in nsize)) nsize[row] = $7
 	}
 	END {
-		nc = split("kv1 kv2 kv4 nc1 nc2 nc4 ucx ib ib_pl ib_q4 ib_q4_pl", c, " ")
-		print "| pair | ids | READ B | kvpull qps 1 | qps 2 | qps 4 | no-coalesce qps 1 | qps 2 | qps 4 | UCX get zcopy | ib_read_bw | --post_list 16 | -q 4 | -q 4 --post_list 16 | kvpull / best other | kvpull / no-coalesce |"
-		print "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+		nc = split("kv1 kv2 kv4 nc1 nc2 nc4 ucx ib ib_pl ib_q4 ib_q4_pl ibn_pl ibn_q4_pl", c, " ")
+		print "| pair | ids | READ B | kvpull qps 1 | qps 2 | qps 4 | no-coalesce qps 1 | qps 2 | qps 4 | UCX get zcopy | ib_read_bw | --post_list 16 | -q 4 | -q 4 --post_list 16 | no-coalesce READ B | ib_read_bw there: --post_list 16 | -q 4 --post_list 16 | kvpull / best other | kvpull / no-coalesce | device: larger READs |"
+		print "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 		bad = 0
 		for (r = 1; r <= nr; r++) {
 			split(rows[r], rp, "|")
 			line = "| " rp[1] " | " rp[2] " | " (rows[r] in size ? size[rows[r]] : "-")
-			kvb = ncb = ob = -1
+			kvb = ncb = ob = nb = -1
 			for (i = 1; i <= nc; i++) {
+				if (c[i] == "ibn_pl")
+					line = line " | " (rows[r] in nsize ? nsize[rows[r]] : "-")
 				m = med(rows[r] SUBSEP c[i])
 				if (m < 0) { bad++; missing = missing " " rp[1] "/" rp[2] "/" c[i] }
 				line = line " | " cell(m)
@@ -141,15 +147,18 @@ side_by_side() {
 				}
 				if (c[i] ~ /^kv/) { if (m > kvb) kvb = m }
 				else if (c[i] ~ /^nc/) { if (m > ncb) ncb = m }
+				else if (c[i] ~ /^ibn/) { if (m > nb) nb = m }
 				else if (m > ob) ob = m
 			}
 			line = line " | " (kvb > 0 && ob > 0 ? sprintf("%.2f", kvb / ob) : "-")
-			line = line " | " (kvb > 0 && ncb > 0 ? sprintf("%.2f", kvb / ncb) : "-") " |"
+			line = line " | " (kvb > 0 && ncb > 0 ? sprintf("%.2f", kvb / ncb) : "-")
+			line = line " | " (ob > 0 && nb > 0 ? sprintf("%.2f", ob / nb) : "-") " |"
 			print line
 		}
 		print ""
 		print "kvpull / best other: the best of kvpull qps 1, 2, 4 over the best of UCX and the four ib_read_bw runs (goal >= 1 on every row);"
 		print "kvpull / no-coalesce: the best of kvpull over the best of no-coalesce (goal >= 2 where ids are contiguous)."
+		print "device: larger READs: the best other at kvpull'"'"'s READ size over the best ib_read_bw at no-coalesce'"'"'s: what merging READs can gain on this device for any poster."
 		if (few)
 			print "*: median of fewer rounds than " nround " (a run gave no number, even retried; its log is above)."
 		if (bad) {

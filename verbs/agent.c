@@ -13,7 +13,7 @@
 #define DEF_INFLIGHT 64
 #define DEF_PEERS 64
 #define DEF_SQ 512
-#define DEF_SGE 4
+#define DEF_SGE 16 /* see kvp_agent_attr.max_sge */
 #define DEF_HANDSHAKE_MS 10000
 #define DEF_STALL_MS 10000
 #define DEF_QPS 2

@@ -148,6 +148,31 @@ static void rt_require_device(void)
 	}
 }
 
+/* The READ scatter entries the first device allows: min(max_sge,
+ * max_sge_rd), max_sge where max_sge_rd is not reported; 0 on error. */
+static uint32_t rt_device_sge(void)
+{
+	struct ibv_device **l;
+	struct ibv_context *c = NULL;
+	struct ibv_device_attr d;
+	uint32_t sge = 0;
+	int n = 0;
+
+	l = ibv_get_device_list(&n);
+	if (l && n > 0)
+		c = ibv_open_device(l[0]);
+	if (c && !ibv_query_device(c, &d) && d.max_sge > 0) {
+		sge = (uint32_t)d.max_sge;
+		if (d.max_sge_rd > 0 && (uint32_t)d.max_sge_rd < sge)
+			sge = (uint32_t)d.max_sge_rd;
+	}
+	if (c)
+		ibv_close_device(c);
+	if (l)
+		ibv_free_device_list(l);
+	return sge;
+}
+
 /* Rank `rank`'s layout of the case's producer or consumer engine, with
  * engine id `engine_id`. */
 static kvp_layout *rt_layout_engine(const struct rt_case *tc, int producer,
@@ -695,6 +720,22 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 		RT_FAIL("connect: %s", kvp_strerror(err));
 	if (kvp_agent_connect(a, peers, tc->P, 1000) != -EISCONN)
 		RT_FAIL("second connect was not -EISCONN");
+	/* The plan's READs scatter into max_sge local pieces (16 by
+	 * default), never more than the device allows. */
+	{
+		struct kvp_plan_info pi;
+		uint32_t want = tc->max_sge ? tc->max_sge : 16,
+			 dev = rt_device_sge();
+
+		if (!kvp_agent_plan(a) || !dev)
+			RT_FAIL("no plan or no device limits");
+		kvp_plan_get_info(kvp_agent_plan(a), &pi);
+		if (want > dev)
+			want = dev;
+		if (pi.max_sge != want)
+			RT_FAIL("plan max_sge %u, want %u (asked %u, device "
+				"%u)", pi.max_sge, want, tc->max_sge, dev);
+	}
 	t1 = rt_now();
 	while (reported < tc->nreq) {
 		while (next < tc->nreq) {
