@@ -1008,9 +1008,11 @@ struct kvp_agent_attr {
  * pair (max_qp_init_rd_atom), and the completion queue (max_cqe: when it
  * cannot hold every queue pair's completions, the queue depths shrink
  * until it does, rather than risk an overrun). Each queue pair's depth is
- * what rdma_create_qp() returned when less than asked; notifications are
- * sent inline when the provider allows it. Returns 0 and an agent owned by the
- * caller (kvp_agent_close()); -EINVAL for a bad attribute (unknown role,
+ * what rdma_create_qp() returned when less than asked, or, when the
+ * provider refuses the depth asked for (mlx5 sizes each WQE for max_sge
+ * and has a fixed number of WQE blocks), the largest halving of it that
+ * it accepts, down to 4; notifications are sent inline when the provider
+ * allows it. Returns 0 and an agent owned by the caller (kvp_agent_close()); -EINVAL for a bad attribute (unknown role,
  * non-zero comp_mask, no layout, a device name and an address of different
  * devices, max_inflight above 2^20, max_peers above 65535 (32767 for
  * KVP_ROLE_BOTH), max_ids above 2^24, handshake_ms or stall_ms above

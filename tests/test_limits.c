@@ -237,6 +237,134 @@ static void test_sq_usable(void **st)
 	assert_int_equal(kvp__sq_usable(512, &got), 512);
 }
 
+/* A provider's QP creation, modelled: mlx5 sizes every send WQE for the
+ * larger of max_send_sge data segments and max_inline_data (after 32
+ * bytes of control and remote address segments, in 64-byte blocks) and
+ * refuses a queue of more blocks than the device has; `inline_max` 0: a
+ * provider that refuses any inline data. Each attempt is recorded. */
+struct fake_qp {
+	uint32_t blocks, inline_max, nsge_max;
+	uint32_t n;
+	struct ibv_qp_cap tried[64];
+};
+
+static uint64_t pow2_up(uint64_t v)
+{
+	uint64_t p = 1;
+
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
+static int fake_create(void *arg, struct ibv_qp_init_attr *qa)
+{
+	struct fake_qp *f = arg;
+	uint32_t data = 16 * qa->cap.max_send_sge,
+		 in = qa->cap.max_inline_data ? 4 + qa->cap.max_inline_data : 0;
+	uint64_t wqe = (32 + (data > in ? data : in) + 63) / 64 * 64;
+
+	assert_true(f->n < 64);
+	f->tried[f->n++] = qa->cap;
+	/* A refused attempt may leave anything in the caps. */
+	if (qa->cap.max_send_sge > f->nsge_max ||
+	    qa->cap.max_inline_data > f->inline_max ||
+	    pow2_up(qa->cap.max_send_wr * wqe) / 64 > f->blocks) {
+		memset(&qa->cap, 0xff, sizeof(qa->cap));
+		return -EINVAL;
+	}
+	/* What mlx5 reports: the WRs the blocks hold. */
+	qa->cap.max_send_wr = (uint32_t)(pow2_up(qa->cap.max_send_wr * wqe) /
+					 wqe);
+	return 0;
+}
+
+static struct ibv_qp_init_attr qp_want(uint32_t wr, uint32_t sge,
+				       uint32_t in)
+{
+	struct ibv_qp_init_attr qa;
+
+	memset(&qa, 0, sizeof(qa));
+	qa.cap.max_send_wr = wr;
+	qa.cap.max_recv_wr = 3;
+	qa.cap.max_send_sge = sge;
+	qa.cap.max_recv_sge = 1;
+	qa.cap.max_inline_data = in;
+	return qa;
+}
+
+static void test_qp_fit(void **st)
+{
+	struct fake_qp f = { .blocks = 32768, .inline_max = 512,
+			     .nsge_max = 30 };
+	struct ibv_qp_init_attr qa = qp_want(512, 16, 64);
+	uint32_t asked = 0, i;
+
+	(void)st;
+	/* ConnectX, the defaults: accepted at once. */
+	assert_int_equal(kvp__create_qp_fit(fake_create, &f, &qa, &asked), 0);
+	assert_int_equal(f.n, 1);
+	assert_int_equal(asked, 512);
+	assert_int_equal(kvp__sq_usable(asked, &qa.cap), 512);
+
+	/* 8192 entries of 16 SGEs (320-byte WQEs: 65,536 blocks) do not
+	 * fit; without inline they still do not; 4096 with inline do. */
+	memset(&f.tried, 0, sizeof(f.tried));
+	f.n = 0;
+	qa = qp_want(8192, 16, 64);
+	assert_int_equal(kvp__create_qp_fit(fake_create, &f, &qa, &asked), 0);
+	assert_int_equal(f.n, 3);
+	assert_int_equal(f.tried[0].max_send_wr, 8192);
+	assert_int_equal(f.tried[0].max_inline_data, 64);
+	assert_int_equal(f.tried[1].max_send_wr, 8192);
+	assert_int_equal(f.tried[1].max_inline_data, 0);
+	assert_int_equal(f.tried[2].max_send_wr, 4096);
+	assert_int_equal(f.tried[2].max_inline_data, 64);
+	for (i = 0; i < f.n; i++) {
+		/* SGEs and receives never shrink. */
+		assert_int_equal(f.tried[i].max_send_sge, 16);
+		assert_int_equal(f.tried[i].max_recv_wr, 3);
+		assert_int_equal(f.tried[i].max_recv_sge, 1);
+	}
+	assert_int_equal(asked, 4096);
+	assert_int_equal(kvp__sq_usable(asked, &qa.cap), 4096);
+	/* The same queue of 4 SGEs (128-byte WQEs) fits as asked. */
+	f.n = 0;
+	qa = qp_want(8192, 4, 64);
+	assert_int_equal(kvp__create_qp_fit(fake_create, &f, &qa, &asked), 0);
+	assert_int_equal(f.n, 1);
+	assert_int_equal(asked, 8192);
+
+	/* A provider without inline data: each size tried without it. */
+	f = (struct fake_qp){ .blocks = 32768, .inline_max = 0,
+			      .nsge_max = 30 };
+	qa = qp_want(512, 16, 64);
+	assert_int_equal(kvp__create_qp_fit(fake_create, &f, &qa, &asked), 0);
+	assert_int_equal(f.n, 2);
+	assert_int_equal(f.tried[1].max_inline_data, 0);
+	assert_int_equal(asked, 512);
+
+	/* A provider that refuses every size (more SGEs than it has): the
+	 * last error, after both variants of each size down to 4 entries,
+	 * and nothing smaller. */
+	f = (struct fake_qp){ .blocks = 32768, .inline_max = 512,
+			      .nsge_max = 8 };
+	qa = qp_want(512, 16, 64);
+	assert_int_equal(kvp__create_qp_fit(fake_create, &f, &qa, &asked),
+			 -EINVAL);
+	assert_int_equal(f.n, 2 * 8); /* 512, 256, ..., 4 */
+	assert_int_equal(f.tried[f.n - 1].max_send_wr, 4);
+	assert_int_equal(f.tried[f.n - 1].max_inline_data, 0);
+	/* A request without inline data never asks for it. */
+	f.n = 0;
+	qa = qp_want(16, 16, 0);
+	assert_int_equal(kvp__create_qp_fit(fake_create, &f, &qa, &asked),
+			 -EINVAL);
+	assert_int_equal(f.n, 3); /* 16, 8, 4 */
+	for (i = 0; i < f.n; i++)
+		assert_int_equal(f.tried[i].max_inline_data, 0);
+}
+
 /* Regions above the device's max_mr_size (2 GiB on some devices) are
  * registered as overlapping MRs: each within the cap, and any access of
  * at most the window inside the MR of the piece it starts in. */
@@ -335,6 +463,7 @@ int main(void)
 		cmocka_unit_test(test_cq_bounds_queues),
 		cmocka_unit_test(test_unusable),
 		cmocka_unit_test(test_sq_usable),
+		cmocka_unit_test(test_qp_fit),
 		cmocka_unit_test(test_mr_split),
 	};
 

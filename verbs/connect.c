@@ -96,11 +96,25 @@ static int refusal(const uint8_t *m, uint32_t len)
 	return kvp__refusal_errno((int32_t)kvp__get32(m + 4));
 }
 
+struct qp_on {
+	struct rdma_cm_id *id;
+	struct ibv_pd *pd;
+};
+
+static int create_qp(void *arg, struct ibv_qp_init_attr *qa)
+{
+	const struct qp_on *on = arg;
+
+	return kvp__create_qp(on->id, on->pd, qa);
+}
+
 static int consumer_route(kvp_agent *a, struct kvp_conn *c)
 {
 	struct rdma_conn_param param;
 	struct ibv_qp_init_attr qa;
+	struct qp_on on = { c->id, a->pd };
 	struct kvp_hello h;
+	uint32_t asked;
 	int err;
 
 	memset(&qa, 0, sizeof(qa));
@@ -115,22 +129,16 @@ static int consumer_route(kvp_agent *a, struct kvp_conn *c)
 	 * critical path. A provider that cannot inline them still gets a
 	 * QP, without. */
 	qa.cap.max_inline_data = KVP_NOTE_LEN;
-	err = kvp__create_qp(c->id, a->pd, &qa);
-	if (err) {
-		qa.cap.max_inline_data = 0;
-		qa.cap.max_send_wr = a->sq_depth;
-		qa.cap.max_recv_wr = 3;
-		qa.cap.max_send_sge = a->max_sge;
-		qa.cap.max_recv_sge = 1;
-		err = kvp__create_qp(c->id, a->pd, &qa);
-	}
+	/* A provider that cannot inline them, or that has fewer WQE blocks
+	 * than sq_depth WQEs of max_sge SGEs take, gets a smaller QP. */
+	err = kvp__create_qp_fit(create_qp, &on, &qa, &asked);
 	if (err)
 		return err;
 	c->qp = c->id->qp;
 	/* What the provider really gave (it may count WQE blocks). */
 	if (qa.cap.max_send_sge < a->max_sge)
 		return -ENOMEM;
-	c->sq_cap = kvp__sq_usable(a->sq_depth, &qa.cap) - 1;
+	c->sq_cap = kvp__sq_usable(asked, &qa.cap) - 1;
 	c->inline_notes = qa.cap.max_inline_data >= KVP_NOTE_LEN;
 	kvp__hello_fill(a, KVP_ROLE_CONSUMER, &h);
 	err = kvp__random(h.nonce, sizeof(h.nonce));

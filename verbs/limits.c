@@ -98,6 +98,35 @@ uint32_t kvp__sq_usable(uint32_t asked, const struct ibv_qp_cap *got)
 		       got->max_send_wr : asked;
 }
 
+int kvp__create_qp_fit(int (*create)(void *arg, struct ibv_qp_init_attr *qa),
+		       void *arg, struct ibv_qp_init_attr *qa,
+		       uint32_t *asked)
+{
+	const struct ibv_qp_cap want = qa->cap;
+	uint32_t wr = want.max_send_wr;
+	int err, in = want.max_inline_data != 0;
+
+	for (;;) {
+		/* create() may have changed the caps of a refused attempt. */
+		qa->cap = want;
+		qa->cap.max_send_wr = wr;
+		qa->cap.max_inline_data = in ? want.max_inline_data : 0;
+		err = create(arg, qa);
+		if (!err) {
+			*asked = wr;
+			return 0;
+		}
+		if (in) {
+			in = 0;
+		} else if (wr / 2 >= MIN_SQ) {
+			wr /= 2;
+			in = want.max_inline_data != 0;
+		} else {
+			return err;
+		}
+	}
+}
+
 int kvp__mr_shift(uint64_t size, uint64_t max_mr)
 {
 	uint32_t s;

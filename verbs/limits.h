@@ -62,6 +62,22 @@ int kvp__limits(const struct ibv_device_attr *d, const struct ibv_port_attr *p,
  * the provider returned less (it may count WQE blocks, not WRs). */
 uint32_t kvp__sq_usable(uint32_t asked, const struct ibv_qp_cap *got);
 
+/* Creates a QP of attributes *qa through create(arg, qa) (rdma_create_qp()
+ * in the agent, a model of a provider in the tests), smaller until the
+ * provider accepts: a refused attempt is retried without inline data
+ * (notifications are then sent from registered memory), then with the send
+ * queue halved and inline data asked again, down to 4 send entries. SGEs
+ * and receive entries never shrink. mlx5 sizes each WQE for max_send_sge
+ * and refuses a send queue of more WQE blocks than it has (EINVAL): 8,192
+ * entries of 16 SGEs (320-byte WQEs) do not fit ConnectX's 32,768 blocks,
+ * 4,096 do. Returns 0 with the QP's caps in qa->cap (as create() left them)
+ * and the send entries asked for by the attempt that succeeded in *asked
+ * (see kvp__sq_usable()); or the last attempt's error. At most
+ * 2 * 30 attempts. */
+int kvp__create_qp_fit(int (*create)(void *arg, struct ibv_qp_init_attr *qa),
+		       void *arg, struct ibv_qp_init_attr *qa,
+		       uint32_t *asked);
+
 /* How many MRs of stride 2^shift a region of `size` bytes takes. */
 static inline uint64_t kvp__mr_count(uint64_t size, uint32_t shift)
 {
