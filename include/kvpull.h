@@ -1012,8 +1012,9 @@ struct kvp_agent_attr {
  * provider refuses the depth asked for (mlx5 sizes each WQE for max_sge
  * and has a fixed number of WQE blocks), the largest halving of it that
  * it accepts, down to 4; notifications are sent inline when the provider
- * allows it. Returns 0 and an agent owned by the caller (kvp_agent_close()); -EINVAL for a bad attribute (unknown role,
- * non-zero comp_mask, no layout, a device name and an address of different
+ * allows it. Returns 0 and an agent owned by the caller
+ * (kvp_agent_close()); -EINVAL for a bad attribute (unknown role, non-zero
+ * comp_mask, no layout, a device name and an address of different
  * devices, max_inflight above 2^20, max_peers above 65535 (32767 for
  * KVP_ROLE_BOTH), max_ids above 2^24, handshake_ms or stall_ms above
  * 3,600,000, rq_depth above 65536, qps_per_peer above 8, tos above 256,
