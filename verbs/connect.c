@@ -126,11 +126,10 @@ static int consumer_route(kvp_agent *a, struct kvp_conn *c)
 	qa.cap.max_send_sge = a->max_sge;
 	qa.cap.max_recv_sge = 1;
 	/* Notifications inline: no DMA read of the note on the request's
-	 * critical path. A provider that cannot inline them still gets a
-	 * QP, without. */
+	 * critical path. A provider that cannot inline them, or has fewer
+	 * WQE blocks than sq_depth WQEs of max_sge SGEs take, still gets a
+	 * QP: without inline data, then with a shorter send queue. */
 	qa.cap.max_inline_data = KVP_NOTE_LEN;
-	/* A provider that cannot inline them, or that has fewer WQE blocks
-	 * than sq_depth WQEs of max_sge SGEs take, gets a smaller QP. */
 	err = kvp__create_qp_fit(create_qp, &on, &qa, &asked);
 	if (err)
 		return err;
