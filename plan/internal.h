@@ -156,10 +156,13 @@ static inline uint64_t kvp__region_nkeys(uint64_t size, uint32_t shift)
 
 /* wire.c: adds a blob's records (p: after the header; count: groups,
  * regions, views, fields, checked against the blob's length by the caller)
- * to l with the public builders. 0, or kvp_meta_decode()'s error. For
- * kvp_meta_decode() and the fuzz target that re-hashes mutated blobs. */
+ * to l with the public builders; keys: the version 2 key table and its
+ * length in bytes (NULL, 0: none), never read past. 0, or
+ * kvp_meta_decode()'s error. For kvp_meta_decode() and the fuzz target
+ * that re-hashes mutated blobs. */
 KVP_HIDDEN int kvp__meta_records(kvp_layout *l, const uint8_t *p,
-				 const uint32_t *count, const uint8_t *keys);
+				 const uint32_t *count, const uint8_t *keys,
+				 uint64_t keys_len);
 
 /* Producer ranks [lo, hi) that consumer rank c of D notifies to cover all
  * P producers. */

@@ -256,9 +256,12 @@ static int decode_field(const uint8_t *p, uint32_t *view,
 }
 
 /* Region id's keys: `first` from its record, the others from the key
- * table at *keys (whose length the caller checked), advanced past them. */
+ * table at *keys, advanced past them; *left: the table's bytes not yet
+ * read. A table too short for the region's count is malformed: nothing
+ * past it is read, whatever the caller checked before. */
 static int region_keys(kvp_layout *l, uint32_t id, uint64_t addr,
-		       uint32_t shift, uint32_t first, const uint8_t **keys)
+		       uint32_t shift, uint32_t first, const uint8_t **keys,
+		       uint64_t *left)
 {
 	uint64_t size = 0, n, k;
 	uint32_t *v;
@@ -268,8 +271,9 @@ static int region_keys(kvp_layout *l, uint32_t id, uint64_t addr,
 	    kvp_layout_get_region(l, id, &size))
 		return -EPROTO;
 	n = kvp__region_nkeys(size, shift);
-	if (n > KVP_MR_MAX_KEYS)
+	if (!n || n > KVP_MR_MAX_KEYS || 4 * (n - 1) > *left)
 		return -EPROTO;
+	*left -= 4 * (n - 1);
 	v = malloc(n * sizeof(*v));
 	if (!v)
 		return -ENOMEM;
@@ -282,9 +286,10 @@ static int region_keys(kvp_layout *l, uint32_t id, uint64_t addr,
 }
 
 /* The key table's length for the region records at p (count of them), or
- * UINT64_MAX for an mr_shift out of range or for no region with one (the
- * encoder writes version 2 only for those: one encoding per layout).
- * Linear in count. */
+ * UINT64_MAX for an mr_shift out of range, for a keyed region without a
+ * key (size 0: it would count the table one key short) or for no region
+ * with one (the encoder writes version 2 only for those: one encoding per
+ * layout). Linear in count. */
 static uint64_t key_table_len(const uint8_t *p, uint32_t count)
 {
 	uint64_t len = 0, n;
@@ -297,7 +302,7 @@ static uint64_t key_table_len(const uint8_t *p, uint32_t count)
 		if (shift < KVP_MR_SHIFT_MIN || shift > KVP_MR_SHIFT_MAX)
 			return UINT64_MAX;
 		n = kvp__region_nkeys(kvp__get64(p), shift);
-		if (n > KVP_MR_MAX_KEYS)
+		if (!n || n > KVP_MR_MAX_KEYS)
 			return UINT64_MAX;
 		len += 4 * (n - 1); /* < 2^32 * 2^22: no overflow */
 		keyed = 1;
@@ -309,7 +314,7 @@ static uint64_t key_table_len(const uint8_t *p, uint32_t count)
  * the public builders only, so remote data meets every check local data
  * does. */
 int kvp__meta_records(kvp_layout *l, const uint8_t *p, const uint32_t *count,
-		      const uint8_t *keys)
+		      const uint8_t *keys, uint64_t keys_len)
 {
 	uint32_t i, id;
 	int err;
@@ -336,7 +341,7 @@ int kvp__meta_records(kvp_layout *l, const uint8_t *p, const uint32_t *count,
 							kvp__get32(p + 16));
 		else if (!err)
 			err = region_keys(l, id, addr, shift,
-					  kvp__get32(p + 16), &keys);
+					  kvp__get32(p + 16), &keys, &keys_len);
 		if (err)
 			return wire_err(err);
 	}
@@ -363,7 +368,9 @@ int kvp__meta_records(kvp_layout *l, const uint8_t *p, const uint32_t *count,
 		if (err)
 			return err;
 	}
-	return 0;
+	/* Every key read, none left over: the table held exactly the
+	 * regions' counts. */
+	return keys_len ? -EPROTO : 0;
 }
 
 int kvp_meta_decode(const void *buf, size_t len, kvp_layout **out)
@@ -416,7 +423,7 @@ int kvp_meta_decode(const void *buf, size_t len, kvp_layout **out)
 	err = kvp_layout_create(&attr, &l);
 	if (err)
 		return wire_err(err);
-	err = kvp__meta_records(l, p + HDR_LEN, count, keys);
+	err = kvp__meta_records(l, p + HDR_LEN, count, keys, extra);
 	if (!err && kvp_layout_compat_hash(l) != hash)
 		err = -EPROTO;
 	if (err) {

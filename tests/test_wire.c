@@ -48,6 +48,11 @@ static void wr32(uint8_t *p, uint32_t v)
 	p[3] = (uint8_t)(v >> 24);
 }
 
+static uint64_t rd64(const uint8_t *p)
+{
+	return rd32(p) | (uint64_t)rd32(p + 4) << 32;
+}
+
 static void wr64(uint8_t *p, uint64_t v)
 {
 	wr32(p, (uint32_t)v);
@@ -929,8 +934,47 @@ static void test_records(void **state)
 	free(b.p);
 }
 
-/* Every byte, flipped three ways: the blob decodes to a layout that encodes
- * back to exactly those bytes, or it fails cleanly. */
+/* A keyed region of size 0 (no key at all) after the keyed region at r0
+ * would count the key table one key short; with total_len cut to that
+ * count, the first region's keys ran 4 bytes past the blob (found by
+ * fuzz_meta; tests/fuzz/crashes/meta-short-key-table). Refused, read in a
+ * buffer of exactly its length so that ASan sees any byte past it. */
+static void expect_short_table(const struct blob *b, size_t r0)
+{
+	size_t r1 = r0 + REGION_LEN, len = b->len - 4;
+	kvp_layout *out = SENTINEL;
+	uint8_t *p = malloc(len);
+
+	assert_non_null(p);
+	memcpy(p, b->p, len);
+	wr32(p + 8, (uint32_t)len);
+	wr64(p + r1, 0);
+	wr32(p + r1 + 20, 20);
+	if (getenv("KVP_WIRE_CRASH_DIR")) {
+		struct blob c = *b;
+		char path[512];
+		FILE *f;
+
+		c.p = p;
+		c.len = len;
+		snprintf(path, sizeof(path), "%s/meta-short-key-table",
+			 getenv("KVP_WIRE_CRASH_DIR"));
+		f = fopen(path, "wb");
+		assert_non_null(f);
+		assert_int_equal(fwrite(c.p, 1, c.len, f), c.len);
+		assert_int_equal(fclose(f), 0);
+	}
+	assert_int_equal(kvp_meta_decode(p, len, &out), -EPROTO);
+	assert_ptr_equal(out, SENTINEL);
+	/* The same with the size-0 region first: refused too. */
+	wr64(p + r1, rd64(b->p + r1));
+	wr32(p + r1 + 20, 0);
+	wr64(p + r0, 0);
+	assert_int_equal(kvp_meta_decode(p, len, &out), -EPROTO);
+	assert_ptr_equal(out, SENTINEL);
+	free(p);
+}
+
 /* A region registered as several MRs: its keys, set and read back, on the
  * wire as version 2 with a key table, and refused when the table or the
  * shift does not add up. */
@@ -1040,6 +1084,7 @@ static void test_region_keys(void **state)
 	b2.p[4] = 2;
 	expect_patched32(&b2, 8, (uint32_t)b2.len - 4, -EPROTO);
 	expect_decode(&b2, b2.len - 4, -EMSGSIZE);
+	expect_short_table(&b2, r0);
 
 	/* One key again: version 1, byte for byte as before. */
 	assert_int_equal(kvp_layout_set_region_key(l, 0, 0x7f0000000000ull,
@@ -1054,6 +1099,8 @@ static void test_region_keys(void **state)
 	kvp_layout_destroy(l);
 }
 
+/* Every byte, flipped three ways: the blob decodes to a layout that encodes
+ * back to exactly those bytes, or it fails cleanly. */
 static void flip_all(const kvp_layout *l)
 {
 	static const uint8_t masks[] = { 0x01, 0x80, 0xff };

@@ -63,7 +63,7 @@ static kvp_layout *rebuild(const uint8_t *b, const uint32_t *count)
 	a.tp_rank = kvp__get32(b + 36);
 	if (kvp_layout_create(&a, &l))
 		return NULL;
-	if (kvp__meta_records(l, b + META_HDR, count, NULL)) {
+	if (kvp__meta_records(l, b + META_HDR, count, NULL, 0)) {
 		kvp_layout_destroy(l);
 		return NULL;
 	}
