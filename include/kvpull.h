@@ -201,8 +201,9 @@ KVP_API KVP_MUST_CHECK int kvp_layout_add_field(kvp_layout *layout,
 						uint32_t view,
 						const struct kvp_field_desc *f);
 
-/* Read-only inspection. Counts never fail; the getters return 0, or -EINVAL
- * for an index out of range (output untouched). */
+/* Read-only inspection. Counts never fail (a NULL layout reads as all
+ * zeros, a NULL info is left alone); the getters return 0, or -EINVAL for
+ * a NULL or an index out of range (output untouched). */
 struct kvp_layout_info {
 	uint64_t engine_id;
 	uint32_t tp_size, tp_rank;
@@ -226,7 +227,8 @@ KVP_API KVP_MUST_CHECK int kvp_layout_get_field(const kvp_layout *layout,
 
 /* A 64-bit hash of everything that must agree between engines for a plan to
  * exist (groups, layers, field kinds, global axis extents, element sizes),
- * independent of TP size, rank, block size and memory layout. */
+ * independent of TP size, rank, block size and memory layout. 0 for a
+ * NULL layout (no layout hashes to 0 but by chance). */
 KVP_API uint64_t kvp_layout_compat_hash(const kvp_layout *layout);
 
 /* Where a region lives on its owner, for remote access: set by the transport
@@ -527,7 +529,8 @@ struct kvp_sge {
 };
 
 /* Upper bounds on the WRs and SGEs kvp_plan_emit() can write for a request
- * whose id lists hold at most `max_ids` ids each. */
+ * whose id lists hold at most `max_ids` ids each. A NULL plan gives 0 and 0
+ * (a NULL output pointer is skipped). */
 KVP_API void kvp_plan_emit_bound(const kvp_plan *plan, uint32_t max_ids,
 				 uint32_t *max_wrs, uint32_t *max_sges);
 
@@ -671,16 +674,22 @@ struct kvp_emit_sink {
  * Returns the number of WRs written and, if not NULL, in *nsge the SGEs
  * used and in *bytes the bytes read; -EINVAL as kvp_plan_emit_window(), and
  * for a sink with NULL records, scatter entries or maps, a non-zero
- * comp_mask, a stride or an offset that does not fit. Allocation-free;
- * thread-safe on distinct positions and sinks. */
+ * comp_mask, a stride or an offset that does not fit. A map is checked
+ * when the window reaches the first stream that reads its region: a NULL
+ * key table, a shift of 64 or more or a non-zero comp_mask there ends the
+ * window before that stream (the WRs of the streams before it are
+ * returned) and makes the next call return -EINVAL with nothing written
+ * and pos untouched. The key arrays' lengths cannot be checked: a key
+ * table shorter than its region's MR count is undefined behaviour.
+ * Allocation-free; thread-safe on distinct positions and sinks. */
 KVP_API KVP_MUST_CHECK int
 kvp_plan_emit_window_into(const kvp_plan *plan, const struct kvp_ids *ids,
 			  struct kvp_emit_pos *pos,
 			  const struct kvp_emit_sink *sink, uint32_t wr_cap,
 			  uint32_t sge_cap, uint32_t *nsge, uint64_t *bytes);
 
-/* 1 when every READ of pos's source has been written, else 0. pos must not
- * be NULL. */
+/* 1 when every READ of pos's source has been written, else 0; -EINVAL
+ * for a NULL pos. */
 KVP_API KVP_MUST_CHECK int
 kvp_plan_emit_done(const struct kvp_emit_pos *pos);
 
@@ -696,6 +705,7 @@ struct kvp_plan_info {
 	uint32_t max_len;  /* bytes per READ at most (kvp_plan_attr.max_len) */
 	uint64_t bytes;	   /* plan size in memory */
 };
+/* A NULL plan reads as all zeros; a NULL info is left alone. */
 KVP_API void kvp_plan_get_info(const kvp_plan *plan, struct kvp_plan_info *info);
 
 /* Producer rank of source index i, or -EINVAL. */

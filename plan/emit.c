@@ -90,6 +90,13 @@ void kvp_plan_emit_bound(const kvp_plan *p, uint32_t max_ids,
 	uint64_t n = 0;
 	uint32_t i;
 
+	if (!p || !max_wrs || !max_sges) {
+		if (max_wrs)
+			*max_wrs = 0;
+		if (max_sges)
+			*max_sges = 0;
+		return;
+	}
 	for (i = 0; i < p->nstreams; i++) {
 		const struct kvp_pset *s = &p->sets[p->streams[i].set];
 		uint32_t lper = p->groups[s->group].lper;
@@ -754,6 +761,35 @@ int kvp_plan_emit_start(const kvp_plan *p, const struct kvp_ids *ids,
 	return 0;
 }
 
+/* into: a map the emission may index, key[off >> shift], with no undefined
+ * shift and no NULL table (the caller's key arrays themselves cannot be
+ * checked). */
+static inline int map_ok(const struct kvp_emit_map *m)
+{
+	return m->key && !m->comp_mask && m->shift < 64;
+}
+
+/* into: the maps of every region the stream or gather at st reads: its
+ * remote region's and each member's local region's. Checked when the
+ * unit is entered, a few loads per stream, so that a window into maps no
+ * emission may use stops before writing anything through them. */
+static inline int unit_maps_ok(const struct cursor *c, const kvp_plan *p,
+			       const struct kvp_pstream *st)
+{
+	uint32_t m, n = 1, rview = st->rview;
+
+	if (st->gather) {
+		n = p->gathers[st->gather - 1].n;
+		rview = p->gathers[st->gather - 1].rview;
+	}
+	if (!map_ok(&c->rmap[p->rviews[rview].region]))
+		return 0;
+	for (m = 0; m < n; m++)
+		if (!map_ok(&c->lmap[p->lviews[st[m].lview].region]))
+			return 0;
+	return 1;
+}
+
 /*
  * A window's streams, from pos: stores where it stopped in *at and returns
  * the stream it stopped in (pos->end when the source is done), or a
@@ -775,10 +811,13 @@ window_streams(struct cursor *c, const kvp_plan *p, const struct kvp_ids *ids,
 		const struct kvp_pstream *st = &p->streams[si];
 		uint32_t g = p->sets[st->set].group;
 
-		/* Only on ids changed since kvp_plan_emit_start(): stop
-		 * before the group, so that the error comes with nothing
-		 * written (here, or on the next call). */
+		/* Only on ids changed since kvp_plan_emit_start(), or
+		 * (into) maps no emission may use: stop before the unit, so
+		 * that the error comes with nothing written (here, or on
+		 * the next call). */
 		err = needs_get(&ns, p, ids, g, &n);
+		if (into && kvp_unlikely(!err && !unit_maps_ok(c, p, st)))
+			err = -EINVAL;
 		if (kvp_unlikely(err)) {
 			if (!c->nwr)
 				return err;
@@ -918,11 +957,19 @@ int kvp_plan_emit_window_into(const kvp_plan *p, const struct kvp_ids *ids,
 
 int kvp_plan_emit_done(const struct kvp_emit_pos *pos)
 {
+	if (!pos)
+		return -EINVAL;
 	return pos->stream >= pos->end;
 }
 
 void kvp_plan_get_info(const kvp_plan *p, struct kvp_plan_info *info)
 {
+	if (!info)
+		return;
+	if (!p) {
+		memset(info, 0, sizeof(*info));
+		return;
+	}
 	info->ngroups = p->ngroups;
 	info->nsrc = p->nsrc;
 	info->nnotify = p->nnotify;

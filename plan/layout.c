@@ -395,6 +395,12 @@ int kvp_layout_add_field(kvp_layout *l, uint32_t view,
 
 void kvp_layout_get_info(const kvp_layout *l, struct kvp_layout_info *info)
 {
+	if (!info)
+		return;
+	if (!l) {
+		memset(info, 0, sizeof(*info));
+		return;
+	}
 	info->engine_id = l->attr.engine_id;
 	info->tp_size = l->attr.tp_size;
 	info->tp_rank = l->attr.tp_rank;
@@ -516,6 +522,8 @@ uint64_t kvp_layout_compat_hash(const kvp_layout *l)
 	uint64_t h = 0x6b7670756c6cull, fh = 0;
 	uint32_t i, d;
 
+	if (!l)
+		return 0;
 	h = mix(h, l->ngroups);
 	for (i = 0; i < l->ngroups; i++)
 		h = mix(h, l->groups[i].kind);

@@ -457,6 +457,19 @@ static void test_rejects(void **state)
 	assert_memory_equal(&pos, &canary, sizeof(pos));
 	assert_memory_equal(wr, wc, sizeof(wr));
 	assert_memory_equal(sge, sc, sizeof(sge));
+
+	/* the inspection calls on NULLs: no crash, documented answers */
+	assert_int_equal(kvp_plan_emit_done(NULL), -EINVAL);
+	memset(&pi, 0xa5, sizeof(pi));
+	kvp_plan_get_info(NULL, &pi);
+	assert_int_equal(pi.nsrc, 0);
+	assert_int_equal(pi.bytes, 0);
+	kvp_plan_get_info(plan, NULL);
+	i = 7;
+	kvp_plan_emit_bound(NULL, 4, &i, NULL);
+	assert_int_equal(i, 0);
+	kvp_plan_emit_bound(plan, 4, NULL, &i);
+	assert_int_equal(i, 0);
 	pair_close(&h.x);
 }
 
@@ -695,6 +708,23 @@ static void maps_init(void)
 	}
 }
 
+/* A sink into struct ibv_send_wr and struct ibv_sge, through lmap and
+ * rmap. */
+static void sink_init(struct kvp_emit_sink *k, struct ibv_send_wr *wr,
+		      struct kvp_emit_sge *sge)
+{
+	k->wr = wr;
+	k->wr_stride = sizeof(struct ibv_send_wr);
+	k->off_wr_id = offsetof(struct ibv_send_wr, wr_id);
+	k->off_sg_list = offsetof(struct ibv_send_wr, sg_list);
+	k->off_num_sge = offsetof(struct ibv_send_wr, num_sge);
+	k->off_remote_addr = offsetof(struct ibv_send_wr, wr.rdma.remote_addr);
+	k->off_rkey = offsetof(struct ibv_send_wr, wr.rdma.rkey);
+	k->sge = sge;
+	k->local = lmap;
+	k->remote = rmap;
+}
+
 static uint32_t map_key(const struct kvp_emit_map *m, uint64_t off)
 {
 	assert_true((off >> m->shift) < MAP_KEYS);
@@ -719,17 +749,8 @@ static void check_into(const kvp_plan *plan, const struct kvp_ids *ids,
 	uint32_t ns = 0, i, q, sum = 0;
 	int m;
 
-	k.wr = sc->xwr;
-	k.wr_stride = sizeof(struct ibv_send_wr);
-	k.off_wr_id = offsetof(struct ibv_send_wr, wr_id);
-	k.off_sg_list = offsetof(struct ibv_send_wr, sg_list);
-	k.off_num_sge = offsetof(struct ibv_send_wr, num_sge);
-	k.off_remote_addr = offsetof(struct ibv_send_wr, wr.rdma.remote_addr);
-	k.off_rkey = offsetof(struct ibv_send_wr, wr.rdma.rkey);
+	sink_init(&k, sc->xwr, sc->xsge);
 	k.wr_id = INTO_WRID;
-	k.sge = sc->xsge;
-	k.local = lmap;
-	k.remote = rmap;
 	/* The records the window may write and the one after them. */
 	for (i = 0; i < (uint32_t)n; i++)
 		sum += sc->wr[i].nsge;
@@ -1043,12 +1064,90 @@ static void test_matrix_gather(void **state)
 	assert_int_equal(nreqs, 6 * 9);
 }
 
+/*
+ * Maps no emission may use: a NULL key table, a shift of 64 or more, a
+ * non-zero comp_mask. On the first stream's region: -EINVAL, nothing
+ * written, pos untouched. On the second stream's only: the first
+ * stream's WRs, then -EINVAL with nothing written and pos at the second.
+ */
+static void test_into_maps(void **state)
+{
+	static const uint32_t l[] = { 3, 4, 5, 6 }, r[] = { 7, 8, 9, 10 };
+	const struct kvp_ids good = IDS(l, 2, r, 4, 0);
+	struct ibv_send_wr xwr[8], xwc[8];
+	struct kvp_emit_sge xsge[8], xsc[8];
+	struct kvp_emit_sink k = { 0 };
+	struct kvp_emit_pos pos, start, mid;
+	struct hand h;
+	uint32_t i, ns;
+	int n;
+
+	(void)state;
+	maps_init();
+	hand_open(&h, 1, 4, 2);
+	/* one source, a stream per region: 0 then 1 */
+	assert_int_equal(kvp_plan_emit_start(h.x.plan, &good, 0, &start), 0);
+	pos = start;
+	assert_int_equal(kvp_plan_emit_window(h.x.plan, &good, &pos, h.wr, 8,
+					      h.sge, 8, NULL),
+			 2);
+	assert_int_equal(h.wr[0].region, 0);
+	assert_int_equal(h.wr[1].region, 1);
+	sink_init(&k, xwr, xsge);
+	memset(xwc, 0xa5, sizeof(xwc));
+	memset(xsc, 0xa5, sizeof(xsc));
+	for (i = 0; i < 8; i++) {
+		struct kvp_emit_map *m = &(i & 1 ? rmap : lmap)[i / 4];
+		struct kvp_emit_map save = *m;
+
+		if (i % 4 / 2 == 0)
+			m->key = NULL;
+		else if (i % 8 < 4)
+			m->shift = 64 + 100 * (i & 1);
+		else
+			m->comp_mask = 1;
+		memcpy(xwr, xwc, sizeof(xwr));
+		memcpy(xsge, xsc, sizeof(xsge));
+		pos = start;
+		n = kvp_plan_emit_window_into(h.x.plan, &good, &pos, &k, 8, 8,
+					      &ns, NULL);
+		if (i / 4 == 0) {
+			/* region 0: the first stream's */
+			assert_int_equal(n, -EINVAL);
+			assert_memory_equal(&pos, &start, sizeof(pos));
+			assert_memory_equal(xwr, xwc, sizeof(xwr));
+			assert_memory_equal(xsge, xsc, sizeof(xsge));
+		} else {
+			/* region 1: the first stream's WR, then the error */
+			assert_int_equal(n, 1);
+			assert_int_equal(ns, 1);
+			assert_int_equal(pos.stream, start.stream + 1);
+			mid = pos;
+			memcpy(xwr, xwc, sizeof(xwr));
+			n = kvp_plan_emit_window_into(h.x.plan, &good, &pos,
+						      &k, 8, 8, &ns, NULL);
+			assert_int_equal(n, -EINVAL);
+			assert_memory_equal(&pos, &mid, sizeof(pos));
+			assert_memory_equal(xwr, xwc, sizeof(xwr));
+		}
+		*m = save;
+	}
+	/* the maps mended: both streams */
+	pos = start;
+	assert_int_equal(kvp_plan_emit_window_into(h.x.plan, &good, &pos, &k,
+						   8, 8, &ns, NULL),
+			 2);
+	assert_int_equal(kvp_plan_emit_done(&pos), 1);
+	pair_close(&h.x);
+}
+
 int main(void)
 {
 	const struct CMUnitTest t[] = {
 		cmocka_unit_test(test_exact_simple),
 		cmocka_unit_test(test_exact_periods),
 		cmocka_unit_test(test_rejects),
+		cmocka_unit_test(test_into_maps),
 		cmocka_unit_test(test_matrix),
 		cmocka_unit_test(test_matrix_len),
 		cmocka_unit_test(test_matrix_gather),

@@ -506,6 +506,12 @@ static void test_getters_out_of_range(void **state)
 	assert_int_equal(li.nregions, 2);
 	assert_int_equal(li.nviews, 2);
 	assert_int_equal(li.nfields, 1);
+	/* NULLs: zeros, or nothing touched */
+	kvp_layout_get_info(l, NULL);
+	kvp_layout_get_info(NULL, &li);
+	assert_int_equal(li.nfields, 0);
+	assert_int_equal(li.engine_id, 0);
+	assert_true(kvp_layout_compat_hash(NULL) == 0);
 
 	memset(&g, 0xa5, sizeof(g)), gc = g;
 	memset(&v, 0xa5, sizeof(v)), vc = v;
