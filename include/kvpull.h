@@ -46,6 +46,74 @@ KVP_API uint32_t kvp_version(void);
  * returned by any kvp_ call, or 0). Never NULL; thread-safe. */
 KVP_API const char *kvp_strerror(int err);
 
+/* Why a call, a handshake or a transfer was refused or failed, beyond its
+ * errno: a code an engine can switch on. The errno says what kind of
+ * failure it is (-EPROTO, -EPERM, -ETIMEDOUT...), the reason which check
+ * made it; a line for an operator comes with it (kvp_agent_last_error(),
+ * struct kvp_engine_info.why). Carried by KVP_EV_ENGINE_DOWN, FAILED,
+ * DISCONNECTED and EXPIRED events, by kvp_agent_engine_info() and by
+ * kvp_agent_last_error() for the calls that refuse. A producer that
+ * refuses a consumer sends its reason: the consumer's engine goes down
+ * with KVP_REASON_PEER_REFUSED and the producer's code in peer_reason. */
+enum kvp_reason {
+	KVP_REASON_NONE = 0,
+	/* the handshake (either side) */
+	KVP_REASON_MALFORMED,	  /* a blob or message fails its checks */
+	KVP_REASON_TP_SIZE,	  /* the peer engine's TP size is not the
+				   * number of ranks given */
+	KVP_REASON_RANK,	  /* a rank's blob names another rank:
+				   * swapped or misaddressed */
+	KVP_REASON_ENGINE_ID,	  /* a blob of another engine than the
+				   * rest of its ranks' */
+	KVP_REASON_MODEL,	  /* compatibility hashes differ: another
+				   * model (kvp_layout_compat_hash()) */
+	KVP_REASON_LAYOUT,	  /* the planner cannot match the layouts
+				   * (the line says which field and why) */
+	KVP_REASON_PLAN_COST,	  /* the plan would exceed KVP_PLAN_MAX_WORK */
+	KVP_REASON_CARRIED,	  /* a carried blob differs from the one its
+				   * rank sends: restarted or stale */
+	KVP_REASON_AUTH,	  /* shared secrets differ, or one side has
+				   * none */
+	KVP_REASON_PEER_FULL,	  /* the peer is at a connection, handshake or
+				   * memory limit: retry later */
+	KVP_REASON_MR_WINDOW,	  /* a producer rank's MR window is below
+				   * the plan's READ length */
+	KVP_REASON_UNREACHABLE,	  /* address or route resolution failed, or
+				   * nobody listens */
+	KVP_REASON_TIMEOUT,	  /* not up within timeout_ms */
+	KVP_REASON_PEER_REFUSED,  /* the producer refused us: peer_reason */
+	/* after the handshake */
+	KVP_REASON_TRANSPORT,	  /* a completion error or a reset */
+	KVP_REASON_STALL,	  /* stall_ms passed without progress */
+	KVP_REASON_CLOSED,	  /* the peer closed its agent: a clean
+				   * close, status 0 */
+	KVP_REASON_REMOVED,	  /* kvp_agent_remove_engine() */
+	KVP_REASON_DEVICE,	  /* port down, device fatal, QP fatal */
+	/* the calls (kvp_agent_last_error()) */
+	KVP_REASON_ARGS,	  /* NULL or out-of-range arguments */
+	KVP_REASON_IDS_UNEVEN,	  /* more local ids than remote in a group */
+	KVP_REASON_IDS_MAX,	  /* an id list longer than max_ids */
+	KVP_REASON_IDS_TOKENS,	  /* tokens past the blocks given */
+	KVP_REASON_IDS_RANGE,	  /* a block id past num_blocks */
+	KVP_REASON_NO_ENGINE,	  /* an unknown engine handle */
+	KVP_REASON_IN_FLIGHT,	  /* this req_id is being pulled from this
+				   * engine */
+	KVP_REASON_BUSY,	  /* max_inflight requests or a full queue */
+	KVP_REASON_NOT_UP,	  /* the engine is not up */
+	/* producer events */
+	KVP_REASON_OTHER_ENGINE,  /* EXPIRED: notifications for req_id came
+				   * from another consumer engine, never
+				   * from the one expected */
+	KVP_REASON_COUNT
+};
+
+/* Room for a reason's line, its terminating NUL included. */
+#define KVP_WHY_LEN 128
+
+/* A static, human-readable name of reason `r` ("unknown reason" past the
+ * list). Never NULL; thread-safe. */
+KVP_API const char *kvp_reason_str(uint32_t r);
+
 /* ------------------------------------------------------------------------
  * Layout model
  *
@@ -1186,6 +1254,18 @@ KVP_API KVP_MUST_CHECK int kvp_agent_connect(kvp_agent *agent,
 					     const struct kvp_peer *ranks,
 					     uint32_t n, int timeout_ms);
 
+/* Why the agent's most recent call of kvp_agent_connect(),
+ * kvp_agent_add_engine(), kvp_agent_reconnect_engine(),
+ * kvp_agent_remove_engine(), kvp_agent_pull() or kvp_agent_pull_from()
+ * failed: returns its reason (enum kvp_reason; KVP_REASON_NONE when that
+ * call succeeded) and copies its line into buf (len bytes at most, NUL
+ * included; buf may be NULL). E.g. after kvp_agent_pull_from() returned
+ * -EINVAL: KVP_REASON_IDS_MAX, "group 0: 300 local and 300 remote ids,
+ * max_ids 256". Not thread-safe against those calls (no call of an agent
+ * is). */
+KVP_API uint32_t kvp_agent_last_error(const kvp_agent *agent, char *buf,
+				      size_t len);
+
 /* Consumer: the plan of kvp_agent_connect()'s engine, or NULL before
  * connect and while that engine is not up. Borrowed: valid while the
  * engine is up (kvp_agent_engine_info() gives any engine's). */
@@ -1318,6 +1398,12 @@ struct kvp_engine_info {
 	uint64_t add_ns;	     /* last handshake: add or reconnect call
 				      * to UP */
 	uint32_t plan_cached;	     /* last handshake reused a plan */
+	/* DOWN: why (enum kvp_reason), the producer's own reason when it
+	 * refused us (KVP_REASON_PEER_REFUSED), and a line for an operator,
+	 * e.g. "producer rank 1: group 0 layer 0 K: head extent differs:
+	 * local 4, remote 8". Cleared when a handshake starts. */
+	uint32_t reason, peer_reason;
+	char why[KVP_WHY_LEN];
 };
 
 /* Copies engine `engine`'s facts into *info. Returns 0, -ENOENT for an
@@ -1395,6 +1481,10 @@ struct kvp_event {
 	uint64_t bytes;	    /* DONE: bytes they moved */
 	uint64_t elapsed_ns; /* DONE: from kvp_agent_pull() to the last
 			      * READ's completion */
+	uint32_t reason;      /* ENGINE_DOWN, FAILED, DISCONNECTED, EXPIRED:
+			       * enum kvp_reason (0: none recorded) */
+	uint32_t peer_reason; /* with KVP_REASON_PEER_REFUSED: the
+			       * producer's reason */
 };
 
 /* Drives the agent without blocking: completions (polled in arrays), queued

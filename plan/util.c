@@ -9,6 +9,44 @@ uint32_t kvp_version(void)
 	       KVP_VERSION_PATCH;
 }
 
+static const char *const reasons[KVP_REASON_COUNT] = {
+	[KVP_REASON_NONE] = "no reason recorded",
+	[KVP_REASON_MALFORMED] = "malformed peer data",
+	[KVP_REASON_TP_SIZE] = "TP size differs from the ranks given",
+	[KVP_REASON_RANK] = "blob of another rank (swapped or misaddressed)",
+	[KVP_REASON_ENGINE_ID] = "blob of another engine",
+	[KVP_REASON_MODEL] = "another model (compatibility hashes differ)",
+	[KVP_REASON_LAYOUT] = "layouts cannot be matched",
+	[KVP_REASON_PLAN_COST] = "plan too costly to compile",
+	[KVP_REASON_CARRIED] = "carried blob differs from the rank's own",
+	[KVP_REASON_AUTH] = "shared secrets differ or one side has none",
+	[KVP_REASON_PEER_FULL] = "peer at its limits",
+	[KVP_REASON_MR_WINDOW] = "producer MR window below the plan's READ length",
+	[KVP_REASON_UNREACHABLE] = "peer unreachable",
+	[KVP_REASON_TIMEOUT] = "handshake timed out",
+	[KVP_REASON_PEER_REFUSED] = "refused by the producer",
+	[KVP_REASON_TRANSPORT] = "transport error",
+	[KVP_REASON_STALL] = "stalled: no progress within stall_ms",
+	[KVP_REASON_CLOSED] = "peer closed cleanly",
+	[KVP_REASON_REMOVED] = "engine removed",
+	[KVP_REASON_DEVICE] = "device or port failure",
+	[KVP_REASON_ARGS] = "invalid arguments",
+	[KVP_REASON_IDS_UNEVEN] = "more local ids than remote ids",
+	[KVP_REASON_IDS_MAX] = "id list longer than max_ids",
+	[KVP_REASON_IDS_TOKENS] = "tokens past the blocks given",
+	[KVP_REASON_IDS_RANGE] = "block id out of range",
+	[KVP_REASON_NO_ENGINE] = "no engine with that handle",
+	[KVP_REASON_IN_FLIGHT] = "request already being pulled",
+	[KVP_REASON_BUSY] = "request slots or queues full",
+	[KVP_REASON_NOT_UP] = "engine not up",
+	[KVP_REASON_OTHER_ENGINE] = "notified by another consumer engine only",
+};
+
+const char *kvp_reason_str(uint32_t r)
+{
+	return r < KVP_REASON_COUNT ? reasons[r] : "unknown reason";
+}
+
 /* Every code a kvp_ call returns has its own message here (never "unknown
  * error"): tests/check_strerror.sh fails the unit tests when plan/, verbs/
  * or the header use a code this switch does not name. */
@@ -73,6 +111,8 @@ const char *kvp_strerror(int err)
 		return "authentication failed: wrong or missing shared secret";
 	case -ENOTSUP:
 		return "operation not supported";
+	case -EFBIG:
+		return "plan too costly to compile (over KVP_PLAN_MAX_WORK)";
 	case -EOVERFLOW:
 		return "value too large (count or size overflow)";
 	case -EUSERS:

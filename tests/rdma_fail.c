@@ -112,7 +112,8 @@ static int handshake_consumer(const struct rt_env *env, const struct rt_req *rq)
 	kvp_agent *a = NULL, *b = NULL;
 	struct kvp_ids ids[1];
 	struct kvp_event ev[8];
-	uint32_t big[64], i;
+	uint32_t big[64], i, r;
+	char why[KVP_WHY_LEN];
 	const char *who = "handshake D0";
 	double t0;
 	int ret = 1, err;
@@ -140,6 +141,11 @@ static int handshake_consumer(const struct rt_env *env, const struct rt_req *rq)
 		if (err != -EPROTO)
 			RT_FAIL("other model: %s, want -EPROTO",
 				kvp_strerror(err));
+		/* The producer refused our blob and said why. */
+		r = kvp_agent_last_error(b, why, sizeof(why));
+		if (r != KVP_REASON_PEER_REFUSED ||
+		    strcmp(why, "producer rank 0 refused us: another model (compatibility hashes differ)"))
+			RT_FAIL("other model: reason %u \"%s\"", r, why);
 		if (kvp_agent_plan(b))
 			RT_FAIL("a plan survived a failed connect");
 		if (kvp_agent_pull(b, 1, rq[0].ids) != -ENOTCONN)
@@ -184,6 +190,10 @@ static int handshake_consumer(const struct rt_env *env, const struct rt_req *rq)
 	err = kvp_agent_connect(a, peers, 2, 20000);
 	if (err != -EPROTO)
 		RT_FAIL("wrong TP size: %s, want -EPROTO", kvp_strerror(err));
+	r = kvp_agent_last_error(a, why, sizeof(why));
+	if (r != KVP_REASON_TP_SIZE ||
+	    strcmp(why, "producer rank 0: its engine has TP size 1, 2 ranks given"))
+		RT_FAIL("wrong TP size: reason %u \"%s\"", r, why);
 
 	err = kvp_agent_connect(a, peers, 1, 20000);
 	if (err)
@@ -199,6 +209,29 @@ static int handshake_consumer(const struct rt_env *env, const struct rt_req *rq)
 	ids[0].nlocal = 9; /* > max_ids */
 	if (kvp_agent_pull(a, 7, ids) != -EINVAL)
 		RT_FAIL("pull with too many ids");
+	r = kvp_agent_last_error(a, why, sizeof(why));
+	if (r != KVP_REASON_IDS_MAX)
+		RT_FAIL("too many ids: reason %u \"%s\"", r, why);
+	/* More local ids than the remote ones cover, then tokens past them:
+	 * the same errno, their own reasons. */
+	ids[0] = rq[0].ids[0];
+	ids[0].nremote = 1;
+	ids[0].tokens = 0;
+	if (kvp_agent_pull(a, 7, ids) != -EINVAL ||
+	    (r = kvp_agent_last_error(a, why, sizeof(why))) !=
+		    KVP_REASON_IDS_UNEVEN)
+		RT_FAIL("more local than remote: reason %u \"%s\"", r, why);
+	ids[0] = rq[0].ids[0];
+	ids[0].tokens = 100000;
+	if (kvp_agent_pull(a, 7, ids) != -EINVAL ||
+	    (r = kvp_agent_last_error(a, why, sizeof(why))) !=
+		    KVP_REASON_IDS_TOKENS)
+		RT_FAIL("tokens past the blocks: reason %u \"%s\"", r, why);
+	if (kvp_agent_pull_from(a, 0x7777, 7, rq[0].ids) != -ENOENT ||
+	    (r = kvp_agent_last_error(a, why, sizeof(why))) !=
+		    KVP_REASON_NO_ENGINE ||
+	    strcmp(why, "no engine with handle 30583"))
+		RT_FAIL("unknown handle: reason %u \"%s\"", r, why);
 	ids[0] = rq[0].ids[0];
 	big[0] = 16; /* num_blocks is 16 */
 	memcpy(big + 1, rq[0].ids[0].local + 1,
@@ -206,8 +239,19 @@ static int handshake_consumer(const struct rt_env *env, const struct rt_req *rq)
 	ids[0].local = big;
 	if (kvp_agent_pull(a, 7, ids) != -ERANGE)
 		RT_FAIL("pull with an id out of range");
+	r = kvp_agent_last_error(a, why, sizeof(why));
+	if (r != KVP_REASON_IDS_RANGE ||
+	    strcmp(why, "group 0: local id 16, 16 blocks"))
+		RT_FAIL("id out of range: reason %u \"%s\"", r, why);
 	if (kvp_agent_pull(a, rq[0].id, rq[0].ids))
 		RT_FAIL("pull");
+	if (kvp_agent_last_error(a, NULL, 0) != KVP_REASON_NONE)
+		RT_FAIL("a pull that succeeded left a reason");
+	/* The same request again while in flight: refused, nothing
+	 * changed (one DONE follows, below). */
+	if (kvp_agent_pull(a, rq[0].id, rq[0].ids) != -EALREADY ||
+	    kvp_agent_last_error(a, NULL, 0) != KVP_REASON_IN_FLIGHT)
+		RT_FAIL("the same request pulled twice in flight");
 	if (kvp_agent_pull(a, rq[1].id, rq[1].ids) != -EBUSY)
 		RT_FAIL("pull beyond max_inflight was not -EBUSY");
 	if (wait_req(a, rq[0].id, 20) != KVP_EV_DONE)

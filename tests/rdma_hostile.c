@@ -374,6 +374,10 @@ out:
 #define W_AUTH_MAGIC 0x4b565041u
 #define W_GO_MAGIC 0x4b565047u
 #define W_REFUSE_MAGIC 0x4b565052u
+#define W_REFUSE_LEN 12 /* magic, -errno, reason */
+
+/* The reason of the last refusal a raw client read (enum kvp_reason). */
+static uint32_t raw_reason;
 #define W_NOTE_MAGIC 0x4b56504eu
 
 struct raw {
@@ -498,8 +502,10 @@ static int raw_connect_as(struct raw *r, const char *src, const char *dst,
 		return -ECONNABORTED;
 	err = raw_event(r, RDMA_CM_EVENT_ESTABLISHED, 10000, pd, &plen);
 	if (err == -(1000 + RDMA_CM_EVENT_REJECTED)) {
-		if (plen >= 8 && kvp__get32(pd) == W_REFUSE_MAGIC)
+		if (plen >= W_REFUSE_LEN && kvp__get32(pd) == W_REFUSE_MAGIC) {
+			raw_reason = kvp__get32(pd + 8);
 			return (int32_t)kvp__get32(pd + 4);
+		}
 		return -ECONNREFUSED;
 	}
 	if (err)
@@ -589,8 +595,10 @@ static int raw_auth(struct raw *r, const uint8_t *key)
 	n = raw_wait(r, 1, 5000);
 	if (n < 0)
 		return n;
-	if (n == 8 && kvp__get32(rx) == W_REFUSE_MAGIC)
+	if (n == W_REFUSE_LEN && kvp__get32(rx) == W_REFUSE_MAGIC) {
+		raw_reason = kvp__get32(rx + 8);
 		return (int32_t)kvp__get32(rx + 4);
+	}
 	return n == 20 && kvp__get32(rx) == W_GO_MAGIC ? 0 : -EPROTO;
 }
 
@@ -609,8 +617,10 @@ static int raw_blob(struct raw *r, const void *blob, uint32_t len)
 	n = raw_wait(r, 1, 10000);
 	if (n < 0)
 		return n;
-	if (n == 8 && kvp__get32(rx) == W_REFUSE_MAGIC)
+	if (n == W_REFUSE_LEN && kvp__get32(rx) == W_REFUSE_MAGIC) {
+		raw_reason = kvp__get32(rx + 8);
 		return (int32_t)kvp__get32(rx + 4);
+	}
 	return 0;
 }
 
@@ -786,6 +796,8 @@ static int raw_slow(const struct rt_env *env, void *arg)
 	raw_close(&r);
 	CHECK(err == -EPROTO, "garbage blob: %s, want -EPROTO",
 	      kvp_strerror(err));
+	CHECK(raw_reason == KVP_REASON_MALFORMED, "garbage blob: reason %u",
+	      raw_reason);
 	return 0;
 }
 
@@ -851,6 +863,8 @@ static int raw_dup(const struct rt_env *env, uint16_t port)
 	raw_close(&r2);
 	CHECK(err == -EPROTO, "TP 1 rank of a TP 128 engine: %s, want -EPROTO",
 	      kvp_strerror(err));
+	CHECK(raw_reason == KVP_REASON_TP_SIZE,
+	      "TP 1 rank of a TP 128 engine: reason %u", raw_reason);
 	usleep(200000);
 	raw_close(&r);
 	return 0;
@@ -1064,11 +1078,15 @@ static int raw_forged(const struct rt_env *env, void *arg)
 	raw_close(&r);
 	CHECK(err == -EPERM, "forged proof: %s, want -EPERM",
 	      kvp_strerror(err));
+	CHECK(raw_reason == KVP_REASON_AUTH, "forged proof: reason %u",
+	      raw_reason);
 	/* No secret claimed: refused in the hello. */
 	err = raw_connect(&r, env->addr0, env->addr0, *port, H_EVIL, 4096, 0,
 			  64);
 	raw_close(&r);
 	CHECK(err == -EPERM, "no secret: %s, want -EPERM", kvp_strerror(err));
+	CHECK(raw_reason == KVP_REASON_AUTH, "no secret: reason %u",
+	      raw_reason);
 	return 0;
 }
 

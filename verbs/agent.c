@@ -52,6 +52,15 @@ void kvp__ev_disconnected(kvp_agent *a, struct kvp_conn *c)
 	memset(&ev, 0, sizeof(ev));
 	ev.type = KVP_EV_DISCONNECTED;
 	ev.status = c->status;
+	if (c->side == KVP_ROLE_CONSUMER && a->engs[c->eng].why.reason) {
+		ev.reason = a->engs[c->eng].why.reason;
+		ev.peer_reason = a->engs[c->eng].why.peer_reason;
+	} else {
+		struct kvp_why w = { 0 };
+
+		kvp__why_errno(&w, c->status);
+		ev.reason = w.reason;
+	}
 	ev.engine_id = c->engine_id;
 	ev.rank = c->rank;
 	if (c->side == KVP_ROLE_CONSUMER)
@@ -609,7 +618,7 @@ static uint64_t mem_bytes(const kvp_agent *a)
 		     (sizeof(*a->reqs) + KVP_NOTE_LEN +
 		      ng * (2 * a->max_ids * sizeof(uint32_t) +
 			    sizeof(struct kvp_ids)));
-		m += (uint64_t)(a->pq_mask + 1) * 2 * sizeof(uint32_t);
+		m += (uint64_t)(a->pq_mask + 1) * 3 * sizeof(uint32_t);
 		m += (uint64_t)a->sq_cap *
 		     (sizeof(*a->swr) + a->max_sge * sizeof(*a->ssge) +
 		      2 * sizeof(*a->dirty));

@@ -377,6 +377,7 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->peer = NULL;
 	c->meta_sent = c->meta_recv = 0;
 	c->refused = 0;
+	c->reason = 0;
 	c->notes = NULL;
 	c->notes_mr = NULL;
 	c->expected = 0;

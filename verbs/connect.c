@@ -22,11 +22,21 @@ static int consumer_established(kvp_agent *a, struct kvp_conn *c,
 	struct kvp_hello h;
 	int err;
 
+	struct kvp_why *w = &a->engs[c->eng].why;
+
 	if (plen < KVP_HELLO_ACCEPT_LEN || kvp__hello_get(pdata, plen, &h) ||
-	    h.role != KVP_ROLE_PRODUCER || h.tp_rank != c->rank ||
-	    h.tp_size != a->engs[c->eng].n || h.blob_len < KVP_META_MIN_LEN ||
+	    h.role != KVP_ROLE_PRODUCER || h.blob_len < KVP_META_MIN_LEN ||
 	    h.blob_len > KVP_META_MAX)
-		return -EPROTO;
+		return kvp__why(w, -EPROTO, KVP_REASON_MALFORMED,
+				"producer rank %u: malformed hello", c->rank);
+	if (h.tp_size != a->engs[c->eng].n)
+		return kvp__why(w, -EPROTO, KVP_REASON_TP_SIZE,
+				"producer rank %u: its engine has TP size %u, %u ranks given",
+				c->rank, h.tp_size, a->engs[c->eng].n);
+	if (h.tp_rank != c->rank)
+		return kvp__why(w, -EPROTO, KVP_REASON_RANK,
+				"producer rank %u: the address answers as rank %u",
+				c->rank, h.tp_rank);
 	memcpy(c->hello_p, pdata, KVP_HELLO_LEN);
 	if (a->secret) {
 		/* The producer must prove the secret too: a stranger would
@@ -34,7 +44,11 @@ static int consumer_established(kvp_agent *a, struct kvp_conn *c,
 		kvp__auth_mac(a, 'P', c->hello_c, c->hello_p, mac);
 		if (!(h.flags & KVP_HELLO_AUTH) ||
 		    !kvp__ct_equal(mac, pdata + KVP_HELLO_LEN, KVP_MAC_LEN))
-			return -EPERM;
+			return kvp__why(w, -EPERM, KVP_REASON_AUTH,
+					"producer rank %u: %s", c->rank,
+					h.flags & KVP_HELLO_AUTH ?
+						"its proof fails: the secrets differ" :
+						"it has no shared secret, we have one");
 	}
 	c->engine_id = h.engine_id;
 	c->peer_blob = h.blob_len;
@@ -88,12 +102,28 @@ static int consumer_credit(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 	return 0;
 }
 
-/* A refusal's code, or 0 when m is not a refusal. */
-static int refusal(const uint8_t *m, uint32_t len)
+/* A refusal's code, or 0 when m is not a refusal; its reason recorded as
+ * the engine's (KVP_REASON_PEER_REFUSED, the producer's in peer_reason). */
+static int refusal(kvp_agent *a, const struct kvp_conn *c, const uint8_t *m,
+		   uint32_t len)
 {
+	struct kvp_why *w = &a->engs[c->eng].why;
+	uint32_t r;
+	int err;
+
 	if (len != KVP_REFUSE_LEN || kvp__get32(m) != KVP_REFUSE_MAGIC)
 		return 0;
-	return kvp__refusal_errno((int32_t)kvp__get32(m + 4));
+	err = kvp__refusal_errno((int32_t)kvp__get32(m + 4));
+	r = kvp__get32(m + 8);
+	if (r >= KVP_REASON_COUNT)
+		r = KVP_REASON_NONE;
+	if (!w->reason) {
+		kvp__why(w, err, KVP_REASON_PEER_REFUSED,
+			 "producer rank %u refused us: %s", c->rank,
+			 r ? kvp_reason_str(r) : kvp_strerror(err));
+		w->peer_reason = r;
+	}
+	return err;
 }
 
 struct qp_on {
@@ -199,8 +229,8 @@ void kvp__consumer_event(kvp_agent *a, struct kvp_conn *c,
 	case RDMA_CM_EVENT_REJECTED:
 		/* The producer's reason, if it gave one. The transport pads
 		 * private data (IB CM: to 148 bytes in a reject). */
-		err = refusal(pdata, plen < KVP_REFUSE_LEN ? plen :
-							    KVP_REFUSE_LEN);
+		err = refusal(a, c, pdata,
+			      plen < KVP_REFUSE_LEN ? plen : KVP_REFUSE_LEN);
 		if (!err)
 			err = -ECONNREFUSED;
 		break;
@@ -224,16 +254,21 @@ void kvp__consumer_event(kvp_agent *a, struct kvp_conn *c,
 }
 
 /* The producer's answer to our blob: its own blob, or a refusal. */
-static int consumer_meta(struct kvp_conn *c, uint32_t len)
+static int consumer_meta(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 {
 	int err;
 
-	err = refusal(c->blob, len);
+	err = refusal(a, c, c->blob, len);
 	if (err)
 		return err;
 	err = kvp_meta_decode(c->blob, len, &c->peer);
+	if (err == -ENOMEM)
+		return err;
 	if (err)
-		return err == -ENOMEM ? err : -EPROTO;
+		return kvp__why(&a->engs[c->eng].why, -EPROTO,
+				KVP_REASON_MALFORMED,
+				"producer rank %u: its blob: %s", c->rank,
+				kvp_strerror(err));
 	c->blob_got = len;
 	return 0;
 }
@@ -248,7 +283,7 @@ void kvp__consumer_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 		if (c->state != CS_HANDSHAKE || c->blob)
 			return;
 		m = kvp__ctl_rx(a, c);
-		err = refusal(m, wc->byte_len);
+		err = refusal(a, c, m, wc->byte_len);
 		if (!err)
 			err = consumer_credit(a, c, wc->byte_len);
 		if (!err)
@@ -258,7 +293,7 @@ void kvp__consumer_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 		c->meta_sent = 1;
 		break;
 	case WK_META_RECV:
-		err = consumer_meta(c, wc->byte_len);
+		err = consumer_meta(a, c, wc->byte_len);
 		if (!err)
 			c->meta_recv = 1;
 		break;

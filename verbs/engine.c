@@ -132,6 +132,10 @@ static void eng_event(kvp_agent *a, struct kvp_eng *e, uint32_t type)
 	memset(&ev, 0, sizeof(ev));
 	ev.type = type;
 	ev.status = type == KVP_EV_ENGINE_DOWN ? e->status : 0;
+	if (type == KVP_EV_ENGINE_DOWN) {
+		ev.reason = e->why.reason;
+		ev.peer_reason = e->why.peer_reason;
+	}
 	ev.engine_id = e->engine_id;
 	ev.engine = kvp__engine_handle(a, e);
 	kvp__ev_push(a, &ev);
@@ -199,26 +203,41 @@ static int geo_equal(const kvp_layout *x, const kvp_layout *y)
  * every region's address set) and, when ref is not NULL, against the
  * layout the plan is compiled from: the same engine and geometry. */
 static int check_meta(const kvp_layout *peer, uint32_t rank, uint32_t tp_size,
-		      const kvp_layout *ref)
+		      const kvp_layout *ref, struct kvp_why *w)
 {
 	struct kvp_layout_info pi, ri;
 	uint32_t i;
 
 	kvp_layout_get_info(peer, &pi);
-	if (pi.tp_rank != rank || pi.tp_size != tp_size)
-		return -EPROTO;
+	if (pi.tp_size != tp_size)
+		return kvp__why(w, -EPROTO, KVP_REASON_TP_SIZE,
+				"producer rank %u: its engine has TP size %u, %u ranks given",
+				rank, pi.tp_size, tp_size);
+	if (pi.tp_rank != rank)
+		return kvp__why(w, -EPROTO, KVP_REASON_RANK,
+				"producer rank %u: its blob is rank %u's",
+				rank, pi.tp_rank);
 	for (i = 0; i < pi.nregions; i++) {
 		uint64_t addr;
 		uint32_t key;
 
 		if (kvp_layout_get_region_key(peer, i, &addr, &key) || !addr)
-			return -EPROTO;
+			return kvp__why(w, -EPROTO, KVP_REASON_MALFORMED,
+					"producer rank %u: region %u has no address",
+					rank, i);
 	}
 	if (!ref)
 		return 0;
 	kvp_layout_get_info(ref, &ri);
-	if (pi.engine_id != ri.engine_id || !geo_equal(peer, ref))
-		return -EPROTO;
+	if (pi.engine_id != ri.engine_id)
+		return kvp__why(w, -EPROTO, KVP_REASON_ENGINE_ID,
+				"producer rank %u: engine id %llu, its engine's is %llu",
+				rank, (unsigned long long)pi.engine_id,
+				(unsigned long long)ri.engine_id);
+	if (!geo_equal(peer, ref))
+		return kvp__why(w, -EPROTO, KVP_REASON_LAYOUT,
+				"producer rank %u: geometry differs from its engine's",
+				rank);
 	return 0;
 }
 
@@ -227,7 +246,7 @@ static int check_meta(const kvp_layout *peer, uint32_t rank, uint32_t tp_size,
  * engine's reference and every blob's bytes for the in-band comparison.
  * Touches neither the device nor the network. 0, -EPROTO, -ENOMEM. */
 static int carried_take(struct kvp_eng *e, const struct kvp_peer *ranks,
-			uint32_t n)
+			uint32_t n, struct kvp_why *w)
 {
 	kvp_layout *l, *ref = NULL;
 	uint32_t i, first = n;
@@ -248,16 +267,21 @@ static int carried_take(struct kvp_eng *e, const struct kvp_peer *ranks,
 		if (!ranks[i].meta)
 			continue;
 		if (ranks[i].meta_len > KVP_META_MAX) {
-			err = -EPROTO;
+			err = kvp__why(w, -EPROTO, KVP_REASON_MALFORMED,
+				       "carried blob of rank %u: %u bytes, over %u",
+				       i, ranks[i].meta_len, KVP_META_MAX);
 			break;
 		}
 		l = NULL;
 		err = kvp_meta_decode(ranks[i].meta, ranks[i].meta_len, &l);
 		if (err) {
 			err = err == -ENOMEM ? err : -EPROTO;
+			kvp__why(w, err, KVP_REASON_MALFORMED,
+				 "carried blob of rank %u: %s", i,
+				 kvp_strerror(err));
 			break;
 		}
-		err = check_meta(l, i, n, ref);
+		err = check_meta(l, i, n, ref, w);
 		if (!err && !ref) {
 			ref = l;
 			first = i;
@@ -314,6 +338,7 @@ static int plan_resolve(kvp_agent *a, struct kvp_eng *e)
 	struct kvp_pcache *pc, *victim = NULL;
 	struct kvp_plan_attr pattr;
 	uint32_t i, k, n, max_len = a->lim.max_len, w;
+	char msg[KVP_WHY_LEN];
 	int err, r;
 
 	if (a->mr_window < max_len)
@@ -348,9 +373,21 @@ static int plan_resolve(kvp_agent *a, struct kvp_eng *e)
 	pattr.max_len = max_len;
 	pc->max_len = max_len;
 	pattr.flags = a->plan_flags;
-	err = kvp_plan_compile(a->layout, e->ref, &pattr, &pc->plan, NULL, 0);
+	if (kvp_layout_compat_hash(e->ref) != kvp_layout_compat_hash(a->layout))
+		return kvp__why(&e->why, -EPROTO, KVP_REASON_MODEL,
+				"another model: compatibility hash %016llx, ours %016llx",
+				(unsigned long long)kvp_layout_compat_hash(e->ref),
+				(unsigned long long)kvp_layout_compat_hash(a->layout));
+	msg[0] = 0;
+	err = kvp_plan_compile(a->layout, e->ref, &pattr, &pc->plan, msg,
+			       sizeof(msg));
+	if (err == -ENOMEM)
+		return err;
 	if (err)
-		return err == -ENOMEM ? err : -EPROTO;
+		return kvp__why(&e->why, -EPROTO,
+				err == -EFBIG ? KVP_REASON_PLAN_COST :
+						KVP_REASON_LAYOUT,
+				"%s", msg[0] ? msg : kvp_strerror(err));
 	kvp_plan_get_info(pc->plan, &pc->pi);
 	n = pc->pi.nnotify;
 	pc->note_rank = calloc(n + 1, sizeof(*pc->note_rank));
@@ -482,6 +519,7 @@ static int eng_start(kvp_agent *a, struct kvp_eng *e, uint32_t timeout_ms)
 	uint32_t r;
 
 	e->status = 0;
+	kvp__why_clear(&e->why);
 	e->t0 = kvp__now_ns();
 	e->deadline = e->t0 + (uint64_t)timeout_ms * 1000000ull;
 	e->state = KVP_ENGINE_CONNECTING;
@@ -512,22 +550,30 @@ static int eng_start(kvp_agent *a, struct kvp_eng *e, uint32_t timeout_ms)
  * against the bytes the user carried for it (a producer restarted since,
  * with new addresses or rkeys, fails here rather than serving READs
  * against stale keys). */
-static int check_peer(const struct kvp_eng *e, const struct kvp_conn *c)
+static int check_peer(struct kvp_eng *e, const struct kvp_conn *c)
 {
 	struct kvp_layout_info pi;
 	uint32_t r = c->rank;
 
 	kvp_layout_get_info(c->peer, &pi);
 	if (pi.engine_id != c->engine_id)
-		return -EPROTO;
+		return kvp__why(&e->why, -EPROTO, KVP_REASON_ENGINE_ID,
+				"producer rank %u: blob of engine %llu, hello of %llu",
+				r, (unsigned long long)pi.engine_id,
+				(unsigned long long)c->engine_id);
 	/* The plan's READs must fit this rank's MRs too. */
 	if (keys_window(c->peer) < e->pc->max_len)
-		return -EPROTO;
+		return kvp__why(&e->why, -EPROTO, KVP_REASON_MR_WINDOW,
+				"producer rank %u: MR window %llu B, the plan reads up to %u B",
+				r, (unsigned long long)keys_window(c->peer),
+				e->pc->max_len);
 	if (e->craw && e->craw[r] &&
 	    (c->blob_got != e->craw_len[r] ||
 	     memcmp(c->blob, e->craw[r], e->craw_len[r])))
-		return -EPROTO;
-	return check_meta(c->peer, r, e->n, e->ref);
+		return kvp__why(&e->why, -EPROTO, KVP_REASON_CARRIED,
+				"producer rank %u: its blob differs from the one carried",
+				r);
+	return check_meta(c->peer, r, e->n, e->ref, &e->why);
 }
 
 static int eng_up(kvp_agent *a, struct kvp_eng *e)
@@ -586,7 +632,7 @@ static int eng_step(kvp_agent *a, struct kvp_eng *e)
 		if (c->state != CS_READY)
 			return 0;
 		e->engine_id = c->engine_id;
-		err = check_meta(c->peer, c->rank, e->n, NULL);
+		err = check_meta(c->peer, c->rank, e->n, NULL, &e->why);
 		if (!err)
 			err = kvp_layout_clone(c->peer, &e->ref);
 		if (!err)
@@ -642,6 +688,7 @@ void kvp__engine_fail(kvp_agent *a, struct kvp_eng *e, int err)
 	}
 	e->state = KVP_ENGINE_FAILING;
 	e->status = err ? err : -ECONNRESET;
+	kvp__why_errno(&e->why, e->status);
 	for (r = 0; e->rank_conn && r < e->n * e->nq; r++)
 		if (e->rank_conn[r] != NO_CONN)
 			kvp__conn_fail(a, &a->conns[e->rank_conn[r]],
@@ -685,8 +732,8 @@ static int check_ranks(const kvp_agent *a, const struct kvp_peer *ranks,
 }
 
 /* Copies the addresses (and takes the carried blobs) of ranks into e. */
-static int eng_set_ranks(struct kvp_eng *e, const struct kvp_peer *ranks,
-			 uint32_t n)
+static int eng_set_ranks(kvp_agent *a, struct kvp_eng *e,
+			 const struct kvp_peer *ranks, uint32_t n)
 {
 	struct kvp_peer_addr *addr;
 	uint32_t i;
@@ -702,7 +749,7 @@ static int eng_set_ranks(struct kvp_eng *e, const struct kvp_peer *ranks,
 	free(e->addr);
 	e->addr = addr;
 	e->n = n;
-	err = carried_take(e, ranks, n);
+	err = carried_take(e, ranks, n, &a->last);
 	return err;
 }
 
@@ -713,7 +760,7 @@ static int eng_begin(kvp_agent *a, struct kvp_eng *e,
 	int err;
 
 	if (ranks) {
-		err = eng_set_ranks(e, ranks, n);
+		err = eng_set_ranks(a, e, ranks, n);
 		if (err)
 			return err;
 	}
@@ -750,7 +797,7 @@ static int add_engine(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
 	e->state = KVP_ENGINE_DOWN; /* held */
 	e->quiet = quiet;
 	a->nengs++;
-	err = eng_set_ranks(e, ranks, n);
+	err = eng_set_ranks(a, e, ranks, n);
 	if (err) {
 		eng_free(a, e);
 		return err;
@@ -762,12 +809,16 @@ static int add_engine(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
 int kvp_agent_add_engine(kvp_agent *a, const struct kvp_peer *ranks,
 			 uint32_t n, uint32_t timeout_ms, uint32_t *engine)
 {
-	return add_engine(a, ranks, n, timeout_ms, 0, engine);
+	if (!a)
+		return -EINVAL;
+	kvp__why_clear(&a->last);
+	return kvp__call_err(&a->last,
+			     add_engine(a, ranks, n, timeout_ms, 0, engine));
 }
 
-int kvp_agent_reconnect_engine(kvp_agent *a, uint32_t engine,
-			       const struct kvp_peer *ranks, uint32_t n,
-			       uint32_t timeout_ms)
+static int reconnect_engine(kvp_agent *a, uint32_t engine,
+			    const struct kvp_peer *ranks, uint32_t n,
+			    uint32_t timeout_ms)
 {
 	struct kvp_eng *e = kvp__engine_get(a, engine);
 	int err;
@@ -788,12 +839,26 @@ int kvp_agent_reconnect_engine(kvp_agent *a, uint32_t engine,
 	return eng_begin(a, e, ranks, n, timeout_ms);
 }
 
+int kvp_agent_reconnect_engine(kvp_agent *a, uint32_t engine,
+			       const struct kvp_peer *ranks, uint32_t n,
+			       uint32_t timeout_ms)
+{
+	if (!a)
+		return -EINVAL;
+	kvp__why_clear(&a->last);
+	return kvp__call_err(&a->last, reconnect_engine(a, engine, ranks, n,
+							timeout_ms));
+}
+
 int kvp_agent_remove_engine(kvp_agent *a, uint32_t engine)
 {
 	struct kvp_eng *e = kvp__engine_get(a, engine);
 
+	if (!a)
+		return -EINVAL;
+	kvp__why_clear(&a->last);
 	if (!e)
-		return -ENOENT;
+		return kvp__call_err(&a->last, -ENOENT);
 	if (a->def_eng == engine)
 		a->def_eng = 0;
 	e->removing = 1;
@@ -828,6 +893,9 @@ int kvp_agent_engine_info(const kvp_agent *a, uint32_t engine,
 	info->plan = e->pc ? e->pc->plan : NULL;
 	info->plan_bytes = e->pc ? e->pc->pi.bytes : 0;
 	info->qps = e->nq;
+	info->reason = e->why.reason;
+	info->peer_reason = e->why.peer_reason;
+	memcpy(info->why, e->why.msg, sizeof(info->why));
 	table = sizeof(*e) + (uint64_t)e->n * (sizeof(*e->addr) +
 					      e->nq * sizeof(*e->rank_conn));
 	if (e->pc)
@@ -900,20 +968,24 @@ int kvp_agent_connect(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
 	uint32_t h;
 	int err;
 
+	if (!a)
+		return -EINVAL;
+	kvp__why_clear(&a->last);
 	err = check_ranks(a, ranks, n);
 	if (err || timeout_ms <= 0)
-		return err ? err : -EINVAL;
+		return kvp__call_err(&a->last, err ? err : -EINVAL);
 	if (a->def_eng)
-		return -EISCONN;
+		return kvp__call_err(&a->last, -EISCONN);
 	err = add_engine(a, ranks, n, (uint32_t)timeout_ms, 1, &h);
 	if (err)
-		return err;
+		return kvp__call_err(&a->last, err);
 	e = kvp__engine_get(a, h);
 	/* The drain after a failure is bounded too (2 s). */
 	err = wait_engine(a, e, e->deadline);
 	if (err) {
+		a->last = e->why;
 		eng_free(a, e);
-		return err;
+		return kvp__call_err(&a->last, err);
 	}
 	e->quiet = 0;
 	a->def_eng = h;

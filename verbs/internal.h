@@ -203,8 +203,9 @@ struct kvp_emit_pos;
  *   producer -> consumer  GO    u32 magic, u32 credits (notification
  *                         receive buffers, 1..KVP_CREDIT_MAX), u64 the
  *                         address and u32 the rkey of its credit counter
- *   producer -> consumer  REFUSE u32 magic, i32 -errno (also the private
- *                         data of a rejected connect request)
+ *   producer -> consumer  REFUSE u32 magic, i32 -errno, u32 reason (enum
+ *                         kvp_reason; also the private data of a
+ *                         rejected connect request)
  * Each side receives them into a fixed buffer of KVP_CTL_LEN bytes set up
  * once per connection slot: nothing is allocated for a peer before its
  * AUTH checks out. */
@@ -234,7 +235,7 @@ struct kvp_emit_pos;
 #define KVP_MIN_RNR_TIMER 14
 #define KVP_CREDIT_MAX 65536
 #define KVP_REFUSE_MAGIC 0x4b565052u
-#define KVP_REFUSE_LEN 8
+#define KVP_REFUSE_LEN 12
 
 /* The proofs: HMAC-SHA-256 keyed by the secret over a label ('P' for the
  * producer's, 'C' for the consumer's, so neither can be reflected) and
@@ -316,6 +317,31 @@ struct kvp_stripe {
  * KVP_MR_WINDOW(shift) bytes lies in the MR of the piece it starts in. */
 #define KVP_ONE_MR 63
 
+/* A reason and its line (enum kvp_reason): the first recorded wins until
+ * cleared, so the check that failed first is the one reported. */
+struct kvp_why {
+	uint32_t reason;
+	uint32_t peer_reason; /* KVP_REASON_PEER_REFUSED: the producer's */
+	char msg[KVP_WHY_LEN];
+};
+/* Records (reason, the formatted line) in w unless it holds one; returns
+ * err, so that a check reads `return kvp__why(w, -EPROTO, ...)`. */
+KVP_HIDDEN int kvp__why(struct kvp_why *w, int err, uint32_t reason,
+			const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+/* The reason an errno implies when no check recorded one (a transport
+ * failure, a timeout...), recorded as kvp__why() does. */
+KVP_HIDDEN void kvp__why_errno(struct kvp_why *w, int err);
+/* A public call's error: its reason as recorded, or the one its errno
+ * implies in a call (-EINVAL: arguments, -ENOENT: no such engine...).
+ * Returns err. */
+KVP_HIDDEN int kvp__call_err(struct kvp_why *w, int err);
+static inline void kvp__why_clear(struct kvp_why *w)
+{
+	w->reason = w->peer_reason = 0;
+	w->msg[0] = 0;
+}
+
 struct kvp_conn {
 	/* Mutable counters, written on every post and completion of this QP.
 	 * The agent is single-threaded, so this is not about contention: the
@@ -385,6 +411,8 @@ struct kvp_conn {
 	kvp_layout *peer;	  /* decoded peer layout */
 	int meta_sent, meta_recv;
 	int refused;		  /* producer: refusal sent, awaiting close */
+	uint32_t reason;	  /* producer: the refusal's reason; consumer:
+				   * the reason a producer's refusal gave */
 	int counted;		  /* producer: in its engine's count */
 
 	/* Producer: notification receive buffers and the request count. */
@@ -466,6 +494,7 @@ struct kvp_eng {
 				 * connections, nq entries each */
 	struct kvp_stripe *stripes; /* max_inflight x nsrc, once up */
 	uint32_t plan_cached;
+	struct kvp_why why;	/* why it went down (cleared at each start) */
 	struct kvp_engine_info st;
 };
 
@@ -504,6 +533,7 @@ struct kvp_gone {
 /* ---- the agent ---------------------------------------------------------- */
 
 struct kvp_agent {
+	struct kvp_why last;	/* the last call that failed with a reason */
 	uint32_t role;
 	uint32_t producer, consumer; /* the sides this agent plays */
 	uint32_t started, listening; /* blob made (registration closed) */
@@ -575,6 +605,10 @@ struct kvp_agent {
 	uint32_t free_req, nreq_reported;
 	uint32_t *pq;		/* stall FIFO: slots in pull order */
 	uint32_t *pq_seq;
+	/* Requests in flight by (engine, req_id): slot + 1 per entry, 0
+	 * empty; linear probing in pq_mask + 1 entries (at least twice
+	 * max_inflight). */
+	uint32_t *inflight;
 	uint32_t pq_head, pq_tail, pq_mask, seq;
 	uint32_t chunk_mask;
 	uint8_t *note_buf;     /* per request slot: KVP_NOTE_LEN bytes */

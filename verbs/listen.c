@@ -65,12 +65,14 @@ err_id:
 }
 
 /* Turns a connect request down, telling the consumer why. */
-static void reject(kvp_agent *a, struct rdma_cm_id *id, int err)
+static void reject(kvp_agent *a, struct rdma_cm_id *id, int err,
+		   uint32_t reason)
 {
 	uint8_t r[KVP_REFUSE_LEN];
 
 	kvp__put32(r, KVP_REFUSE_MAGIC);
 	kvp__put32(r + 4, (uint32_t)err);
+	kvp__put32(r + 8, reason);
 	(void)kvp__reject(id, r, sizeof(r));
 	kvp__destroy_id(id);
 	a->st.refused++;
@@ -117,22 +119,22 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 	    id->verbs != a->ctx || h.tp_size > KVP_MAX_TP_SIZE ||
 	    h.blob_len < KVP_META_MIN_LEN || h.blob_len > a->peer_blob_cap ||
 	    kvp__peer_addr(id, src)) {
-		reject(a, id, -EPROTO);
+		reject(a, id, -EPROTO, KVP_REASON_MALFORMED);
 		return 0;
 	}
 	if (!a->secret != !(h.flags & KVP_HELLO_AUTH)) {
-		reject(a, id, -EPERM);
+		reject(a, id, -EPERM, KVP_REASON_AUTH);
 		return 0;
 	}
 	/* Refused while too many DISCONNECTED events wait to be polled:
 	 * that bounds the event queue. */
 	if (kvp__ev_room(a) <= (int)(a->max_inflight + a->max_peers)) {
-		reject(a, id, -EBUSY);
+		reject(a, id, -EBUSY, KVP_REASON_PEER_FULL);
 		return 0;
 	}
 	c = slot_for(a, src, &err);
 	if (!c) {
-		reject(a, id, err);
+		reject(a, id, err, KVP_REASON_PEER_FULL);
 		return 0;
 	}
 	c->id = id;
@@ -201,9 +203,16 @@ err_conn:
 static void refuse(kvp_agent *a, struct kvp_conn *c, int err)
 {
 	uint8_t *m = kvp__ctl_tx(a, c) + REFUSE_OFF;
+	struct kvp_why w = { 0 };
 
+	/* A check that gave no reason: the errno's (EPERM: the proof). */
+	if (!c->reason) {
+		kvp__why_errno(&w, err);
+		c->reason = w.reason;
+	}
 	kvp__put32(m, KVP_REFUSE_MAGIC);
 	kvp__put32(m + 4, (uint32_t)err);
+	kvp__put32(m + 8, c->reason);
 	c->status = err;
 	c->refused = 1;
 	c->state = CS_HANDSHAKE;
@@ -264,16 +273,28 @@ static int producer_meta(kvp_agent *a, struct kvp_conn *c)
 	int n, err;
 
 	err = kvp_meta_decode(c->blob, c->blob_got, &c->peer);
-	if (err)
+	if (err) {
+		c->reason = err == -ENOMEM ? KVP_REASON_PEER_FULL :
+					     KVP_REASON_MALFORMED;
 		return err == -ENOMEM ? -EBUSY : -EPROTO;
+	}
 	kvp_layout_get_info(c->peer, &pi);
-	if (pi.engine_id != c->engine_id || pi.tp_rank != c->rank ||
-	    pi.tp_size != c->peer_tp ||
-	    kvp_layout_compat_hash(c->peer) != kvp_layout_compat_hash(a->layout))
+	c->reason = pi.engine_id != c->engine_id ? KVP_REASON_ENGINE_ID :
+		    pi.tp_rank != c->rank	     ? KVP_REASON_RANK :
+		    pi.tp_size != c->peer_tp	     ? KVP_REASON_TP_SIZE :
+		    kvp_layout_compat_hash(c->peer) !=
+				    kvp_layout_compat_hash(a->layout) ?
+						     KVP_REASON_MODEL :
+						     KVP_REASON_NONE;
+	if (c->reason)
 		return -EPROTO;
 	n = kvp_notify_expected(a->layout, c->peer, a->li.tp_rank);
-	if (n <= 0)
+	if (n <= 0) {
+		c->reason = n == -ENOMEM ? KVP_REASON_PEER_FULL :
+			    n == -EFBIG	 ? KVP_REASON_PLAN_COST :
+					   KVP_REASON_LAYOUT;
 		return n == -ENOMEM ? -EBUSY : -EPROTO;
+	}
 	c->expected = (uint32_t)n;
 	kvp_layout_destroy(c->peer);
 	c->peer = NULL;

@@ -66,8 +66,63 @@ int kvp__wc_errno(enum ibv_wc_status st)
 
 /* ---- request bookkeeping ------------------------------------------------ */
 
+/* ---- requests in flight by (engine, req_id) ----------------------------- */
+
+static inline uint32_t inflight_hash(uint64_t req_id, uint32_t eng)
+{
+	uint64_t h = (req_id ^ ((uint64_t)eng << 48)) * 0x9e3779b97f4a7c15ull;
+
+	return (uint32_t)(h >> 32);
+}
+
+/* The table entry of (eng, req_id), or of the empty entry where it would
+ * go. The table is never full: at most max_inflight of its at least
+ * 2 * max_inflight entries are used. */
+static uint32_t inflight_find(const kvp_agent *a, uint32_t eng,
+			      uint64_t req_id)
+{
+	uint32_t i = inflight_hash(req_id, eng) & a->pq_mask, s;
+
+	while ((s = a->inflight[i]) != 0) {
+		const struct kvp_req *r = &a->reqs[s - 1];
+
+		if (r->req_id == req_id && r->eng == eng)
+			break;
+		i = (i + 1) & a->pq_mask;
+	}
+	return i;
+}
+
+/* Removes slot's entry, shifting back the entries of its probe run that
+ * hashed before the hole. */
+static void inflight_del(kvp_agent *a, const struct kvp_req *r)
+{
+	uint32_t i = inflight_find(a, r->eng, r->req_id), j = i, h, s;
+
+	if (!a->inflight[i])
+		return;
+	for (;;) {
+		a->inflight[i] = 0;
+		for (;;) {
+			j = (j + 1) & a->pq_mask;
+			s = a->inflight[j];
+			if (!s)
+				return;
+			h = inflight_hash(a->reqs[s - 1].req_id,
+					  a->reqs[s - 1].eng) & a->pq_mask;
+			/* Stays when its home lies cyclically in (i, j]. */
+			if (i <= j ? (i < h && h <= j) : (i < h || h <= j))
+				continue;
+			break;
+		}
+		a->inflight[i] = s;
+		i = j;
+	}
+}
+
 static void req_free(kvp_agent *a, struct kvp_req *r)
 {
+	inflight_del(a, r);
 	r->state = RQ_FREE;
 	r->next_free = a->free_req;
 	a->free_req = (uint32_t)(r - a->reqs);
@@ -102,6 +157,13 @@ static void req_finish(kvp_agent *a, struct kvp_req *r)
 		a->st.done++;
 		e->st.done++;
 	} else {
+		struct kvp_why w = { 0 };
+
+		/* The engine's reason when it went down for it; else the
+		 * errno's. */
+		kvp__why_errno(&w, r->status);
+		ev.reason = e->why.reason ? e->why.reason : w.reason;
+		ev.peer_reason = e->why.peer_reason;
 		a->st.failed++;
 		e->st.failed++;
 	}
@@ -559,22 +621,99 @@ static void pq_compact(kvp_agent *a)
 	a->pq_tail = t;
 }
 
+/* Why the plan refused ids (kvp_plan_emit_check()'s err): off the hot
+ * path, group by group, the first rule broken. */
+static int ids_why(kvp_agent *a, const kvp_plan *plan,
+		   const struct kvp_ids *ids, int err)
+{
+	struct kvp_plan_group pg;
+	uint32_t g;
+
+	for (g = 0; g < a->li.ngroups; g++) {
+		const struct kvp_ids *id = &ids[g];
+		uint64_t cover;
+
+		if (kvp_plan_get_group(plan, g, &pg))
+			break;
+		if ((id->nlocal && !id->local) || (id->nremote && !id->remote))
+			return kvp__why(&a->last, err, KVP_REASON_ARGS,
+					"group %u: a NULL id list of non-zero length",
+					g);
+		if (pg.kind == KVP_GROUP_STATE) {
+			if (id->nlocal != id->nremote)
+				return kvp__why(&a->last, err,
+						KVP_REASON_IDS_UNEVEN,
+						"group %u (state): %u local ids, %u remote",
+						g, id->nlocal, id->nremote);
+		} else {
+			cover = (uint64_t)id->nremote * pg.remote_tokens;
+			if (id->tokens > cover)
+				return kvp__why(&a->last, err,
+						KVP_REASON_IDS_TOKENS,
+						"group %u: %llu tokens, %u remote blocks hold %llu",
+						g, (unsigned long long)id->tokens,
+						id->nremote,
+						(unsigned long long)cover);
+			cover = id->tokens ? id->tokens : cover;
+			if ((uint64_t)id->nlocal * pg.local_tokens >=
+			    cover + pg.local_tokens)
+				return kvp__why(&a->last, err,
+						KVP_REASON_IDS_UNEVEN,
+						"group %u: %u local ids for %llu tokens of %u remote ids",
+						g, id->nlocal,
+						(unsigned long long)cover,
+						id->nremote);
+		}
+		if (err == -ERANGE) {
+			uint32_t i;
+
+			for (i = 0; i < id->nlocal; i++)
+				if (id->local[i] >= pg.local_blocks)
+					return kvp__why(&a->last, err,
+							KVP_REASON_IDS_RANGE,
+							"group %u: local id %u, %u blocks",
+							g, id->local[i],
+							pg.local_blocks);
+			for (i = 0; i < id->nremote; i++)
+				if (id->remote[i] >= pg.remote_blocks)
+					return kvp__why(&a->last, err,
+							KVP_REASON_IDS_RANGE,
+							"group %u: remote id %u, the producer has %u blocks",
+							g, id->remote[i],
+							pg.remote_blocks);
+		}
+	}
+	return kvp__call_err(&a->last, err);
+}
+
 static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 		const struct kvp_ids *ids)
 {
 	const struct kvp_pcache *pc = e->pc;
 	const uint32_t ngroups = a->li.ngroups, mi = a->max_ids;
 	const uint32_t nc = pc->pi.nnotify * e->nq, nsrc = pc->pi.nsrc;
-	uint32_t slot, g, k, q;
+	const uint32_t eng = (uint32_t)(e - a->engs);
+	uint32_t slot, g, k, q, at;
 	struct kvp_req *r;
 	uint8_t *note;
 	int err;
 
 	for (g = 0; g < ngroups; g++)
 		if (ids[g].nlocal > mi || ids[g].nremote > mi)
-			return -EINVAL;
+			return kvp__why(&a->last, -EINVAL, KVP_REASON_IDS_MAX,
+					"group %u: %u local and %u remote ids, max_ids %u",
+					g, ids[g].nlocal, ids[g].nremote, mi);
+	/* The same request twice while in flight would be released by the
+	 * producer after one of them: the other could read reused blocks. */
+	at = inflight_find(a, eng, req_id);
+	if (kvp_unlikely(a->inflight[at]))
+		return kvp__why(&a->last, -EALREADY, KVP_REASON_IN_FLIGHT,
+				"request %llu is being pulled from this engine",
+				(unsigned long long)req_id);
 	if (kvp_unlikely(a->free_req == NO_REQ))
-		return -EBUSY;
+		return kvp__why(&a->last, -EBUSY, KVP_REASON_BUSY,
+				"%u requests held (max_inflight)",
+				a->max_inflight);
 	for (k = 0; k < nc; k++) {
 		const struct kvp_conn *c;
 
@@ -582,16 +721,19 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 			continue;
 		c = &a->conns[e->note_conn[k]];
 		if (kvp_unlikely(c->c_tail - c->c_head > a->chunk_mask))
-			return -EBUSY;
+			return kvp__why(&a->last, -EBUSY, KVP_REASON_BUSY,
+					"producer rank %u: request queue full",
+					c->rank);
 	}
 	if (kvp_unlikely(a->pq_tail - a->pq_head > a->pq_mask)) {
 		pq_compact(a);
 		if (a->pq_tail - a->pq_head > a->pq_mask)
-			return -EBUSY;
+			return kvp__why(&a->last, -EBUSY, KVP_REASON_BUSY,
+					"stall queue full");
 	}
 	err = kvp_plan_emit_check(pc->plan, ids);
 	if (kvp_unlikely(err))
-		return err;
+		return ids_why(a, pc->plan, ids, err);
 
 	slot = a->free_req;
 	r = &a->reqs[slot];
@@ -622,12 +764,13 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 	kvp__put64(note + 24, 0);
 
 	r->req_id = req_id;
+	r->eng = eng;
+	a->inflight[at] = slot + 1;
 	r->t0 = kvp__now_ns();
 	r->bytes = 0;
 	r->reads = 0;
 	r->state = RQ_ACTIVE;
 	r->status = 0;
-	r->eng = (uint32_t)(e - a->engs);
 	r->delivered = 0;
 	r->seq = ++a->seq;
 	r->notes = pc->pi.nnotify;
@@ -685,15 +828,21 @@ int kvp_agent_pull_from(kvp_agent *a, uint32_t engine, uint64_t req_id,
 {
 	struct kvp_eng *e;
 
-	if (kvp_unlikely(!a || !ids || !a->consumer))
+	if (kvp_unlikely(!a))
 		return -EINVAL;
+	a->last.reason = 0;
+	if (kvp_unlikely(!ids || !a->consumer))
+		return kvp__why(&a->last, -EINVAL, KVP_REASON_ARGS,
+				!ids ? "ids is NULL" : "not a consumer");
 	e = kvp__engine_get(a, engine);
 	if (kvp_unlikely(!e))
-		return -ENOENT;
+		return kvp__why(&a->last, -ENOENT, KVP_REASON_NO_ENGINE,
+				"no engine with handle %u", engine);
 	if (kvp_likely(e->state == KVP_ENGINE_UP))
 		return pull(a, e, req_id, ids);
 	if (e->state == KVP_ENGINE_FAILING)
-		return -ENOTCONN;
+		return kvp__why(&a->last, -ENOTCONN, KVP_REASON_NOT_UP,
+				"engine %u is going down", engine);
 	if (e->state == KVP_ENGINE_DOWN) {
 		/* On demand: with the addresses it had. */
 		int err = kvp_agent_reconnect_engine(a, engine, NULL, 0,
@@ -703,18 +852,24 @@ int kvp_agent_pull_from(kvp_agent *a, uint32_t engine, uint64_t req_id,
 		if (err)
 			return err;
 	}
-	return -EAGAIN;
+	return kvp__why(&a->last, -EAGAIN, KVP_REASON_NOT_UP,
+			"engine %u is connecting", engine);
 }
 
 int kvp_agent_pull(kvp_agent *a, uint64_t req_id, const struct kvp_ids *ids)
 {
 	struct kvp_eng *e;
 
-	if (kvp_unlikely(!a || !ids || !a->consumer))
+	if (kvp_unlikely(!a))
 		return -EINVAL;
+	a->last.reason = 0;
+	if (kvp_unlikely(!ids || !a->consumer))
+		return kvp__why(&a->last, -EINVAL, KVP_REASON_ARGS,
+				!ids ? "ids is NULL" : "not a consumer");
 	e = kvp__engine_get(a, a->def_eng);
 	if (kvp_unlikely(!e || e->state != KVP_ENGINE_UP))
-		return -ENOTCONN;
+		return kvp__why(&a->last, -ENOTCONN, KVP_REASON_NOT_UP,
+				"no engine up (kvp_agent_connect())");
 	return pull(a, e, req_id, ids);
 }
 
@@ -785,6 +940,8 @@ void kvp__data_free(kvp_agent *a)
 	a->pq = NULL;
 	free(a->pq_seq);
 	a->pq_seq = NULL;
+	free(a->inflight);
+	a->inflight = NULL;
 	free(a->swr);
 	a->swr = NULL;
 	free(a->ssge);
@@ -810,6 +967,7 @@ int kvp__data_alloc(kvp_agent *a)
 	gids = calloc((size_t)mi * ng + 1, sizeof(*gids));
 	a->pq = calloc(a->pq_mask + 1, sizeof(*a->pq));
 	a->pq_seq = calloc(a->pq_mask + 1, sizeof(*a->pq_seq));
+	a->inflight = calloc(a->pq_mask + 1, sizeof(*a->inflight));
 	a->sq_cap = a->sq_depth - 1;
 	a->sig_every = a->sq_cap / 4 ? a->sq_cap / 4 : 1;
 	a->swr = calloc(a->sq_cap, sizeof(*a->swr));
@@ -824,7 +982,8 @@ int kvp__data_alloc(kvp_agent *a)
 		free(ids);
 		free(gids);
 	}
-	if (!a->reqs || !ids || !gids || !a->pq || !a->pq_seq || !a->swr ||
+	if (!a->reqs || !ids || !gids || !a->pq || !a->pq_seq ||
+	    !a->inflight || !a->swr ||
 	    !a->ssge || !a->dirty || !a->note_buf)
 		return -ENOMEM;
 	for (i = 0; i < a->sq_cap; i++) {

@@ -84,8 +84,13 @@ int kvp__engine_join(kvp_agent *a, struct kvp_conn *c)
 	uint32_t i;
 
 	if (e) {
-		if (e->tp_size != c->peer_tp || e->expected != c->expected)
+		if (e->tp_size != c->peer_tp || e->expected != c->expected) {
+			/* Another rank of that engine said otherwise. */
+			c->reason = e->tp_size != c->peer_tp ?
+					    KVP_REASON_TP_SIZE :
+					    KVP_REASON_LAYOUT;
 			return -EPROTO;
+		}
 	} else {
 		for (i = 0; i < a->max_peers && a->peng[i].nconns; i++)
 			;
