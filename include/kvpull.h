@@ -569,7 +569,16 @@ KVP_API void kvp_plan_destroy(kvp_plan *plan);
  * the leading ceil(tokens / local block size) - nlocal local blocks are not
  * read. `tokens` is the sequence length; 0 means the remote blocks are full
  * (nremote * remote block size). For STATE groups both lists have the same
- * length, block i pairs with block i, and `tokens` is ignored. */
+ * length, block i pairs with block i, and `tokens` is ignored.
+ *
+ * The partial last block: READs cover whole blocks, never a part of one.
+ * Token positions at and past `tokens` in the last local block are
+ * overwritten with the producer's bytes at the same positions (whatever
+ * its blocks hold past the sequence: stale or zero) where the remote blocks
+ * given hold those positions, and left as they were where they do not
+ * (remote blocks smaller than local ones). Either way they are not part of
+ * the sequence: an engine must treat them as unwritten KV. Pinned by
+ * tests/test_emit_window.c test_partial_last_block. */
 struct kvp_ids {
 	const uint32_t *local;
 	const uint32_t *remote;

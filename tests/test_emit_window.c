@@ -1141,6 +1141,53 @@ static void test_into_maps(void **state)
 	pair_close(&h.x);
 }
 
+/* The bytes kvp_plan_emit() reads for ids. */
+static uint64_t emit_bytes(const kvp_plan *plan, const struct kvp_ids *ids)
+{
+	struct kvp_wr wr[64];
+	struct kvp_sge sge[64];
+	uint64_t sum = 0;
+	int i, n;
+
+	n = kvp_plan_emit(plan, ids, wr, 64, sge, 64, NULL);
+	assert_true(n > 0);
+	for (i = 0; i < n; i++)
+		sum += wr[i].len;
+	return sum;
+}
+
+/*
+ * The partial last block (kvp_ids.tokens, kvpull.h): whole local blocks
+ * are read wherever the remote blocks given hold those positions, so the
+ * bytes of positions at and past `tokens` in the last local block come
+ * from the producer (whatever it holds there); positions that no remote
+ * block given holds are not read. Hand model: 2 heads x 4 dims x 2 bytes,
+ * K and V: 32 bytes a token; local blocks of 4 tokens.
+ */
+static void test_partial_last_block(void **state)
+{
+	static const uint32_t l[] = { 3, 4 }, r[] = { 7, 8, 9, 10 };
+	struct kvp_ids ids;
+	struct hand h;
+
+	(void)state;
+	/* remote blocks of 4: 5 tokens read as 8, the whole second block */
+	hand_open(&h, 1, 4, 1);
+	ids = IDS(l, 2, r, 2, 5);
+	assert_int_equal(emit_bytes(h.x.plan, &ids), 8 * 32);
+	ids = IDS(l, 2, r, 2, 8);
+	assert_int_equal(emit_bytes(h.x.plan, &ids), 8 * 32);
+	pair_close(&h.x);
+	/* remote blocks of 2: 5 tokens need 3 of them (6 tokens); local
+	 * positions 6 and 7 have no remote block given: not read */
+	hand_open(&h, 1, 2, 1);
+	ids = IDS(l, 2, r, 3, 5);
+	assert_int_equal(emit_bytes(h.x.plan, &ids), 6 * 32);
+	ids = IDS(l, 2, r, 4, 8);
+	assert_int_equal(emit_bytes(h.x.plan, &ids), 8 * 32);
+	pair_close(&h.x);
+}
+
 int main(void)
 {
 	const struct CMUnitTest t[] = {
@@ -1148,6 +1195,7 @@ int main(void)
 		cmocka_unit_test(test_exact_periods),
 		cmocka_unit_test(test_rejects),
 		cmocka_unit_test(test_into_maps),
+		cmocka_unit_test(test_partial_last_block),
 		cmocka_unit_test(test_matrix),
 		cmocka_unit_test(test_matrix_len),
 		cmocka_unit_test(test_matrix_gather),
