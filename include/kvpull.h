@@ -931,7 +931,10 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  *    connections per consumer address and at most half of max_peers
  *    handshakes under way, each for at most handshake_ms: idle or slow
  *    peers cannot hold every slot. A consumer engine's notifications only
- *    ever count for its own requests (see kvp_agent_expect()).
+ *    ever count for its own requests (see kvp_agent_expect()). Each
+ *    consumer rank's credit counter (see Liveness) is an MR of its own 8
+ *    bytes: its key reads that counter and nothing else, so no peer
+ *    learns another's notification progress.
  *
  * Threads: an agent is not thread-safe. All calls on one agent must be
  * serialised by the caller (typically: the engine's loop thread). Distinct

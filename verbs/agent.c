@@ -172,7 +172,7 @@ static int device_limits(kvp_agent *a)
  * plan (shared by geometry), its tables and its connections' queues. */
 static int open_sides(kvp_agent *a)
 {
-	uint32_t ncons = a->consumer ? a->max_peers : 0;
+	uint32_t i, ncons = a->consumer ? a->max_peers : 0;
 	int err;
 
 	a->ncons_free = ncons;
@@ -184,7 +184,7 @@ static int open_sides(kvp_agent *a)
 	a->conns = kvp__conns_alloc(a->nconns);
 	if (!a->evq || !a->conns)
 		return -ENOMEM;
-	for (uint32_t i = 0; i < a->nconns; i++)
+	for (i = 0; i < a->nconns; i++)
 		a->conns[i].side = i < a->nprod ? KVP_ROLE_PRODUCER :
 						  KVP_ROLE_CONSUMER;
 	err = kvp__ctl_alloc(a, a->nconns);
@@ -198,13 +198,20 @@ static int open_sides(kvp_agent *a)
 		if (err)
 			return err;
 		a->ctr = calloc(a->nprod, sizeof(*a->ctr));
-		if (!a->ctr)
+		a->ctr_mr = calloc(a->nprod, sizeof(*a->ctr_mr));
+		if (!a->ctr || !a->ctr_mr)
 			return -ENOMEM;
-		/* Consumers READ their slot's counter for credit. */
-		err = kvp__reg_mr(a->pd, a->ctr, a->nprod * sizeof(*a->ctr),
-				  IBV_ACCESS_REMOTE_READ, &a->ctr_mr);
-		if (err)
-			return err;
+		/* Consumers READ their slot's counter for credit, each
+		 * through an MR of that counter alone (least privilege: a
+		 * peer's key reveals no other peer's progress). Registered
+		 * once, here, like every other MR. */
+		for (i = 0; i < a->nprod; i++) {
+			err = kvp__reg_mr(a->pd, &a->ctr[i], sizeof(*a->ctr),
+					  IBV_ACCESS_REMOTE_READ,
+					  &a->ctr_mr[i]);
+			if (err)
+				return err;
+		}
 	}
 	if (a->consumer) {
 		err = kvp__engines_alloc(a);
@@ -234,7 +241,9 @@ static void close_sides(kvp_agent *a)
 	}
 	kvp__engines_free(a);
 	kvp__data_free(a);
-	kvp__dereg_mr(a->ctr_mr);
+	for (i = 0; a->ctr_mr && i < a->nprod; i++)
+		kvp__dereg_mr(a->ctr_mr[i]);
+	free(a->ctr_mr);
 	a->ctr_mr = NULL;
 	free(a->ctr);
 	a->ctr = NULL;
@@ -611,7 +620,8 @@ static uint64_t mem_bytes(const kvp_agent *a)
 		     (KVP_BM_WORDS * sizeof(*a->bm) + sizeof(*a->bm_free));
 		m += (uint64_t)a->gone_cap * sizeof(*a->gone);
 		m += (uint64_t)a->max_peers * sizeof(*a->peng);
-		m += (uint64_t)a->nprod * sizeof(*a->ctr);
+		m += (uint64_t)a->nprod * (sizeof(*a->ctr) +
+					   sizeof(*a->ctr_mr));
 	}
 	if (a->consumer) {
 		m += (uint64_t)a->max_inflight *

@@ -591,7 +591,9 @@ struct kvp_agent {
 	uint32_t ndraining; /* connections waiting for drain markers */
 	uint32_t ncons_free; /* consumer slots free */
 	uint64_t *ctr;	    /* producer: per slot, notifications re-posted */
-	struct ibv_mr *ctr_mr;
+	/* One MR per slot's counter, of its 8 bytes only: a consumer's key
+	 * reads its own counter and no other peer's. */
+	struct ibv_mr **ctr_mr;
 
 	/* Consumer: engines, plans, requests (engine.c, post.c). */
 	struct kvp_eng *engs;	/* max_peers */

@@ -258,7 +258,7 @@ static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 	kvp__put32(kvp__ctl_tx(a, c) + 4, a->rq_depth);
 	kvp__put64(kvp__ctl_tx(a, c) + 8,
 		   (uint64_t)(uintptr_t)&a->ctr[c->idx]);
-	kvp__put32(kvp__ctl_tx(a, c) + 16, a->ctr_mr->rkey);
+	kvp__put32(kvp__ctl_tx(a, c) + 16, a->ctr_mr[c->idx]->rkey);
 	if (kvp__post_ctl_send(a, c, KVP_GO_LEN))
 		return -EBUSY;
 	c->state = CS_HANDSHAKE;
