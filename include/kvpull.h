@@ -1429,6 +1429,16 @@ KVP_API KVP_MUST_CHECK int kvp_agent_engine_info(const kvp_agent *agent,
  * must notify this producer rank did) or EXPIRED (`deadline_ns`,
  * CLOCK_MONOTONIC, passed first) is reported for it.
  *
+ * `consumer_engine` is the consumer engine's id: the engine_id of its
+ * layout (struct kvp_layout_attr, the same on every rank of that engine),
+ * which its notifications carry and its handshake announces. The
+ * scheduler that tells the consumer to pull tells the producer this id.
+ * An EXPIRED event's reason is KVP_REASON_OTHER_ENGINE when no rank of
+ * that engine notified the request but a rank of another engine did
+ * (the two sides were told different engines; best effort: a later
+ * request id may overwrite that evidence, then it reads
+ * KVP_REASON_TIMEOUT), KVP_REASON_TIMEOUT otherwise.
+ *
  * Requests are keyed by (consumer engine, req_id): notifications from one
  * consumer engine never count for another engine's request, and each
  * consumer rank counts once. The count that releases a request is fixed

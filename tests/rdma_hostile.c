@@ -155,7 +155,8 @@ static int producer_main(const struct rt_env *env, uint16_t port,
 				RT_FAIL("too many events");
 			seen[nseen].engine = ev[i].engine_id;
 			seen[nseen].req = ev[i].req_id;
-			seen[nseen++].type = ev[i].type;
+			/* the reason rides in the reply's high bits */
+			seen[nseen++].type = ev[i].type | ev[i].reason << 8;
 		}
 		if (waiting) {
 			for (i = 0; i < nseen; i++)
@@ -844,6 +845,7 @@ struct evil {
 };
 
 #define H_WIDE 0x57494445ull /* "WIDE": a TP 128 consumer engine */
+#define H_OTHER 0x4f544852ull /* "OTHR": expected, never connects */
 
 /* Rank 100 of a TP 128 engine notifies (WIDE, 502) twice: the second is a
  * duplicate (ranks past 64 are checked too). A second rank of that engine
@@ -933,7 +935,8 @@ static int case_replay(const struct rt_env *env, struct ctx *x)
 	/* (EVIL, 500) expires, then its notification arrives. */
 	CHECK(!prod_cmd(&x->p1, C_EXPECT, H_EVIL, 500, 200, &rep), "expect");
 	CHECK(prod_cmd(&x->p1, C_WAIT, H_EVIL, 500, 5000, &rep) ==
-		      KVP_EV_EXPIRED, "500 not expired");
+		      (KVP_EV_EXPIRED | KVP_REASON_TIMEOUT << 8),
+	      "500 not expired, or not for its deadline");
 	CHECK(!evil_round(env, x, R_EXPIRED, &st0, &st1), "hostile child");
 	CHECK(st1.st.notes_dropped == st0.st.notes_dropped + 1,
 	      "late note not dropped (%llu -> %llu)",
@@ -987,6 +990,13 @@ static int case_cross(const struct rt_env *env, struct ctx *x)
 	CHECK(!run_child(good_main, env, &g, 60), "good consumer");
 	CHECK(prod_cmd(&x->p1, C_WAIT, H_CONS, H_REQ0 + 23, 10000, &rep) ==
 		      KVP_EV_RELEASED, "not released after the real pull");
+	/* The same id expected for a third engine that never pulls: it
+	 * expires saying another engine (EVIL) notified that id. */
+	CHECK(!prod_cmd(&x->p1, C_EXPECT, H_OTHER, H_REQ0 + 23, 300, &rep),
+	      "expect for a third engine");
+	CHECK(prod_cmd(&x->p1, C_WAIT, H_OTHER, H_REQ0 + 23, 5000, &rep) ==
+		      (KVP_EV_EXPIRED | KVP_REASON_OTHER_ENGINE << 8),
+	      "third engine's request: not EXPIRED with OTHER_ENGINE");
 	return 0;
 }
 

@@ -615,7 +615,8 @@ static uint64_t mem_bytes(const kvp_agent *a)
 		m += (uint64_t)a->lnkeys[i] *
 		     (sizeof(uint32_t) + sizeof(struct ibv_mr *));
 	if (a->producer) {
-		m += (uint64_t)(a->tab_mask + 1) * sizeof(*a->tab);
+		m += (uint64_t)(a->tab_mask + 1) *
+		     (sizeof(*a->tab) + sizeof(*a->hint));
 		m += (uint64_t)(a->max_inflight + a->early_cap) *
 		     (KVP_BM_WORDS * sizeof(*a->bm) + sizeof(*a->bm_free));
 		m += (uint64_t)a->gone_cap * sizeof(*a->gone);

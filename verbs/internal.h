@@ -628,6 +628,14 @@ struct kvp_agent {
 
 	/* Producer requests (serve.c). */
 	struct kvp_ent *tab;
+	/* tab_mask + 1 hints, by req_id alone: the last early notification
+	 * of that req_id (its engine), so that an EXPIRED request can say
+	 * another consumer engine notified it (KVP_REASON_OTHER_ENGINE). A
+	 * hint is overwritten by a later req_id of the same slot: the reason
+	 * may then be missing, never wrong. */
+	struct kvp_hint {
+		uint64_t req_id, engine_id;
+	} *hint;
 	uint32_t tab_mask, tab_used, nheld;
 	uint64_t next_deadline; /* of EXPECTED and EARLY entries */
 	uint32_t rq_depth;

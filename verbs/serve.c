@@ -41,7 +41,9 @@ int kvp__serve_alloc(kvp_agent *a)
 	a->bm_free = calloc(nbm, sizeof(*a->bm_free));
 	a->gone = calloc(a->gone_cap, sizeof(*a->gone));
 	a->peng = calloc(a->max_peers, sizeof(*a->peng));
-	if (!a->tab || !a->bm || !a->bm_free || !a->gone || !a->peng) {
+	a->hint = calloc((size_t)a->tab_mask + 1, sizeof(*a->hint));
+	if (!a->tab || !a->bm || !a->bm_free || !a->gone || !a->peng ||
+	    !a->hint) {
 		kvp__serve_free(a);
 		return -ENOMEM;
 	}
@@ -59,6 +61,8 @@ void kvp__serve_free(kvp_agent *a)
 	free(a->bm_free);
 	free(a->gone);
 	free(a->peng);
+	free(a->hint);
+	a->hint = NULL;
 	a->tab = NULL;
 	a->bm = NULL;
 	a->bm_free = NULL;
@@ -119,6 +123,11 @@ void kvp__engine_leave(kvp_agent *a, struct kvp_conn *c)
 }
 
 /* ---- the table: open addressing, linear probing -------------------------- */
+
+static uint32_t hint_slot(const kvp_agent *a, uint64_t id)
+{
+	return (uint32_t)((id * 0x9e3779b97f4a7c15ull) >> 32) & a->tab_mask;
+}
 
 static uint32_t tab_hash(const kvp_agent *a, uint64_t engine, uint64_t id)
 {
@@ -240,6 +249,17 @@ static void ent_report(kvp_agent *a, struct kvp_ent *e, uint32_t type,
 	ev.type = type;
 	ev.req_id = id;
 	ev.engine_id = engine;
+	if (type == KVP_EV_EXPIRED) {
+		const struct kvp_hint *h = &a->hint[hint_slot(a, id)];
+
+		/* No rank of the engine expected notified, another engine
+		 * did: a scheduler that told the two sides different
+		 * consumer engines. */
+		ev.reason = !e->count && h->req_id == id &&
+					    h->engine_id != engine ?
+				    KVP_REASON_OTHER_ENGINE :
+				    KVP_REASON_TIMEOUT;
+	}
 	kvp__ev_push(a, &ev);
 	if (type == KVP_EV_RELEASED)
 		a->st.released++;
@@ -289,6 +309,8 @@ void kvp__note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 		}
 		e->deadline = kvp__now_ns() + LINGER_NS;
 		e->owner = (c->gen & 0xffff) << 16 | c->idx;
+		a->hint[hint_slot(a, id)].req_id = id;
+		a->hint[hint_slot(a, id)].engine_id = engine;
 		a->nearly++;
 		c->nearly++;
 		if (e->deadline < a->next_deadline)
