@@ -2,13 +2,14 @@
 # The whole kvpull test suite, on a fresh Debian 12 machine as root:
 #   bash scripts/test.sh [-v]
 # Installs what it needs (scripts/install-deps.sh), then builds with gcc and
-# clang (-Werror), runs the unit tests (cmocka), the tool tests, the build
-# configuration and install checks (tests/check_build_dirs.sh), the unit
-# tests again under ASan+UBSan with gcc and with clang (their sanitizers
-# catch different bugs), the libFuzzer targets for a bounded time each
-# (scripts/fuzz.sh; KVP_FUZZ_SECONDS per target, 50 here), and the
-# RDMA loopback tests on soft-RoCE in a VM (scripts/rxe-vm.sh; directly on a
-# machine with an RDMA device).
+# clang (-Werror), runs the unit tests (cmocka), checks that no files of
+# plan/ or tools/plan/ call each other in a cycle (tests/check_floors.sh),
+# runs the tool tests, the build configuration and install checks
+# (tests/check_build_dirs.sh), the unit tests again under ASan+UBSan with
+# gcc and with clang (their sanitizers catch different bugs), the libFuzzer
+# targets for a bounded time each (scripts/fuzz.sh; KVP_FUZZ_SECONDS per
+# target, 50 here), and the RDMA loopback tests on soft-RoCE in a VM
+# (scripts/rxe-vm.sh; directly on a machine with an RDMA device).
 #
 # Each configuration builds in its own directory (see the Makefile), so the
 # stages need no `make clean` and leave build/ usable by scripts/main.sh.
@@ -116,6 +117,7 @@ stage() {
 stage "install dependencies" bash scripts/install-deps.sh
 stage "build with gcc (-Werror)" "${mk[@]}" WERROR=1 all
 stage "unit tests" "${mk[@]}" WERROR=1 unit
+stage "floors: no call cycles between files" "${mk[@]}" WERROR=1 check-floors
 if [[ -f tests/test_tool.sh ]]; then
 	stage "tool tests" "${mk[@]}" WERROR=1 check-tool
 fi

@@ -2,8 +2,9 @@
 /*
  * kvpull-plan's pieces (tools/kvpull-plan.c is main): options and the two
  * engines (args.c), the plan and what is derived from it (dump.c), the
- * request (request.c), and the two outputs (text.c, json.c). Public API
- * only. Every failure ends the program: usage_error() exits 2, die() 1.
+ * request (request.c), the outputs (text.c, json.c, svg.c), and the errors
+ * all of them call (errors.c, which calls none). Public API only. Every
+ * failure ends the program: usage_error() exits 2, die() 1.
  */
 #ifndef KVP_TOOL_DUMP_H
 #define KVP_TOOL_DUMP_H
@@ -132,7 +133,7 @@ void print_json(const struct dump *d); /* json.c */
 /* Writes the SVG picture of the plan to o->svg (svg.c); dies on error. */
 void write_svg(const struct dump *d);
 
-/* ---- errors and checked accessors (dump.c) ---- */
+/* ---- errors and checked accessors (errors.c) ---- */
 
 __attribute__((noreturn, format(printf, 1, 2))) void usage_error(
 	const char *fmt, ...);
