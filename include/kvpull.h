@@ -606,8 +606,8 @@ struct kvp_sge {
 };
 
 /* Upper bounds on the WRs and SGEs kvp_plan_emit() can write for a request
- * whose id lists hold at most `max_ids` ids each. A NULL plan gives 0 and 0
- * (a NULL output pointer is skipped). */
+ * whose id lists hold at most `max_ids` ids each. A NULL plan gives 0 and 0;
+ * a NULL output pointer is skipped. */
 KVP_API void kvp_plan_emit_bound(const kvp_plan *plan, uint32_t max_ids,
 				 uint32_t *max_wrs, uint32_t *max_sges);
 
@@ -1297,12 +1297,17 @@ KVP_API const kvp_plan *kvp_agent_plan(const kvp_agent *agent);
  * others).
  * Returns 0, and exactly one DONE or FAILED event follows for req_id;
  * -EINVAL (bad arguments, a list longer than max_ids, lists that do not fit
- * the group); -ERANGE for a block id out of range; -EBUSY when max_inflight
+ * the group); -ERANGE for a block id out of range; -EALREADY when req_id
+ * is being pulled from that engine already (from its pull until its
+ * event is delivered and its notifications are sent: the producer would
+ * release the blocks after one of the two); -EBUSY when max_inflight
  * requests are held (not yet reported, or their notifications not yet
  * sent) or a connection's queue of requests is full (poll, then retry);
  * -ENOTCONN before connect or while its engine is not up (a producer rank
  * was lost: kvp_agent_pull_from() reconnects it). On error nothing was
- * posted and no event follows. */
+ * posted and no event follows; kvp_agent_last_error() tells which rule
+ * the request broke (KVP_REASON_IDS_MAX, IDS_UNEVEN, IDS_TOKENS,
+ * IDS_RANGE, IN_FLIGHT, BUSY, NOT_UP...). */
 KVP_API KVP_MUST_CHECK int kvp_agent_pull(kvp_agent *agent, uint64_t req_id,
 					  const struct kvp_ids *ids);
 

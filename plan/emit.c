@@ -90,14 +90,7 @@ void kvp_plan_emit_bound(const kvp_plan *p, uint32_t max_ids,
 	uint64_t n = 0;
 	uint32_t i;
 
-	if (!p || !max_wrs || !max_sges) {
-		if (max_wrs)
-			*max_wrs = 0;
-		if (max_sges)
-			*max_sges = 0;
-		return;
-	}
-	for (i = 0; i < p->nstreams; i++) {
+	for (i = 0; p && i < p->nstreams; i++) {
 		const struct kvp_pset *s = &p->sets[p->streams[i].set];
 		uint32_t lper = p->groups[s->group].lper;
 		uint64_t periods = (uint64_t)max_ids / lper + 2;
@@ -106,8 +99,10 @@ void kvp_plan_emit_bound(const kvp_plan *p, uint32_t max_ids,
 	}
 	if (n > UINT32_MAX)
 		n = UINT32_MAX;
-	*max_wrs = (uint32_t)n;
-	*max_sges = (uint32_t)n;
+	if (max_wrs)
+		*max_wrs = (uint32_t)n;
+	if (max_sges)
+		*max_sges = (uint32_t)n;
 }
 
 /* The WR being built. Records are kvp_wr and kvp_sge, or (`into`, a
@@ -925,12 +920,13 @@ int kvp_plan_emit_window_into(const kvp_plan *p, const struct kvp_ids *ids,
 
 	if (!p || !ids || !pos || !sink_ok(sink) || pos->end > p->nstreams)
 		return -EINVAL;
-	if (nsge)
-		*nsge = 0;
-	if (bytes)
-		*bytes = 0;
-	if (!wr_cap || !sge_cap || pos->stream >= pos->end)
+	if (!wr_cap || !sge_cap || pos->stream >= pos->end) {
+		if (nsge)
+			*nsge = 0;
+		if (bytes)
+			*bytes = 0;
 		return 0;
+	}
 	memset(&c, 0, sizeof(c));
 	c.lmap = sink->local;
 	c.rmap = sink->remote;
@@ -946,7 +942,7 @@ int kvp_plan_emit_window_into(const kvp_plan *p, const struct kvp_ids *ids,
 	c.wr_cap = wr_cap > INT_MAX ? INT_MAX : wr_cap;
 	c.sge_cap = sge_cap;
 	n = window(&c, p, ids, pos, 1);
-	if (n > 0) {
+	if (n >= 0) { /* on an error, the outputs are untouched too */
 		if (nsge)
 			*nsge = c.nsge;
 		if (bytes)

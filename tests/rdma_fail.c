@@ -286,6 +286,12 @@ static int plain_producer(const struct rt_case *tc, const struct rt_env *env,
 			  const struct rt_req *rq, int ready_fd, int stop_fd,
 			  uint32_t want_disc, int expire_first)
 {
+	/* The DISCONNECTED events, in order: one per consumer rank (not per
+	 * queue pair); the last consumer closes its agent (a clean close),
+	 * a killed one before it is a reset. */
+	int32_t disc_status[4];
+	uint32_t disc_reason[4];
+	double quiet_end = 0;
 	struct kvp_agent_attr at;
 	struct kvt_mem mem = { 0 };
 	struct kvp_event ev[8];
@@ -354,7 +360,10 @@ static int plain_producer(const struct rt_case *tc, const struct rt_env *env,
 			uint64_t id = ev[i].req_id;
 
 			if (ev[i].type == KVP_EV_DISCONNECTED) {
-				disc++;
+				if (disc == 4)
+					RT_FAIL("more than 4 DISCONNECTED");
+				disc_status[disc] = ev[i].status;
+				disc_reason[disc++] = ev[i].reason;
 				continue;
 			}
 			if (id >= 9000)
@@ -373,6 +382,28 @@ static int plain_producer(const struct rt_case *tc, const struct rt_env *env,
 				released, expired, disc);
 		if (!n)
 			usleep(100);
+		/* Done: 300 ms more, for a DISCONNECTED too many. */
+		if (stopped && released >= want_rel && expired >= want_exp &&
+		    disc >= want_disc && !quiet_end)
+			quiet_end = rt_now() + 0.3;
+		if (quiet_end && rt_now() < quiet_end)
+			continue;
+		if (quiet_end)
+			break;
+	}
+	if (disc != want_disc)
+		RT_FAIL("%u DISCONNECTED, want %u (one per consumer rank)",
+			disc, want_disc);
+	for (i = 0; i < disc; i++) {
+		int clean = i == disc - 1;
+
+		if (clean && (disc_status[i] || disc_reason[i] != KVP_REASON_CLOSED))
+			RT_FAIL("DISCONNECTED %u: status %d reason %u, want a clean close (0, CLOSED)",
+				i, disc_status[i], disc_reason[i]);
+		if (!clean && (disc_status[i] >= 0 ||
+			       disc_reason[i] != KVP_REASON_TRANSPORT))
+			RT_FAIL("DISCONNECTED %u: status %d reason %u, want a reset (TRANSPORT)",
+				i, disc_status[i], disc_reason[i]);
 	}
 	ret = 0;
 out:
@@ -469,6 +500,135 @@ out:
 	return ret;
 }
 
+/* Consumer of the clean-close case: pulls requests 0 and 1, says so on
+ * done_fd, then must see its producer close cleanly: one DISCONNECTED
+ * (status 0, CLOSED) for the one rank, whatever its queue pairs, and
+ * ENGINE_DOWN with reason CLOSED. */
+static int closing_consumer(const struct rt_env *env, const struct rt_req *rq,
+			    int done_fd)
+{
+	struct kvt_mem mem = { 0 };
+	struct kvp_peer peer = { .addr = env->addr0, .port = env->port };
+	kvp_layout *l = rt_layout(&ref, 0, 0);
+	uint32_t disc = 0, down = 0, i;
+	struct kvp_engine_info ei;
+	struct kvp_event ev[8];
+	kvp_agent *a = NULL;
+	const char *who = "closing consumer";
+	double end;
+	int ret = 1, err, n;
+
+	alarm(100);
+	if (!l || kvt_mem_alloc(l, &mem))
+		RT_FAIL("layout");
+	err = open_consumer(l, env->addr0, RT_MAX_IDS, 4, &mem, &a);
+	if (err)
+		RT_FAIL("open: %s", kvp_strerror(err));
+	err = kvp_agent_connect(a, &peer, 1, 20000);
+	if (err)
+		RT_FAIL("connect: %s", kvp_strerror(err));
+	if (kvp_agent_pull(a, rq[0].id, rq[0].ids) ||
+	    kvp_agent_pull(a, rq[1].id, rq[1].ids))
+		RT_FAIL("pull");
+	if (wait_req(a, rq[0].id, 30) != KVP_EV_DONE ||
+	    wait_req(a, rq[1].id, 30) != KVP_EV_DONE)
+		RT_FAIL("requests not done");
+	if (write(done_fd, "d", 1) != 1)
+		RT_FAIL("pipe");
+	/* The producer closes: its ENGINE_DOWN, then 300 ms more for a
+	 * second DISCONNECTED that must not come. */
+	end = rt_now() + 30;
+	while (rt_now() < end) {
+		n = kvp_agent_poll(a, ev, 8);
+		if (n < 0)
+			RT_FAIL("poll: %s", kvp_strerror(n));
+		for (i = 0; i < (uint32_t)n; i++) {
+			if (ev[i].type == KVP_EV_DISCONNECTED) {
+				if (ev[i].status || ev[i].reason !=
+							    KVP_REASON_CLOSED)
+					RT_FAIL("DISCONNECTED: status %d reason %u, want 0 CLOSED",
+						ev[i].status, ev[i].reason);
+				disc++;
+			} else if (ev[i].type == KVP_EV_ENGINE_DOWN) {
+				if (ev[i].reason != KVP_REASON_CLOSED)
+					RT_FAIL("ENGINE_DOWN: reason %u, want CLOSED",
+						ev[i].reason);
+				down++;
+				if (end > rt_now() + 0.3)
+					end = rt_now() + 0.3;
+			}
+		}
+		if (!n)
+			usleep(100);
+	}
+	if (disc != 1 || down != 1)
+		RT_FAIL("%u DISCONNECTED and %u ENGINE_DOWN, want 1 and 1",
+			disc, down);
+	if (kvp_agent_engine_info(a, 1, &ei) == 0 &&
+	    (ei.reason != KVP_REASON_CLOSED ||
+	     strcmp(ei.why, "producer rank 0 closed its agent")))
+		RT_FAIL("engine info: reason %u \"%s\"", ei.reason, ei.why);
+	ret = 0;
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvp_layout_destroy(l);
+	return ret;
+}
+
+static int run_clean_close(const struct rt_env *env)
+{
+	static struct rt_req rq[RT_MAX_REQ];
+	int ready[2], stop[2], done[2], ret = -1;
+	pid_t prod[1], cons[1];
+	char c;
+
+	memset(rq, 0, sizeof(rq));
+	if (rt_make_requests(&ref, rq) || pipe(ready) || pipe(stop) ||
+	    pipe(done))
+		return -1;
+	fflush(NULL);
+	prod[0] = fork();
+	if (prod[0] == 0) {
+		close(ready[0]);
+		close(stop[1]);
+		/* It closes first: it sees no DISCONNECTED. */
+		RT_EXIT(plain_producer(&ref, env, rq, ready[1], stop[0], 0, 0));
+	}
+	close(ready[1]);
+	close(stop[0]);
+	if (read(ready[0], &c, 1) != 1)
+		goto out;
+	cons[0] = fork();
+	if (cons[0] == 0) {
+		/* The stop pipe's write end is the parent's alone: its
+		 * close is what stops the producer. */
+		close(stop[1]);
+		close(done[0]);
+		RT_EXIT(closing_consumer(env, rq, done[1]));
+	}
+	close(done[1]);
+	done[1] = -1;
+	if (read(done[0], &c, 1) != 1)
+		goto out;
+	close(stop[1]);
+	stop[1] = -1;
+	ret = rt_wait(prod, 1, rt_now() + 30, "producer");
+	if (rt_wait(cons, 1, rt_now() + 60, "consumer"))
+		ret = -1;
+out:
+	close(ready[0]);
+	close(done[0]);
+	if (done[1] >= 0)
+		close(done[1]);
+	if (stop[1] >= 0)
+		close(stop[1]);
+	if (ret)
+		while (waitpid(-1, NULL, WNOHANG) > 0)
+			;
+	return ret;
+}
+
 static int run_consumer_kill(const struct rt_env *env)
 {
 	static struct rt_req rq[RT_MAX_REQ];
@@ -542,6 +702,8 @@ int main(int argc, char **argv)
 		{ "handshake rejections and argument errors", NULL,
 		  run_handshake },
 		{ "consumer killed mid-transfer", NULL, run_consumer_kill },
+		{ "clean close, each way: one DISCONNECTED a rank, CLOSED",
+		  NULL, run_clean_close },
 	};
 	uint32_t i;
 

@@ -42,6 +42,37 @@ void kvp__ev_push(kvp_agent *a, const struct kvp_event *ev)
 	a->ev_tail++;
 }
 
+/* Whether c is the last connection of its peer rank to be reported gone:
+ * a rank has several queue pairs (kvp_agent_attr.qps), its DISCONNECTED
+ * event is one. A consumer's are its engine's rank_conn entries; a
+ * producer's, the connections of the same consumer engine and rank. */
+static int last_of_rank(const kvp_agent *a, const struct kvp_conn *c)
+{
+	uint32_t i, q;
+
+	if (c->side == KVP_ROLE_CONSUMER) {
+		const struct kvp_eng *e = &a->engs[c->eng];
+
+		for (q = 0; e->rank_conn && c->rank < e->n && q < e->nq; q++) {
+			uint32_t k = e->rank_conn[c->rank * e->nq + q];
+
+			if (k != NO_CONN && k != c->idx &&
+			    !a->conns[k].reported &&
+			    a->conns[k].state != CS_FREE)
+				return 0;
+		}
+		return 1;
+	}
+	for (i = 0; i < a->nprod; i++) {
+		const struct kvp_conn *o = &a->conns[i];
+
+		if (o != c && o->state == CS_READY &&
+		    o->engine_id == c->engine_id && o->rank == c->rank)
+			return 0;
+	}
+	return 1;
+}
+
 void kvp__ev_disconnected(kvp_agent *a, struct kvp_conn *c)
 {
 	struct kvp_event ev;
@@ -49,10 +80,15 @@ void kvp__ev_disconnected(kvp_agent *a, struct kvp_conn *c)
 	if (c->reported)
 		return;
 	c->reported = 1;
+	if (!last_of_rank(a, c))
+		return;
 	memset(&ev, 0, sizeof(ev));
 	ev.type = KVP_EV_DISCONNECTED;
 	ev.status = c->status;
-	if (c->side == KVP_ROLE_CONSUMER && a->engs[c->eng].why.reason) {
+	if (c->bye) {
+		ev.status = 0;
+		ev.reason = KVP_REASON_CLOSED;
+	} else if (c->side == KVP_ROLE_CONSUMER && a->engs[c->eng].why.reason) {
 		ev.reason = a->engs[c->eng].why.reason;
 		ev.peer_reason = a->engs[c->eng].why.peer_reason;
 	} else {
@@ -418,6 +454,30 @@ static void flush_notes(kvp_agent *a)
 	}
 }
 
+/* Tells every ready peer that this is a close, not a crash: a BYE on each
+ * connection, waited for at most KVP_BYE_NS. */
+static void say_bye(kvp_agent *a)
+{
+	uint64_t end = kvp__now_ns() + KVP_BYE_NS;
+	uint32_t i, pending = 0;
+
+	for (i = 0; a->conns && i < a->nconns; i++) {
+		struct kvp_conn *c = &a->conns[i];
+
+		pending += c->side == KVP_ROLE_PRODUCER ?
+				   kvp__bye_producer(a, c) :
+				   kvp__bye_consumer(a, c);
+	}
+	while (pending && kvp__now_ns() < end) {
+		if (kvp__cq_drain(a) < 0)
+			return;
+		for (i = 0, pending = 0; i < a->nconns; i++)
+			pending += a->conns[i].bye_sent;
+		if (pending)
+			(void)poll(NULL, 0, 1);
+	}
+}
+
 void kvp_agent_close(kvp_agent *a)
 {
 	uint32_t i;
@@ -426,6 +486,7 @@ void kvp_agent_close(kvp_agent *a)
 		return;
 	if (a->consumer && a->reqs)
 		flush_notes(a);
+	say_bye(a);
 	kvp__destroy_id(a->listen_id);
 	close_sides(a);
 	kvp__blob_free(a);
@@ -749,6 +810,9 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 		break;
 	case WK_PROBE:
 		kvp__probe_wc(a, c, wc);
+		break;
+	case WK_BYE:
+		c->bye_sent = 0;
 		break;
 	case WK_NOTE_RECV:
 		if (c->state != CS_READY) {

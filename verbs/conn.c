@@ -366,6 +366,7 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->rank = 0;
 	c->engine_id = 0;
 	c->reported = 0;
+	c->bye = c->bye_sent = 0;
 	c->blob = NULL;
 	c->blob_len = 0;
 	c->blob_got = 0;

@@ -235,15 +235,18 @@ void kvp__consumer_event(kvp_agent *a, struct kvp_conn *c,
 			err = -ECONNREFUSED;
 		break;
 	case RDMA_CM_EVENT_DISCONNECTED:
-		/* A producer disconnects once its refusal is delivered: the
-		 * refusal's completion is in the CQ before this event, and
-		 * its reason must win over the disconnect. */
-		if (c->state == CS_HANDSHAKE) {
+		/* A producer disconnects once its refusal (or its BYE) is
+		 * delivered: that completion is in the CQ before this event,
+		 * and its reason must win over the disconnect. */
+		if (c->state == CS_HANDSHAKE || c->state == CS_READY) {
 			(void)kvp__cq_drain(a);
 			if (c->state != CS_HANDSHAKE && c->state != CS_READY)
 				return;
 		}
 		err = kvp__cm_errno(type);
+		if (c->bye)
+			kvp__why(&a->engs[c->eng].why, err, KVP_REASON_CLOSED,
+				 "producer rank %u closed its agent", c->rank);
 		break;
 	default:
 		err = kvp__cm_errno(type);
@@ -280,6 +283,15 @@ void kvp__consumer_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 
 	switch (WRID_KIND(wc->wr_id)) {
 	case WK_CTL_RECV:
+		if (c->state == CS_READY) {
+			/* The one control message after the handshake. */
+			m = kvp__ctl_rx(a, c);
+			if (wc->status == IBV_WC_SUCCESS &&
+			    wc->byte_len == KVP_BYE_LEN &&
+			    kvp__get32(m) == KVP_BYE_MAGIC)
+				c->bye = 1;
+			return;
+		}
 		if (c->state != CS_HANDSHAKE || c->blob)
 			return;
 		m = kvp__ctl_rx(a, c);
@@ -304,8 +316,12 @@ void kvp__consumer_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 		kvp__conn_fail(a, c, err);
 		return;
 	}
-	if (c->state == CS_HANDSHAKE && c->meta_sent && c->meta_recv)
+	if (c->state == CS_HANDSHAKE && c->meta_sent && c->meta_recv) {
 		c->state = CS_READY;
+		/* For the producer's BYE when it closes; without one, its
+		 * close reads as a reset. */
+		(void)kvp__post_ctl_recv(a, c);
+	}
 }
 
 int kvp__conn_start(kvp_agent *a, struct kvp_conn *c, struct kvp_eng *e,

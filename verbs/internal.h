@@ -160,6 +160,7 @@ enum wr_kind {
 	WK_LAST,       /* a chunk's last READ: its data is in; retires */
 	WK_CREDIT,     /* READ of the producer's credit counter; retires */
 	WK_PROBE,      /* producer: zero-length READ, is the consumer there */
+	WK_BYE,	       /* our BYE (kvp_agent_close()) */
 };
 
 static inline uint64_t kvp__wrid(uint32_t kind, uint32_t gen, uint32_t conn,
@@ -234,6 +235,22 @@ struct kvp_emit_pos;
  * means 655 ms per retry). */
 #define KVP_MIN_RNR_TIMER 14
 #define KVP_CREDIT_MAX 65536
+/* A clean close: the closing side's last message on each connection, so
+ * that the peer reports the disconnect that follows as a close (status
+ * 0, KVP_REASON_CLOSED) rather than a reset. Producer -> consumer: a
+ * control message (u32 magic, u32 0) into a receive the consumer posts
+ * once its connection is ready. Consumer -> producer: a notification of
+ * KVP_NOTE_LEN bytes whose magic is this one, sent with the last credit
+ * it holds (none left: no BYE, and the close reads as a reset). */
+#define KVP_BYE_MAGIC 0x4b565042u
+#define KVP_BYE_LEN 8
+struct kvp_conn;
+/* Posts connection c's BYE if it is ready (and, consumer, has credit):
+ * 1 when posted (c->bye_sent until its completion), else 0. */
+KVP_HIDDEN int kvp__bye_producer(kvp_agent *a, struct kvp_conn *c);
+KVP_HIDDEN int kvp__bye_consumer(kvp_agent *a, struct kvp_conn *c);
+/* How long kvp_agent_close() waits for its BYEs to be sent. */
+#define KVP_BYE_NS 100000000ull
 #define KVP_REFUSE_MAGIC 0x4b565052u
 #define KVP_REFUSE_LEN 12
 
@@ -375,6 +392,8 @@ struct kvp_conn {
 	uint32_t rank;		  /* peer rank */
 	uint64_t engine_id;	  /* peer engine */
 	int reported;		  /* DISCONNECTED event queued */
+	int bye;		  /* the peer said BYE: its close is clean */
+	int bye_sent;		  /* ours is posted, not yet completed */
 	uint32_t sq_cap;	  /* consumer: usable send queue entries, one
 				   * kept for the drain marker */
 	int inline_notes;	  /* consumer: notifications sent inline */

@@ -378,8 +378,33 @@ void kvp__producer_event(kvp_agent *a, struct kvp_conn *c,
 	case RDMA_CM_EVENT_TIMEWAIT_EXIT:
 	case RDMA_CM_EVENT_ADDR_CHANGE:
 		return;
+	case RDMA_CM_EVENT_DISCONNECTED:
+		/* A consumer's BYE, if it sent one, is in the CQ before this
+		 * event: take it first. */
+		if (c->state == CS_READY) {
+			(void)kvp__cq_drain(a);
+			if (c->state != CS_READY)
+				return;
+		}
+		kvp__conn_fail(a, c, kvp__cm_errno(type));
+		return;
 	default:
 		kvp__conn_fail(a, c, kvp__cm_errno(type));
 		return;
 	}
+}
+
+int kvp__bye_producer(kvp_agent *a, struct kvp_conn *c)
+{
+	uint8_t *m = kvp__ctl_tx(a, c);
+
+	if (c->state != CS_READY)
+		return 0;
+	kvp__put32(m, KVP_BYE_MAGIC);
+	kvp__put32(m + 4, 0);
+	if (kvp__post_send1(c, kvp__wrid(WK_BYE, c->gen, c->idx, 0), m,
+			    KVP_BYE_LEN, a->ctl_mr->lkey))
+		return 0;
+	c->bye_sent = 1;
+	return 1;
 }

@@ -436,6 +436,27 @@ static void post_note(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
 	a->st.notes_sent++;
 }
 
+int kvp__bye_consumer(kvp_agent *a, struct kvp_conn *c)
+{
+	uint8_t *m = kvp__ctl_tx(a, c);
+
+	/* A receive buffer of the producer's, and room in our send queue
+	 * beyond the slot kept for the drain marker. */
+	if (c->state != CS_READY || !credits(c) ||
+	    c->outstanding >= c->sq_cap)
+		return 0;
+	memset(m, 0, KVP_NOTE_LEN);
+	kvp__put32(m, KVP_BYE_MAGIC);
+	kvp__put32(m + 4, a->li.tp_rank);
+	kvp__put64(m + 16, a->li.engine_id);
+	if (kvp__post_send1(c, kvp__wrid(WK_BYE, c->gen, c->idx, 0), m,
+			    KVP_NOTE_LEN, a->ctl_mr->lkey))
+		return 0;
+	c->notes_posted++;
+	c->bye_sent = 1;
+	return 1;
+}
+
 /* Out of credit: read the producer's count of re-posted buffers. */
 static void post_credit_read(kvp_agent *a, struct kvp_conn *c,
 			     struct chain *ch)
@@ -881,6 +902,9 @@ static void stall(kvp_agent *a, struct kvp_eng *e)
 		return;
 	e->st.stalls++;
 	a->st.stalls++;
+	kvp__why(&e->why, -ETIMEDOUT, KVP_REASON_STALL,
+		 "no progress from the producer within stall_ms (%llu ms)",
+		 (unsigned long long)(a->stall_ns / 1000000ull));
 	kvp__engine_fail(a, e, -ETIMEDOUT);
 }
 

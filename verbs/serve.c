@@ -286,6 +286,10 @@ void kvp__note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 	uint64_t id, engine, *w;
 	uint32_t rank;
 
+	if (len == KVP_NOTE_LEN && kvp__get32(m) == KVP_BYE_MAGIC) {
+		c->bye = 1; /* the consumer rank closes: not a note */
+		return;
+	}
 	if (len != KVP_NOTE_LEN || kvp__get32(m) != KVP_NOTE_MAGIC)
 		goto drop;
 	rank = kvp__get32(m + 4);

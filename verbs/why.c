@@ -95,6 +95,14 @@ int kvp__call_err(struct kvp_why *w, int err)
 	case -ENOTCONN:
 		r = KVP_REASON_NOT_UP;
 		break;
+	case -ENOSPC: /* our own limits, in a call: not the peer's */
+	case -ENOMEM:
+		r = KVP_REASON_BUSY;
+		break;
+	case -ENXIO:
+	case -EISCONN:
+		r = KVP_REASON_ARGS;
+		break;
 	default:
 		kvp__why_errno(w, err);
 		return err;
@@ -107,6 +115,6 @@ uint32_t kvp_agent_last_error(const kvp_agent *a, char *buf, size_t len)
 	if (!a)
 		return KVP_REASON_NONE;
 	if (buf && len)
-		snprintf(buf, len, "%s", a->last.msg);
+		snprintf(buf, len, "%s", a->last.reason ? a->last.msg : "");
 	return a->last.reason;
 }
