@@ -158,7 +158,7 @@ $(BUILD)/header-check: include/kvpull.h $(BUILD)/config
 # Every test program, built and not run (the clang stage of scripts/test.sh).
 tests: $(UNIT_BIN) $(RDMA_BIN) $(BUILD)/header-check
 
-unit: $(UNIT_BIN) $(BUILD)/header-check
+unit: $(UNIT_BIN) $(BUILD)/header-check fuzz-replay
 	@pass=0; fail=0; \
 	for t in $(UNIT_BIN); do \
 		if $$t; then pass=$$((pass+1)); else fail=$$((fail+1)); echo "FAILED: $$t"; fi; \
@@ -219,29 +219,62 @@ print-build:
 .PHONY: all tests unit check-tool check-svg test bench install uninstall clean print-build
 
 # --- fuzz: libFuzzer targets, tests/fuzz/fuzz_*.c (clang only) -------------
-# The plan/ sources are compiled into each target so that they carry the
-# fuzzer's coverage instrumentation. Run: build/fuzz/fuzz_meta CORPUS_DIR
+# The plan/ sources are compiled once with the fuzzer's coverage
+# instrumentation and ASan+UBSan, and linked into each target.
+# Run: build/fuzz/fuzz_meta CORPUS_DIR; scripts/fuzz.sh runs them all.
+# Without the stack-depth feature: it measures the stack in bytes, which
+# with ASan's aligned frames depends on where ASLR put the stack, so the
+# same seed found other inputs on other runs (scripts/fuzz.sh's
+# deterministic mode).
 FUZZ_CC ?= clang
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
+FUZZ_CFLAGS := -std=gnu11 $(WARN) -g -O1 -fno-omit-frame-pointer \
+	-fsanitize=address,undefined -fno-sanitize-recover=undefined \
+	-fno-sanitize-coverage=stack-depth -Iinclude -Iplan
+FUZZ_PLAN_OBJ := $(PLAN_SRC:%.c=$(FUZZ_BUILD)/%.o)
 
 # build/fuzz/seeds DIR writes seed corpora from the presets (DIR/meta,
-# DIR/spec, DIR/plan); scripts/fuzz.sh runs every target for a bounded time.
+# DIR/spec, DIR/plan).
 
 fuzz: $(FUZZ_BIN) $(FUZZ_BUILD)/seeds
 
-$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(PLAN_SRC) $(wildcard include/*.h plan/*.h)
+$(FUZZ_BUILD)/plan/%.o: plan/%.c $(wildcard include/*.h plan/*.h)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) -std=gnu11 $(WARN) -g -O1 -fno-omit-frame-pointer \
-		-fsanitize=fuzzer,address,undefined \
-		-fno-sanitize-recover=undefined -Iinclude -Iplan -o $@ $< \
-		$(PLAN_SRC)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_PLAN_OBJ) $(wildcard include/*.h plan/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_PLAN_OBJ)
+
+# Without the sanitizers: seeds.c forms text from a NULL buffer of length 0.
 $(FUZZ_BUILD)/seeds: tests/fuzz/seeds.c $(PLAN_SRC) $(wildcard include/*.h plan/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -std=gnu11 $(WARN) -g -O1 -Iinclude -Iplan -o $@ $< $(PLAN_SRC)
 
-.PHONY: fuzz
+# The regression tests of the fuzz targets, part of `make unit`: every
+# reproducer of tests/fuzz/crashes/ (<target>-*) and every input of the
+# regression corpus tests/fuzz/corpus/<target>/ (scripts/fuzz.sh
+# --update-corpus) through the target's LLVMFuzzerTestOneInput(), built
+# with this configuration's compiler and flags (tests/fuzz/replay.c). One
+# test per target.
+FUZZ_TARGETS := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=%)
+REPLAY_BIN := $(FUZZ_TARGETS:%=$(BUILD)/tests/fuzz/replay_%)
+
+$(BUILD)/tests/fuzz/replay_%: tests/fuzz/replay.c tests/fuzz/fuzz_%.c $(wildcard include/*.h plan/*.h) $(BUILD)/config $(BUILD)/libkvpull_plan.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Iplan -DFUZZ_TARGET='"fuzz_$*"' $(LDFLAGS) -o $@ \
+		tests/fuzz/replay.c tests/fuzz/fuzz_$*.c $(BUILD)/libkvpull_plan.a
+
+fuzz-replay: $(REPLAY_BIN)
+	@pass=0; fail=0; \
+	$(foreach t,$(FUZZ_TARGETS),if $(BUILD)/tests/fuzz/replay_$(t) \
+		$(wildcard tests/fuzz/crashes/$(t)-*) \
+		$(wildcard tests/fuzz/corpus/$(t)); \
+	then pass=$$((pass+1)); else fail=$$((fail+1)); fi;) \
+	echo "$$pass passed, $$fail failed"; test $$fail -eq 0
+
+.PHONY: fuzz fuzz-replay
 # --- end fuzz ---------------------------------------------------------------
 
 # --- check-rdma: tests/rdma_*.c on soft-RoCE (scripts/rxe-vm.sh) ----------
