@@ -549,11 +549,19 @@ struct kvp_plan_attr {
  * whose least common multiple exceeds 65,535 blocks of either side), with a
  * one-line reason naming what differs in msg[msglen] when msg is not NULL;
  * -EINVAL for bad arguments (unknown comp_mask or flags bits, max_len above
- * 2^31); -ENOMEM. A max_len so small that the plan would hold more than
- * 2^20 piece templates is -EPROTO too. Any two block sizes and kernel block
+ * 2^31); -EFBIG when the plan would take more than KVP_PLAN_MAX_WORK
+ * piece templates to make (counted before they are made, so a refusal
+ * costs microseconds: a layout whose dims are reversed against the other
+ * side's, with coprime block sizes, asks for millions; real layouts need
+ * under 2^15), with the field or the max_len to blame in msg; -ENOMEM. A
+ * max_len so small that one set would hold more than 2^20 piece templates
+ * is -EPROTO. Any two block sizes and kernel block
  * sizes are otherwise matched, nesting or not (16 and 24 tokens: a period
  * of 48). Inputs are not referenced after the call. The plan is immutable
  * and may be shared between threads. */
+/* The most piece templates one kvp_plan_compile() makes (before merging):
+ * a bound on the time and memory a peer's layout can cost. */
+#define KVP_PLAN_MAX_WORK (1u << 16)
 KVP_API KVP_MUST_CHECK int kvp_plan_compile(const kvp_layout *local,
 					    const kvp_layout *remote,
 					    const struct kvp_plan_attr *attr,
@@ -847,7 +855,12 @@ KVP_API KVP_MUST_CHECK int kvp_plan_get_piece(const kvp_plan *plan, uint32_t i,
  * receive for a request before it frees its blocks, when the consumer engine
  * is `consumer_layout` (any rank's layout of each engine). Returns the count
  * (>= 1), -EPROTO exactly when kvp_plan_compile() refuses some consumer
- * rank's plan, -EINVAL, -ENOMEM. Costs one plan compilation per class of
+ * rank's plan with -EPROTO, -EFBIG when its compilations together would
+ * make more than KVP_PLAN_MAX_WORK piece templates (they share one
+ * budget), -EINVAL, -ENOMEM. A producer agent's handshake does not call
+ * it: it checks a consumer's layout field by field and counts each
+ * consumer rank's sources from its segments, compiling nothing (a
+ * consumer whose plan cannot be built refuses itself). Costs one plan compilation per class of
  * consumer ranks whose plans are alike up to a shift of producer ranks
  * (same ranges relative to their shards: a few, e.g. 16 for 128 SSM heads
  * on 8 producer ranks, whatever the consumer TP size D) plus work linear in

@@ -231,9 +231,9 @@ static int build_plan(struct work *w, kvp_plan **out)
 	return 0;
 }
 
-int kvp_plan_compile(const kvp_layout *l, const kvp_layout *r,
-		     const struct kvp_plan_attr *attr, kvp_plan **out,
-		     char *msg, size_t msglen)
+int kvp__plan_compile(const kvp_layout *l, const kvp_layout *r,
+		      const struct kvp_plan_attr *attr, kvp_plan **out,
+		      char *msg, size_t msglen, uint64_t *budget)
 {
 	const uint32_t known = KVP_PLAN_ATTR_MAX_LEN | KVP_PLAN_ATTR_FLAGS;
 	uint32_t max_sge = 1, max_len = MAX_WR_LEN, flags = 0, g, v;
@@ -269,6 +269,7 @@ int kvp_plan_compile(const kvp_layout *l, const kvp_layout *r,
 	w.r = r;
 	w.msg = msg;
 	w.msglen = msglen;
+	w.pieces.budget = *budget;
 	err = kvp__check_groups(l, r, msg, msglen);
 	if (err)
 		return err;
@@ -302,10 +303,24 @@ int kvp_plan_compile(const kvp_layout *l, const kvp_layout *r,
 out:
 	if (err == -EPROTO && msg && msglen && !msg[0])
 		kvp__msg(msg, msglen, "layouts cannot be matched");
+	if (err == -EFBIG && msg && msglen && !msg[0])
+		kvp__msg(msg, msglen,
+			 "plan too costly: over %u piece templates (KVP_PLAN_MAX_WORK) for one period of the two layouts",
+			 KVP_PLAN_MAX_WORK);
+	*budget = w.pieces.budget;
 	free(m);
 	work_free(&w);
 	kvp__gwork_free(&gw);
 	return err;
+}
+
+int kvp_plan_compile(const kvp_layout *l, const kvp_layout *r,
+		     const struct kvp_plan_attr *attr, kvp_plan **out,
+		     char *msg, size_t msglen)
+{
+	uint64_t budget = KVP_PLAN_MAX_WORK;
+
+	return kvp__plan_compile(l, r, attr, out, msg, msglen, &budget);
 }
 
 void kvp_plan_destroy(kvp_plan *p)

@@ -85,6 +85,9 @@ KVP_HIDDEN int kvp__segments(const struct kvp_field_desc *lfd, uint32_t ltp,
 struct pvec {
 	struct kvp_piece *p;
 	uint32_t n, cap;
+	/* Piece templates still allowed to be made (generated, before any
+	 * merge) in this compilation: KVP_PLAN_MAX_WORK at its start. */
+	uint64_t budget;
 };
 
 /* One period of a group: tokens (0 for a state group), and blocks of each
@@ -97,8 +100,30 @@ struct period {
 KVP_HIDDEN int kvp__period_of(const kvp_layout *l, const kvp_layout *r,
 			      uint32_t g, struct period *p, char *msg,
 			      size_t msglen);
+/* notify.c: kvp_notify_expected() for a producer's handshake, with no
+ * piece made: the layouts' field-level checks (groups, periods, every
+ * field matched; the reason in msg), then each consumer rank's sources
+ * from its segments. Equal to kvp_notify_expected() whenever every
+ * consumer rank's plan compiles; a consumer rank whose plan cannot be
+ * built (dims that do not refine, over KVP_PLAN_MAX_WORK) is counted as
+ * its sources would be, and refuses itself. Linear in consumer ranks x
+ * field kinds x segments: a peer's blob costs a producer no compilation.
+ * The count (>= 1), -EPROTO, -EINVAL, -ENOMEM. */
+KVP_HIDDEN int kvp__notify_count(const kvp_layout *prod,
+				 const kvp_layout *cons, uint32_t producer,
+				 char *msg, size_t msglen);
+
+/* kvp_plan_compile() with *budget piece templates to make at most (the
+ * rest left there on return, on success or failure): kvp_notify_expected()
+ * spends one KVP_PLAN_MAX_WORK over all its compilations. */
+KVP_HIDDEN int kvp__plan_compile(const kvp_layout *l, const kvp_layout *r,
+				 const struct kvp_plan_attr *attr,
+				 kvp_plan **out, char *msg, size_t msglen,
+				 uint64_t *budget);
+
 /* Appends to out the pieces of one field pair's segment sg for one period;
- * 0, -EPROTO (the sides do not refine, or a limit) or -ENOMEM. */
+ * 0, -EPROTO (the sides do not refine, or a limit), -EFBIG (more pieces
+ * than out->budget, counted before any is made) or -ENOMEM. */
 KVP_HIDDEN int kvp__field_pieces(const struct kvp_field_desc *lf, uint32_t ltp,
 				 uint32_t lrank,
 				 const struct kvp_field_desc *rf, uint32_t rtp,

@@ -54,7 +54,20 @@ struct ne_work {
 	uint32_t ncls, cap_cls;
 	uint32_t *slot, nslot; /* hash table of class indices + 1 */
 	uint32_t *src, nsrc, cap_src;
+	uint64_t budget; /* pieces left for the compilations (compile.h) */
 };
+
+static void ne_free(struct ne_work *w)
+{
+	free(w->pair);
+	free(w->seg);
+	free(w->nseg);
+	free(w->key);
+	free(w->key2);
+	free(w->cls);
+	free(w->slot);
+	free(w->src);
+}
 
 static int ne_pair_cmp(const void *x, const void *y)
 {
@@ -223,7 +236,8 @@ static int ne_class_of(struct ne_work *w, uint32_t c,
 	}
 	tmp = *w->cons; /* read only: a view of the same layout at rank c */
 	tmp.attr.tp_rank = c;
-	err = kvp_plan_compile(&tmp, w->prod, NULL, &plan, NULL, 0);
+	err = kvp__plan_compile(&tmp, w->prod, NULL, &plan, NULL, 0,
+				&w->budget);
 	if (err)
 		return err;
 	if (w->nsrc + plan->nsrc > w->cap_src) {
@@ -285,14 +299,18 @@ int kvp_notify_expected(const kvp_layout *prod, const kvp_layout *cons,
 
 	if (!prod || !cons || producer >= prod->attr.tp_size)
 		return -EINVAL;
-	/* Rank 0 first: a pair that cannot be matched at all fails here. */
+	/* Rank 0 first: a pair that cannot be matched at all fails here.
+	 * All the compilations below share one budget: a costly consumer
+	 * layout costs this call at most KVP_PLAN_MAX_WORK pieces, however
+	 * many classes of ranks it has. */
+	memset(&w, 0, sizeof(w));
+	w.budget = KVP_PLAN_MAX_WORK;
 	tmp = *cons;
 	tmp.attr.tp_rank = 0;
-	err = kvp_plan_compile(&tmp, prod, NULL, &plan, NULL, 0);
+	err = kvp__plan_compile(&tmp, prod, NULL, &plan, NULL, 0, &w.budget);
 	if (err)
 		return err;
 	kvp_plan_destroy(plan);
-	memset(&w, 0, sizeof(w));
 	w.prod = prod;
 	w.cons = cons;
 	err = ne_pairs(&w);
@@ -306,14 +324,81 @@ int kvp_notify_expected(const kvp_layout *prod, const kvp_layout *cons,
 		    ne_reads(&w, k, base, producer))
 			count++;
 	}
-	free(w.pair);
-	free(w.seg);
-	free(w.nseg);
-	free(w.key);
-	free(w.key2);
-	free(w.cls);
-	free(w.slot);
-	free(w.src);
+	ne_free(&w);
+	if (err)
+		return err;
+	return count > INT32_MAX ? -EPROTO : (int)count;
+}
+
+/* The layouts' field-level checks of kvp_plan_compile(), in the order it
+ * makes them: groups, each group's period, every field matched. Linear in
+ * the fields; no piece is made. */
+static int ne_matches(const kvp_layout *cons, const kvp_layout *prod,
+		      char *msg, size_t msglen)
+{
+	struct period per;
+	uint32_t g, *ridx;
+	int err;
+
+	err = kvp__check_groups(cons, prod, msg, msglen);
+	for (g = 0; !err && g < cons->ngroups; g++)
+		err = kvp__period_of(cons, prod, g, &per, msg, msglen);
+	if (err)
+		return err;
+	ridx = kvp__sorted_fields(prod);
+	if (!ridx)
+		return -ENOMEM;
+	err = kvp__match_fields(cons, prod, ridx, msg, msglen);
+	free(ridx);
+	return err;
+}
+
+int kvp__notify_count(const kvp_layout *prod, const kvp_layout *cons,
+		      uint32_t producer, char *msg, size_t msglen)
+{
+	struct ne_work w;
+	uint32_t c, i, j, lo, hi, base, n, count = 0;
+	int err;
+
+	if (!prod || !cons || producer >= prod->attr.tp_size)
+		return -EINVAL;
+	if (msg && msglen)
+		msg[0] = 0;
+	err = ne_matches(cons, prod, msg, msglen);
+	if (err)
+		return err;
+	memset(&w, 0, sizeof(w));
+	w.prod = prod;
+	w.cons = cons;
+	err = ne_pairs(&w);
+	for (c = 0; !err && c < cons->attr.tp_size; c++) {
+		int reads = 0;
+
+		/* c's segments, pair by pair: a rank it reads any box from
+		 * is a source of its plan (a box is never empty). */
+		(void)ne_key(&w, c, w.key, &n, &base);
+		for (i = 0; i < w.npair && !err; i++) {
+			const struct seg *sg = w.seg + (size_t)i * NE_SEGS;
+
+			if (w.nseg[i] < 0) {
+				err = w.nseg[i] == -ENOMEM ? -ENOMEM : -EPROTO;
+				kvp__msg(msg, msglen,
+					 "consumer rank %u: its ranges of a field cross more than %u producer ranks",
+					 c, NE_SEGS);
+				break;
+			}
+			for (j = 0; j < (uint32_t)w.nseg[i]; j++)
+				if (sg[j].rank == producer)
+					reads = 1;
+		}
+		if (err)
+			break;
+		kvp__notify_cover(c, cons->attr.tp_size, prod->attr.tp_size,
+				  &lo, &hi);
+		if (reads || (producer >= lo && producer < hi))
+			count++;
+	}
+	ne_free(&w);
 	if (err)
 		return err;
 	return count > INT32_MAX ? -EPROTO : (int)count;

@@ -318,6 +318,21 @@ int kvp__field_pieces(const struct kvp_field_desc *lf, uint32_t ltp,
 	}
 	if (run > UINT32_MAX)
 		return -EPROTO;
+	/* The work this will do, before doing it: one piece per point of
+	 * the remaining dims, per token chunk. A layout that asks for more
+	 * than the budget (reversed dims and coprime block sizes make
+	 * millions) is refused here, in time linear in its dims. */
+	{
+		uint64_t work = ch.n ? ch.n : 1;
+
+		for (i = 0; i < nd; i++)
+			if (__builtin_mul_overflow(work, (uint64_t)d[i].size,
+						   &work))
+				return -EFBIG;
+		if (work > out->budget)
+			return -EFBIG;
+		out->budget -= work;
+	}
 	for (c = 0; c < (ch.n ? ch.n : 1); c++) {
 		uint64_t lc = 0, rc = 0;
 		uint32_t lbc = 0, rbc = 0;
@@ -385,6 +400,9 @@ int kvp__split_pieces(struct pvec *v, uint32_t first, uint32_t cap)
 	n = v->n + extra;
 	if (n > MAX_PIECES_PER_SET)
 		return -EPROTO;
+	if (extra > v->budget)
+		return -EFBIG;
+	v->budget -= extra;
 	if (n > v->cap) {
 		void *q = realloc(v->p, n * sizeof(*v->p));
 

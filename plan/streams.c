@@ -183,6 +183,11 @@ static int make_set(struct work *w, uint32_t lv, uint32_t rv, uint32_t group,
 		err = kvp__field_pieces(lf, l->attr.tp_size, l->attr.tp_rank,
 					rf, r->attr.tp_size, &rs[k].s,
 					&w->per[group], &w->pieces);
+		if (err == -EFBIG)
+			kvp__msg(w->msg, w->msglen,
+				 "group %u layer %u %s: plan too costly: over %u piece templates (KVP_PLAN_MAX_WORK)",
+				 group, l->views[lv].layer,
+				 kvp__kind_name[lf->kind], KVP_PLAN_MAX_WORK);
 		if (err == -EPROTO)
 			kvp__msg(w->msg, w->msglen,
 				 "group %u layer %u %s: the two layouts have no common refinement (dims do not nest, or a piece exceeds the plan's limits)",
@@ -219,6 +224,10 @@ static int make_set(struct work *w, uint32_t lv, uint32_t rv, uint32_t group,
 		kvp__msg(w->msg, w->msglen,
 			 "max_len %u cuts the pieces into more than %u templates",
 			 w->max_len, MAX_PIECES_PER_SET);
+	if (err == -EFBIG)
+		kvp__msg(w->msg, w->msglen,
+			 "max_len %u: plan too costly: over %u piece templates (KVP_PLAN_MAX_WORK)",
+			 w->max_len, KVP_PLAN_MAX_WORK);
 	if (err)
 		return err;
 	w->ends[w->nsets].l = w->ends[w->nsets].r = 0;

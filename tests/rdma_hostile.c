@@ -291,14 +291,19 @@ struct good {
 	const uint8_t *secret;
 	int want;		/* expected connect result (0: pull) */
 	uint32_t first, n;
+	double max_connect_s;	/* > 0: the connect must take no longer */
+	int costly;		/* with costly_layout(): refused by itself */
 };
+
+static kvp_layout *costly_layout(uint64_t engine);
 
 static int good_main(const struct rt_env *env, void *arg)
 {
 	const struct good *g = arg;
 	struct kvp_peer peer = { .addr = env->addr0, .port = g->port };
 	struct kvt_mem mem = { 0 }, want = { 0 };
-	kvp_layout *l = rt_layout_engine(&eng, 0, 0, g->engine);
+	kvp_layout *l = g->costly ? costly_layout(g->engine) :
+				    rt_layout_engine(&eng, 0, 0, g->engine);
 	kvp_layout *pl = rt_layout(&eng, 1, 0);
 	struct kvp_agent_attr at;
 	struct kvp_event ev[8];
@@ -326,10 +331,28 @@ static int good_main(const struct rt_env *env, void *arg)
 		err = rt_register_all(a, &mem);
 	if (err)
 		RT_FAIL("setup: %s", kvp_strerror(err));
+	end = rt_now();
 	err = kvp_agent_connect(a, &peer, 1, 20000);
+	end = rt_now() - end;
 	if (err != g->want)
 		RT_FAIL("connect: %s, want %s", kvp_strerror(err),
 			kvp_strerror(g->want));
+	if (g->max_connect_s > 0) {
+		printf("    good consumer connected in %.0f ms (bound %.0f ms)\n",
+		       end * 1e3, g->max_connect_s * 1e3);
+		if (end > g->max_connect_s)
+			RT_FAIL("connect took %.3f s", end);
+	}
+	if (err && g->costly) {
+		/* Its own plan: over KVP_PLAN_MAX_WORK, refused at once. */
+		char why[KVP_WHY_LEN];
+		uint32_t r = kvp_agent_last_error(a, why, sizeof(why));
+
+		printf("    costly consumer refused in %.0f ms: %s\n",
+		       end * 1e3, why);
+		if (r != KVP_REASON_PLAN_COST)
+			RT_FAIL("costly consumer: reason %u \"%s\"", r, why);
+	}
 	if (err) {
 		ret = 0;
 		goto out;
@@ -627,6 +650,22 @@ static int raw_blob(struct raw *r, const void *blob, uint32_t len)
 
 /* A full handshake as rank `rank` of TP `tp` of consumer engine `engine`,
  * with that rank's true blob. */
+static int raw_join_blob(struct raw *r, const char *src,
+			 const struct rt_env *env, uint16_t port,
+			 uint64_t engine, uint32_t tp, uint32_t rank,
+			 const uint8_t *blob, size_t len)
+{
+	int err;
+
+	err = raw_connect_as(r, src, env->addr0, port, engine, tp, rank,
+			     (uint32_t)len, 0, 4096);
+	if (!err)
+		err = raw_auth(r, NULL);
+	if (!err)
+		err = raw_blob(r, blob, (uint32_t)len);
+	return err;
+}
+
 static int raw_join(struct raw *r, const struct rt_env *env, uint16_t port,
 		   uint64_t engine, uint32_t tp, uint32_t rank)
 {
@@ -634,7 +673,6 @@ static int raw_join(struct raw *r, const struct rt_env *env, uint16_t port,
 	kvp_layout *l;
 	uint8_t blob[4096];
 	size_t len = 0;
-	int err;
 
 	c.D = tp;
 	l = rt_layout_engine(&c, 0, rank, engine);
@@ -643,12 +681,90 @@ static int raw_join(struct raw *r, const struct rt_env *env, uint16_t port,
 		return -ENOMEM;
 	}
 	kvp_layout_destroy(l);
-	err = raw_connect_as(r, env->addr0, env->addr0, port, engine, tp, rank,
-			     (uint32_t)len, 0, 4096);
-	if (!err)
-		err = raw_auth(r, NULL);
-	if (!err)
-		err = raw_blob(r, blob, (uint32_t)len);
+	return raw_join_blob(r, env->addr0, env, port, engine, tp, rank, blob,
+			     len);
+}
+
+/* The costliest valid consumer blob we know (issue 18): the same model,
+ * 31-token blocks against the producer's 16 and every field's strides
+ * reversed (the outermost dim innermost), so that no two elements are
+ * contiguous on both sides and a period spans 496 tokens: a plan of tens
+ * of thousands of pieces a layer. Valid: same compatibility hash. */
+static kvp_layout *costly_layout(uint64_t engine)
+{
+	struct rt_case c = eng;
+	struct kvp_layout_info li;
+	struct kvp_layout_attr at = { 0 };
+	kvp_layout *l, *o = NULL;
+	uint32_t i, id, d, view;
+	int err = -ENOMEM;
+
+	c.dblock = 31;
+	l = rt_layout_engine(&c, 0, 0, engine);
+	if (!l)
+		return NULL;
+	kvp_layout_get_info(l, &li);
+	at.engine_id = li.engine_id;
+	at.tp_size = li.tp_size;
+	at.tp_rank = li.tp_rank;
+	if (kvp_layout_create(&at, &o))
+		goto out;
+	err = -EINVAL;
+	for (i = 0; i < li.ngroups; i++) {
+		struct kvp_group_desc g;
+
+		if (kvp_layout_get_group(l, i, &g) ||
+		    kvp_layout_add_group(o, &g, &id))
+			goto out;
+	}
+	for (i = 0; i < li.nregions; i++) {
+		uint64_t s, addr;
+		uint32_t key;
+
+		if (kvp_layout_get_region(l, i, &s) ||
+		    kvp_layout_add_region(o, s, &id) ||
+		    kvp_layout_get_region_key(l, i, &addr, &key) ||
+		    kvp_layout_set_region_key(o, id, addr ? addr : 0x10000000,
+					      key))
+			goto out;
+	}
+	for (i = 0; i < li.nviews; i++) {
+		struct kvp_view_desc v;
+
+		if (kvp_layout_get_view(l, i, &v) ||
+		    kvp_layout_add_view(o, &v, &id))
+			goto out;
+	}
+	for (i = 0; i < li.nfields; i++) {
+		struct kvp_field_desc f;
+		uint64_t st;
+
+		if (kvp_layout_get_field(l, i, &view, &f))
+			goto out;
+		for (d = 0, st = f.elem_size; d < f.ndim; d++) {
+			f.dim[d].stride = st;
+			st *= f.dim[d].size;
+		}
+		if (kvp_layout_add_field(o, view, &f))
+			goto out;
+	}
+	err = 0;
+out:
+	kvp_layout_destroy(l);
+	if (err) {
+		kvp_layout_destroy(o);
+		return NULL;
+	}
+	return o;
+}
+
+static int costly_blob(uint64_t engine, uint8_t *blob, size_t cap,
+		       size_t *len)
+{
+	kvp_layout *o = costly_layout(engine);
+	int err = o ? kvp_meta_encode(o, blob, cap, len) : -ENOMEM;
+
+	kvp_layout_destroy(o);
 	return err;
 }
 
@@ -834,6 +950,112 @@ static int during_raw(const struct rt_env *env, struct ctx *x,
 static int case_slow(const struct rt_env *env, struct ctx *x)
 {
 	return during_raw(env, x, raw_slow, env->addr0);
+}
+
+/* Peers that send the costliest valid blob again and again for
+ * H_COSTLY_S seconds: the producer checks a blob's fields and counts its
+ * ranks' sources, and compiles no plan for it, so its polls stay short and
+ * a good consumer still gets in within H_COSTLY_JOIN_S; a consumer agent
+ * with that layout is refused by its own compilation (PLAN_COST). */
+#define H_COSTLY H_PER_SOURCE /* all from the second address */
+#define H_COSTLY_S 4.0
+#define H_COSTLY_JOIN_S 2.0
+#define H_COSTLY_POLL_MS 100.0
+struct costly {
+	uint16_t port;
+	const char *src;
+	uint64_t engine;
+};
+
+static int raw_costly(const struct rt_env *env, void *arg)
+{
+	const struct costly *k = arg;
+	const char *who = "costly";
+	double end = rt_now() + H_COSTLY_S;
+	uint8_t blob[4096];
+	uint32_t joins = 0;
+	struct raw r;
+	size_t len = 0;
+	int err;
+
+	CHECK(!costly_blob(k->engine, blob, sizeof(blob), &len), "blob");
+	while (rt_now() < end) {
+		raw_reason = 0;
+		err = raw_join_blob(&r, k->src, env, k->port, k->engine, 1, 0,
+				    blob, len);
+		raw_close(&r);
+		if (err == -EBUSY || err == -EUSERS) {
+			usleep(10000); /* the producer's slots, not ours */
+			continue;
+		}
+		/* The producer makes no plan for it: served at once (the
+		 * consumer's own compilation would refuse it). */
+		CHECK(!err, "costly blob: %s reason %u, want it served",
+		      kvp_strerror(err), raw_reason);
+		joins++;
+	}
+	CHECK(joins > 0, "no costly handshake completed");
+	return 0;
+}
+
+static int case_costly(const struct rt_env *env, struct ctx *x)
+{
+	struct good g = { .engine = H_CONS, .addr = env->addr0,
+			  .port = x->p1.port, .first = x->next, .n = 1,
+			  .max_connect_s = H_COSTLY_JOIN_S };
+	struct costly k[H_COSTLY];
+	const char *who = "costly";
+	struct h_reply rep;
+	pid_t pid[H_COSTLY];
+	uint32_t i, n = 0;
+	int ret = -1;
+
+	CHECK(env->addr1, "needs KVP_ADDR1 (--devices 2)");
+	CHECK(x->next < H_NREQ, "requests");
+	CHECK(!prod_cmd(&x->p1, C_EXPECT, H_CONS, H_REQ0 + x->next, 60000,
+			&rep), "expect");
+	x->next++;
+	(void)case_stats(&x->p1, &rep);
+	fflush(NULL);
+	for (i = 0; i < H_COSTLY; i++, n++) {
+		k[i].port = x->p1.port;
+		/* the good consumer's address stays free for it */
+		k[i].src = env->addr1;
+		k[i].engine = 0x434f5354ull + i; /* "COST" */
+		pid[i] = fork();
+		if (pid[i] == 0) {
+			alarm(60);
+			RT_EXIT(raw_costly(env, &k[i]));
+		}
+		if (pid[i] < 0)
+			goto out;
+	}
+	usleep(500000); /* their handshakes under way */
+	if (run_child(good_main, env, &g, 60))
+		goto out;
+	/* A real consumer with that layout: refused by its own plan. */
+	{
+		struct good bad = { .engine = 0x42414443ull, .addr = env->addr0,
+				    .port = x->p1.port, .want = -EPROTO,
+				    .costly = 1 };
+
+		if (run_child(good_main, env, &bad, 60))
+			goto out;
+	}
+	if (prod_cmd(&x->p1, C_WAIT, H_CONS, H_REQ0 + g.first, 10000, &rep) !=
+	    KVP_EV_RELEASED)
+		goto out;
+	ret = 0;
+out:
+	if (n && rt_wait(pid, n, rt_now() + 60, "costly child"))
+		ret = -1;
+	CHECK(!case_stats(&x->p1, &rep), "stats");
+	printf("    %u costly peers for %.0f s: producer's worst poll %.2f ms (bound %.0f ms), %llu refused\n",
+	       H_COSTLY, H_COSTLY_S, rep.worst_ns / 1e6, H_COSTLY_POLL_MS,
+	       (unsigned long long)rep.st.refused);
+	CHECK(rep.worst_ns < H_COSTLY_POLL_MS * 1e6,
+	      "worst poll %.2f ms", rep.worst_ns / 1e6);
+	return ret;
 }
 
 /* Notifications of the hostile engine: replayed after expiry and after
@@ -1235,6 +1457,8 @@ static struct h_prod *on_p2(struct ctx *x)
 static const struct h_case cases[] = {
 	{ "short and oversized blob lengths", case_lengths, on_p1 },
 	{ "slow blob and huge garbage blob", case_slow, on_p1 },
+	{ "costliest valid blobs: refused, polls short, others get in",
+	  case_costly, on_p1 },
 	{ "notification replay after expiry and release, duplicates",
 	  case_replay, on_p1 },
 	{ "cross-engine id collision", case_cross, on_p1 },

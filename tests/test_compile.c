@@ -24,6 +24,7 @@
 
 #include "kvassert.h"
 #include "kvtest.h"
+#include "compile.h" /* kvp__notify_count(): the producer's handshake */
 
 #define PLAN_SENTINEL ((kvp_plan *)(uintptr_t)0x5a5a5a5a)
 
@@ -77,6 +78,12 @@ static void proto_rejected(const kvp_layout *l, const kvp_layout *r,
 			fail_msg(
 				"%s: kvp_notify_expected(producer %u) = %d, want -EPROTO",
 				what, i, err);
+		/* A field-level mismatch: the producer's handshake refuses
+		 * it too, with no piece made. */
+		err = kvp__notify_count(r, l, i, NULL, 0);
+		if (err != -EPROTO)
+			fail_msg("%s: kvp__notify_count(producer %u) = %d, want -EPROTO",
+				 what, i, err);
 	}
 }
 
@@ -786,6 +793,15 @@ static int notify_agree(const struct kvp_model *m, uint32_t P, uint32_t D,
 			fail_msg("%s P %u D %u layouts %u/%u producer %u: %d, want %d",
 				 m->name, P, D, play, clay, p, got,
 				 ref ? ref : (int)count[p]);
+		/* The producer's handshake count, without compiling: the
+		 * same wherever every plan compiles. */
+		got = kvp__notify_count(prod, cons, p, NULL, 0);
+		if (!ref && got != (int)count[p])
+			fail_msg("%s P %u D %u layouts %u/%u producer %u: kvp__notify_count %d, want %u",
+				 m->name, P, D, play, clay, p, got, count[p]);
+		if (ref && got != -EPROTO && got < 1)
+			fail_msg("%s: kvp__notify_count %d after a refusal",
+				 m->name, got);
 	}
 out:
 	free(count);
@@ -840,6 +856,97 @@ static void test_notify_expected_matrix(void **state)
 }
 
 /*
+ * The costliest valid consumer layout known (issue 18): llama-3.1-8b with
+ * 31-token blocks against 16 and every field's strides reversed, so that
+ * no two elements are contiguous on both sides: about a million piece
+ * templates (0.4 s and 16 MB) before KVP_PLAN_MAX_WORK. The consumer's
+ * compilation refuses it with -EFBIG after making at most the budget's
+ * pieces; kvp_notify_expected() too (its compilations share one budget);
+ * the producer's handshake count makes none and accepts it (the consumer
+ * refuses itself). The same layout with 16-token blocks is within the
+ * budget and compiles.
+ */
+static kvp_layout *strides_reversed(const kvp_layout *l)
+{
+	struct kvp_layout_info li;
+	struct kvp_layout_attr at = { 0 };
+	kvp_layout *o = NULL;
+	uint32_t i, id, d, view;
+
+	kvp_layout_get_info(l, &li);
+	at.engine_id = li.engine_id;
+	at.tp_size = li.tp_size;
+	at.tp_rank = li.tp_rank;
+	assert_int_equal(kvp_layout_create(&at, &o), 0);
+	for (i = 0; i < li.ngroups; i++) {
+		struct kvp_group_desc g;
+
+		assert_int_equal(kvp_layout_get_group(l, i, &g), 0);
+		assert_int_equal(kvp_layout_add_group(o, &g, &id), 0);
+	}
+	for (i = 0; i < li.nregions; i++) {
+		uint64_t s;
+
+		assert_int_equal(kvp_layout_get_region(l, i, &s), 0);
+		assert_int_equal(kvp_layout_add_region(o, s, &id), 0);
+	}
+	for (i = 0; i < li.nviews; i++) {
+		struct kvp_view_desc v;
+
+		assert_int_equal(kvp_layout_get_view(l, i, &v), 0);
+		assert_int_equal(kvp_layout_add_view(o, &v, &id), 0);
+	}
+	for (i = 0; i < li.nfields; i++) {
+		struct kvp_field_desc f;
+		uint64_t st;
+
+		assert_int_equal(kvp_layout_get_field(l, i, &view, &f), 0);
+		for (d = 0, st = f.elem_size; d < f.ndim; d++) {
+			f.dim[d].stride = st;
+			st *= f.dim[d].size;
+		}
+		assert_int_equal(kvp_layout_add_field(o, view, &f), 0);
+	}
+	return o;
+}
+
+static void test_plan_cost(void **state)
+{
+	struct kvp_model m;
+	kvp_layout *prod, *c31, *r31, *c16, *r16;
+	kvp_plan *p = PLAN_SENTINEL;
+	char msg[256] = "";
+
+	(void)state;
+	assert_int_equal(kvp_model_preset("llama-3.1-8b", &m), 0);
+	prod = kvt_build(&m, 1, 0, 16, 0, 64, KVP_KV_FLASH_HND);
+	c31 = kvt_build(&m, 1, 0, 31, 0, 64, KVP_KV_FLASH_HND);
+	c16 = kvt_build(&m, 1, 0, 16, 0, 64, KVP_KV_FLASH_HND);
+	assert_true(prod && c31 && c16);
+	r31 = strides_reversed(c31);
+	r16 = strides_reversed(c16);
+	assert_true(kvp_layout_compat_hash(r31) ==
+		    kvp_layout_compat_hash(prod));
+	assert_int_equal(kvp_plan_compile(r31, prod, NULL, &p, msg,
+					  sizeof(msg)),
+			 -EFBIG);
+	assert_ptr_equal(p, PLAN_SENTINEL);
+	assert_string_equal(msg,
+			    "group 0 layer 0 K: plan too costly: over 65536 piece templates (KVP_PLAN_MAX_WORK)");
+	assert_int_equal(kvp_notify_expected(prod, r31, 0), -EFBIG);
+	assert_int_equal(kvp__notify_count(prod, r31, 0, NULL, 0), 1);
+	/* within the budget: compiles (every element its own piece) */
+	assert_int_equal(kvp_plan_compile(r16, prod, NULL, &p, NULL, 0), 0);
+	kvp_plan_destroy(p);
+	assert_int_equal(kvp_notify_expected(prod, r16, 0), 1);
+	kvp_layout_destroy(r16);
+	kvp_layout_destroy(r31);
+	kvp_layout_destroy(c16);
+	kvp_layout_destroy(c31);
+	kvp_layout_destroy(prod);
+}
+
+/*
  * Refusal that depends on the consumer rank: 2301 heads, producer TP 767
  * (3 heads each), consumer TP 3 (767 heads each). Consumer ranks 0 and 2
  * read from 256 producer ranks, rank 1 from 257, one more than a plan's
@@ -865,6 +972,8 @@ static void test_notify_expected_rank_refusal(void **state)
 	assert_int_equal(notify_reference(prod, cons, count), -EPROTO);
 	assert_int_equal(kvp_notify_expected(prod, cons, 0), -EPROTO);
 	assert_int_equal(kvp_notify_expected(prod, c1, 766), -EPROTO);
+	/* the segments' limit needs no plan: the producer refuses too */
+	assert_int_equal(kvp__notify_count(prod, cons, 0, NULL, 0), -EPROTO);
 	kvp_layout_destroy(c1);
 	kvp_layout_destroy(cons);
 	kvp_layout_destroy(prod);
@@ -915,6 +1024,7 @@ int main(void)
 		cmocka_unit_test(test_block_sizes),
 		cmocka_unit_test(test_notify_expected_matrix),
 		cmocka_unit_test(test_notify_expected_rank_refusal),
+		cmocka_unit_test(test_plan_cost),
 		cmocka_unit_test(test_empty_layouts),
 	};
 

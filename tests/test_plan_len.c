@@ -254,7 +254,10 @@ static void test_rejects(void **state)
 }
 
 /* A cap of one byte on a 10 KiB page makes 10240 templates, under the
- * limit; on a 2 MiB page it would make 2^21 and is refused. */
+ * limit; on a 2 MiB page it would make 2^21 and is refused (more than
+ * 2^20 in one set); caps of 16 and 32 bytes make 2^17 and 2^16: over
+ * KVP_PLAN_MAX_WORK (2^16 templates made in one compilation) and
+ * exactly it. */
 static void test_too_many_pieces(void **state)
 {
 	static const char huge[] =
@@ -283,12 +286,18 @@ static void test_too_many_pieces(void **state)
 	assert_null(p);
 	assert_string_equal(msg,
 			    "max_len 1 cuts the pieces into more than 1048576 templates");
-	/* 2 bytes: exactly 2^20 */
-	a.max_len = 2;
+	a.max_len = 16;
+	assert_int_equal(kvp_plan_compile(big, big, &a, &p, msg, sizeof(msg)),
+			 -EFBIG);
+	assert_null(p);
+	assert_string_equal(msg,
+			    "max_len 16: plan too costly: over 65536 piece templates (KVP_PLAN_MAX_WORK)");
+	/* 32 bytes: exactly KVP_PLAN_MAX_WORK */
+	a.max_len = 32;
 	assert_int_equal(kvp_plan_compile(big, big, &a, &p, msg, sizeof(msg)),
 			 0);
 	kvp_plan_get_info(p, &pi);
-	assert_int_equal(pi.npieces, 1u << 20);
+	assert_int_equal(pi.npieces, KVP_PLAN_MAX_WORK);
 	kvp_plan_destroy(p);
 	kvp_layout_destroy(big);
 	kvp_layout_destroy(lay);

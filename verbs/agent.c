@@ -21,6 +21,10 @@
 #define CM_INTERVAL_NS 1000000ull    /* rdma_cm channel check, busy polling */
 #define CQ_BATCHES 8
 #define CM_BUDGET 16 /* rdma_cm events per poll */
+/* The time after which a poll takes no further rdma_cm event (it takes
+ * one at least): each costs a syscall or more, and on soft-RoCE under
+ * emulation a QP's creation or teardown tens of ms. */
+#define POLL_BUDGET_NS 10000000ull
 #define CLOSE_FLUSH_NS 1000000000ull
 
 /* ---- events --------------------------------------------------------------
@@ -903,9 +907,10 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 	n = 0;
 	if (a->npending)
 		kvp__blob_check_one(a);
+	/* One rdma_cm event at least, more while the poll's time lasts. */
 	if (now >= a->next_cm_ns) {
 		async_events(a);
-		kvp__cm_process(a, CM_BUDGET);
+		kvp__cm_process(a, CM_BUDGET, now + POLL_BUDGET_NS);
 		kvp__conn_timers(a, now);
 		if (a->consumer)
 			kvp__pull_timers(a, now);

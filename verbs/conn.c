@@ -524,7 +524,7 @@ void kvp__conn_timers(kvp_agent *a, uint64_t now)
 	}
 }
 
-void kvp__cm_process(kvp_agent *a, int budget)
+void kvp__cm_process(kvp_agent *a, int budget, uint64_t until_ns)
 {
 	struct rdma_cm_event *ev;
 	enum rdma_cm_event_type type;
@@ -534,6 +534,10 @@ void kvp__cm_process(kvp_agent *a, int budget)
 	int i;
 
 	for (i = 0; i < budget; i++) {
+		/* Past the poll's time budget: the rest waits for the next
+		 * poll (one event at least per call). */
+		if (i && kvp__now_ns() >= until_ns)
+			return;
 		/* Each event queues at most one DISCONNECTED; request events
 		 * keep their reserve. */
 		if (kvp__ev_room(a) <= (int)a->max_inflight + 2)

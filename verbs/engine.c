@@ -953,7 +953,7 @@ static int wait_engine(kvp_agent *a, struct kvp_eng *e, uint64_t deadline)
 		 * is delivered, and the refusal must win over the
 		 * disconnect. */
 		(void)kvp__cq_drain(a);
-		kvp__cm_process(a, 64);
+		kvp__cm_process(a, 64, UINT64_MAX);
 		now = kvp__now_ns();
 		kvp__conn_timers(a, now);
 		if (e->state == KVP_ENGINE_CONNECTING)

@@ -244,6 +244,19 @@ struct kvp_emit_pos;
  * it holds (none left: no BYE, and the close reads as a reset). */
 #define KVP_BYE_MAGIC 0x4b565042u
 #define KVP_BYE_LEN 8
+/* notify.c: kvp_notify_expected() for a producer's handshake, with no
+ * piece made: the layouts' field-level checks (groups, periods, every
+ * field matched; the reason in msg), then each consumer rank's sources
+ * from its segments. Equal to kvp_notify_expected() whenever every
+ * consumer rank's plan compiles; a consumer rank whose plan cannot be
+ * built (dims that do not refine, over KVP_PLAN_MAX_WORK) is counted as
+ * its sources would be, and refuses itself. Linear in consumer ranks x
+ * field kinds x segments: a peer's blob costs a producer no compilation.
+ * The count (>= 1), -EPROTO, -EINVAL, -ENOMEM. */
+KVP_HIDDEN int kvp__notify_count(const kvp_layout *prod,
+				 const kvp_layout *cons, uint32_t producer,
+				 char *msg, size_t msglen);
+
 struct kvp_conn;
 /* Posts connection c's BYE if it is ready (and, consumer, has credit):
  * 1 when posted (c->bye_sent until its completion), else 0. */
@@ -697,7 +710,7 @@ KVP_HIDDEN void kvp__engine_leave(kvp_agent *a, struct kvp_conn *c);
 /* conn.c: what both sides' connections share */
 KVP_HIDDEN void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err);
 KVP_HIDDEN void kvp__conn_release(kvp_agent *a, struct kvp_conn *c);
-KVP_HIDDEN void kvp__cm_process(kvp_agent *a, int budget);
+KVP_HIDDEN void kvp__cm_process(kvp_agent *a, int budget, uint64_t until_ns);
 KVP_HIDDEN int kvp__handshake_wc(kvp_agent *a, struct kvp_conn *c,
 				 const struct ibv_wc *wc);
 KVP_HIDDEN void kvp__conn_drained(kvp_agent *a, struct kvp_conn *c);

@@ -288,10 +288,12 @@ static int producer_meta(kvp_agent *a, struct kvp_conn *c)
 						     KVP_REASON_NONE;
 	if (c->reason)
 		return -EPROTO;
-	n = kvp_notify_expected(a->layout, c->peer, a->li.tp_rank);
+	/* No plan compiled for a peer's blob: its field-level checks and
+	 * its ranks' sources, linear in its size (a costly layout is the
+	 * consumer's own to refuse, when it compiles its plan). */
+	n = kvp__notify_count(a->layout, c->peer, a->li.tp_rank, NULL, 0);
 	if (n <= 0) {
 		c->reason = n == -ENOMEM ? KVP_REASON_PEER_FULL :
-			    n == -EFBIG	 ? KVP_REASON_PLAN_COST :
 					   KVP_REASON_LAYOUT;
 		return n == -ENOMEM ? -EBUSY : -EPROTO;
 	}
@@ -329,6 +331,11 @@ void kvp__blob_check_one(kvp_agent *a)
 	a->next_pending = (i + 1) % a->nprod;
 	a->conns[i].blob_pending = 0;
 	a->npending--;
+	/* A connection that failed (draining, or drained and awaiting its
+	 * release) while its blob waited: nothing to check, and nothing
+	 * may bring it back to ready. */
+	if (a->conns[i].state != CS_HANDSHAKE || a->conns[i].refused)
+		return;
 	err = producer_meta(a, &a->conns[i]);
 	if (err)
 		refuse(a, &a->conns[i], err);

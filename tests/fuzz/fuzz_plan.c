@@ -16,8 +16,8 @@
  * counts cut to what the blob holds, total_len set, and compat_hash
  * recomputed from the records (rebuilt with the public builders).
  *
- * Checks, beyond the sanitizers: compile fails only with -EPROTO, -EINVAL or
- * -ENOMEM, leaving the plan untouched and the message terminated; emit fails
+ * Checks, beyond the sanitizers: compile fails only with -EPROTO, -EINVAL,
+ * -EFBIG (over KVP_PLAN_MAX_WORK) or -ENOMEM, leaving the plan untouched and the message terminated; emit fails
  * only with -ERANGE, -EINVAL or -ENOSPC and then writes nothing (WR, SGE and
  * src_end arrays are filled with a canary and compared); on success every
  * WR reads inside its remote region and names a valid source and group, its
@@ -26,7 +26,10 @@
  * by source and src_end is monotone and ends at the WR count, and nothing
  * past the written WRs and SGEs changes. For consumer engines of TP <= 64,
  * kvp_notify_expected() equals its definition (one plan per consumer rank,
- * notify lists counted), refusal included.
+ * notify lists counted), refusal included, or is -EFBIG (its compilations
+ * share one KVP_PLAN_MAX_WORK); and the producer's handshake count
+ * (kvp__notify_count(), no plan made) equals the definition wherever every
+ * plan compiles.
  *
  *   make fuzz && build/fuzz/seeds corpus
  *   build/fuzz/fuzz_plan -max_total_time=60 corpus/plan
@@ -37,6 +40,7 @@
 #include <string.h>
 
 #include "internal.h" /* struct kvp_layout: the reference count's ranks */
+#include "compile.h" /* kvp__notify_count() */
 #include "le.h"
 #include "kvpull.h"
 
@@ -334,7 +338,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	err = kvp_plan_compile(local, remote, &attr, &plan, msg, sizeof(msg));
 	if (err) {
 		if (plan != PLAN_SENTINEL ||
-		    (err != -EPROTO && err != -EINVAL && err != -ENOMEM) ||
+		    (err != -EPROTO && err != -EINVAL && err != -EFBIG &&
+		     err != -ENOMEM) ||
 		    !memchr(msg, 0, sizeof(msg)))
 			abort();
 		goto out;
@@ -350,13 +355,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	kvp_layout_get_info(remote, &ri);
 	if (li.tp_size <= 64) {
 		uint32_t prod = data[11] % ri.tp_size;
+		int ref = notify_reference(local, remote, prod), cheap;
 
 		err = kvp_notify_expected(remote, local, prod);
-		if (err == 0 ||
-		    (err < 0 && err != -EPROTO && err != -ENOMEM))
+		if (err == 0 || (err < 0 && err != -EPROTO && err != -EFBIG &&
+				 err != -ENOMEM))
 			abort();
-		if (err != -ENOMEM && err != notify_reference(local, remote,
-							      prod))
+		if (err != -ENOMEM && err != -EFBIG && err != ref)
+			abort();
+		cheap = kvp__notify_count(remote, local, prod, NULL, 0);
+		if (ref > 0 && cheap != ref && cheap != -ENOMEM)
 			abort();
 	}
 out:
