@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -910,12 +911,31 @@ static kvp_layout *strides_reversed(const kvp_layout *l)
 	return o;
 }
 
+/* Wall time of fn over n calls, in microseconds a call (printed, never
+ * asserted: a figure, not a test). */
+static double us_per_call(double t0, double t1, uint32_t n)
+{
+	return (t1 - t0) / n * 1e6;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static void test_plan_cost(void **state)
 {
 	struct kvp_model m;
-	kvp_layout *prod, *c31, *r31, *c16, *r16;
+	kvp_layout *prod, *c31, *r31, *c16, *r16, *d;
 	kvp_plan *p = PLAN_SENTINEL;
 	char msg[256] = "";
+	uint8_t blob[16384];
+	size_t len = 0;
+	double t0, t[4];
+	uint32_t i;
 
 	(void)state;
 	assert_int_equal(kvp_model_preset("llama-3.1-8b", &m), 0);
@@ -938,6 +958,33 @@ static void test_plan_cost(void **state)
 	/* within the budget: compiles (every element its own piece) */
 	assert_int_equal(kvp_plan_compile(r16, prod, NULL, &p, NULL, 0), 0);
 	kvp_plan_destroy(p);
+	/* The figures the README quotes: what the costliest blob costs a
+	 * producer's handshake (decode, then the compile-free count) and a
+	 * consumer (the refusal), and the compilation of the same layout
+	 * with 16-token blocks (32,768 templates, within the budget). */
+	assert_int_equal(kvp_meta_encode(r31, blob, sizeof(blob), &len), 0);
+	t0 = now_s();
+	for (i = 0; i < 100; i++) {
+		assert_int_equal(kvp_meta_decode(blob, len, &d), 0);
+		kvp_layout_destroy(d);
+	}
+	t[0] = us_per_call(t0, now_s(), 100);
+	t0 = now_s();
+	for (i = 0; i < 100; i++)
+		assert_int_equal(kvp__notify_count(prod, r31, 0, NULL, 0), 1);
+	t[1] = us_per_call(t0, now_s(), 100);
+	t0 = now_s();
+	for (i = 0; i < 100; i++)
+		assert_int_equal(kvp_plan_compile(r31, prod, NULL, &p, NULL,
+						  0),
+				 -EFBIG);
+	t[2] = us_per_call(t0, now_s(), 100);
+	t0 = now_s();
+	assert_int_equal(kvp_plan_compile(r16, prod, NULL, &p, NULL, 0), 0);
+	t[3] = us_per_call(t0, now_s(), 1);
+	kvp_plan_destroy(p);
+	print_message("costliest blob (%zu B): producer decode %.1f us + count %.1f us; consumer refusal %.1f us; 16-token twin compiles in %.0f us\n",
+		      len, t[0], t[1], t[2], t[3]);
 	assert_int_equal(kvp_notify_expected(prod, r16, 0), 1);
 	kvp_layout_destroy(r16);
 	kvp_layout_destroy(r31);
