@@ -952,13 +952,48 @@ static int case_slow(const struct rt_env *env, struct ctx *x)
 	return during_raw(env, x, raw_slow, env->addr0);
 }
 
+/* The fuzz_meta crash (tests/fuzz/crashes/meta-short-key-table) as a
+ * consumer's in-band blob: refused as malformed before any key is read
+ * past it (this runs under ASan too), and the producer serves the next
+ * consumer. */
+static int raw_short_keys(const struct rt_env *env, void *arg)
+{
+	const uint16_t *port = arg;
+	const char *who = "short key table";
+	kvp_layout *l = rt_layout_engine(&eng, 0, 0, H_EVIL);
+	uint8_t *sk = NULL;
+	size_t len = 0;
+	struct raw r;
+	int err;
+
+	CHECK(l && !kvt_short_key_table(l, &sk, &len), "blob");
+	kvp_layout_destroy(l);
+	raw_reason = 0;
+	err = raw_join_blob(&r, env->addr0, env, *port, H_EVIL, 1, 0, sk,
+			    len);
+	raw_close(&r);
+	free(sk);
+	CHECK(err == -EPROTO && raw_reason == KVP_REASON_MALFORMED,
+	      "short key table: %s reason %u, want -EPROTO MALFORMED",
+	      kvp_strerror(err), raw_reason);
+	return 0;
+}
+
+static int case_short_keys(const struct rt_env *env, struct ctx *x)
+{
+	const char *who = "short key table";
+
+	CHECK(!run_child(raw_short_keys, env, &x->p1.port, 60), "raw child");
+	return serve_good(env, x, &x->p1, env->addr0, NULL, 1);
+}
+
 /* Peers that send the costliest valid blob again and again for
  * H_COSTLY_S seconds: the producer checks a blob's fields and counts its
  * ranks' sources, and compiles no plan for it, so its polls stay short and
  * a good consumer still gets in within H_COSTLY_JOIN_S; a consumer agent
  * with that layout is refused by its own compilation (PLAN_COST). */
 #define H_COSTLY H_PER_SOURCE /* all from the second address */
-#define H_COSTLY_S 4.0
+#define H_COSTLY_S 3.0
 #define H_COSTLY_JOIN_S 2.0
 #define H_COSTLY_POLL_MS 100.0
 struct costly {
@@ -1459,6 +1494,8 @@ static const struct h_case cases[] = {
 	{ "slow blob and huge garbage blob", case_slow, on_p1 },
 	{ "costliest valid blobs: refused, polls short, others get in",
 	  case_costly, on_p1 },
+	{ "short key table (a fuzz_meta crash) in-band: refused, next served",
+	  case_short_keys, on_p1 },
 	{ "notification replay after expiry and release, duplicates",
 	  case_replay, on_p1 },
 	{ "cross-engine id collision", case_cross, on_p1 },

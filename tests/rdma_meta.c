@@ -377,6 +377,36 @@ out:
 }
 
 /* Consumer rank: bad blobs first, each refused with nothing left behind. */
+/* The fuzz_meta crash (tests/fuzz/crashes/meta-short-key-table) made from
+ * rank 0's blob and carried for it: refused before the network, as
+ * malformed, nothing read past it (this runs under ASan too). */
+static int short_keys(const struct rt_env *env, const struct rt_case *tc,
+		      kvp_agent *a, const struct kvp_peer *good,
+		      const char *who)
+{
+	struct meta_ctx *cx = env->arg;
+	kvp_layout *l = NULL;
+	uint8_t *sk = NULL;
+	size_t len = 0;
+	uint32_t r;
+	int ret = 1;
+
+	if (kvp_meta_decode(cx->b[0][B_GOOD].p, cx->b[0][B_GOOD].len, &l) ||
+	    kvt_short_key_table(l, &sk, &len))
+		RT_FAIL("short key table blob");
+	if (reject(env, tc, a, good, 0, sk, (uint32_t)len, 0, 1,
+		   "short key table", who))
+		goto out;
+	r = kvp_agent_last_error(a, NULL, 0);
+	if (r != KVP_REASON_MALFORMED)
+		RT_FAIL("short key table: reason %u, want MALFORMED", r);
+	ret = 0;
+out:
+	free(sk);
+	kvp_layout_destroy(l);
+	return ret;
+}
+
 static int rejections(const struct rt_env *env, const struct rt_case *tc,
 		      kvp_agent *a, const struct kvp_peer *peers,
 		      const char *who)
@@ -415,6 +445,7 @@ static int rejections(const struct rt_env *env, const struct rt_case *tc,
 		   "corrupt blob", who) ||
 	    reject(env, tc, a, good, 0, cx->b[0][B_GOOD].p,
 		   cx->b[0][B_GOOD].len / 2, 0, 1, "truncated blob", who) ||
+	    short_keys(env, tc, a, good, who) ||
 	    /* With one rank, nothing to compare another engine with before
 	     * the in-band blob. */
 	    reject(env, tc, a, good, tc->P - 1, last[B_OTHER].p,

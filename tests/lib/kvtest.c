@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: MIT
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,56 @@ uint64_t kvt_rand(uint64_t *s)
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
 	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
 	return z ^ (z >> 31);
+}
+
+int kvt_short_key_table(const kvp_layout *l, uint8_t **blob, size_t *len)
+{
+	struct kvp_layout_info li;
+	kvp_layout *c = NULL;
+	uint32_t *keys = NULL, n, i, ng;
+	uint64_t size, addr;
+	uint8_t *p = NULL, *r1;
+	size_t full = 0;
+	int ret = -1;
+
+	kvp_layout_get_info(l, &li);
+	if (li.nregions < 2 || kvp_layout_get_region(l, 0, &size) ||
+	    size <= 65536 || kvp_layout_clone(l, &c))
+		return -1;
+	n = (uint32_t)((size + 32767) >> 15);
+	keys = calloc(n, sizeof(*keys));
+	addr = 0x7f0000000000ull;
+	if (!keys)
+		goto out;
+	for (i = 0; i < n; i++)
+		keys[i] = 0xc0de0000u + i;
+	if (kvp_layout_set_region_keys(c, 0, addr, 15, keys, n) ||
+	    kvp_meta_encode(c, NULL, 0, &full) != -EMSGSIZE)
+		goto out;
+	p = malloc(full);
+	if (!p || kvp_meta_encode(c, p, full, &full))
+		goto out;
+	/* header: ngroups at 40; records: 8-byte groups, 24-byte regions */
+	ng = (uint32_t)p[40] | (uint32_t)p[41] << 8 | (uint32_t)p[42] << 16 |
+	     (uint32_t)p[43] << 24;
+	r1 = p + 56 + 8 * (size_t)ng + 24;
+	memset(r1, 0, 8);		  /* size 0: no key at all */
+	r1[20] = 20;			  /* mr_shift 20 */
+	r1[21] = r1[22] = r1[23] = 0;
+	full -= 4;			  /* total_len: the short count */
+	p[8] = (uint8_t)full;
+	p[9] = (uint8_t)(full >> 8);
+	p[10] = (uint8_t)(full >> 16);
+	p[11] = (uint8_t)(full >> 24);
+	*blob = p;
+	*len = full;
+	p = NULL;
+	ret = 0;
+out:
+	free(p);
+	free(keys);
+	kvp_layout_destroy(c);
+	return ret;
 }
 
 void kvt_random_ids(uint64_t *s, uint32_t *ids, uint32_t n, uint32_t bound)

@@ -83,6 +83,14 @@ int kvt_check_pull(const kvp_layout *local, kvp_layout *const *remote,
 uint64_t kvt_rand(uint64_t *state);
 
 /* Fills ids with distinct random block ids below `bound`. */
+/* The blob of tests/fuzz/crashes/meta-short-key-table made from layout l
+ * (two regions at least, the first over 64 KiB): version 2, region 0 in
+ * 32 KiB MRs, region 1 of size 0 with an MR shift, so that its key table
+ * counts one key short, and the blob cut to that count. A decoder that
+ * trusts the count reads 4 bytes past the blob. 0 and a malloc'd *blob,
+ * or -1. */
+int kvt_short_key_table(const kvp_layout *l, uint8_t **blob, size_t *len);
+
 void kvt_random_ids(uint64_t *state, uint32_t *ids, uint32_t n,
 		    uint32_t bound);
 
