@@ -19,6 +19,7 @@
  * reconnect.
  */
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -895,7 +896,8 @@ int kvp_agent_engine_info(const kvp_agent *a, uint32_t engine,
 	info->qps = e->nq;
 	info->reason = e->why.reason;
 	info->peer_reason = e->why.peer_reason;
-	memcpy(info->why, e->why.msg, sizeof(info->why));
+	snprintf(info->why, sizeof(info->why), "%s",
+		 e->why.line ? e->why.line : e->why.msg);
 	table = sizeof(*e) + (uint64_t)e->n * (sizeof(*e->addr) +
 					      e->nq * sizeof(*e->rank_conn));
 	if (e->pc)

@@ -352,6 +352,8 @@ struct kvp_stripe {
 struct kvp_why {
 	uint32_t reason;
 	uint32_t peer_reason; /* KVP_REASON_PEER_REFUSED: the producer's */
+	const char *line;     /* a static line (kvp__why_static()), or NULL:
+			       * msg holds it */
 	char msg[KVP_WHY_LEN];
 };
 /* Records (reason, the formatted line) in w unless it holds one; returns
@@ -359,6 +361,17 @@ struct kvp_why {
 KVP_HIDDEN int kvp__why(struct kvp_why *w, int err, uint32_t reason,
 			const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+/* kvp__why() with a constant line: three stores, no formatting, for the
+ * refusals an engine's loop may meet on every call (a full queue). */
+static inline int kvp__why_static(struct kvp_why *w, int err, uint32_t reason,
+				  const char *line)
+{
+	if (!w->reason) {
+		w->reason = reason;
+		w->line = line;
+	}
+	return err;
+}
 /* The reason an errno implies when no check recorded one (a transport
  * failure, a timeout...), recorded as kvp__why() does. */
 KVP_HIDDEN void kvp__why_errno(struct kvp_why *w, int err);
@@ -369,6 +382,7 @@ KVP_HIDDEN int kvp__call_err(struct kvp_why *w, int err);
 static inline void kvp__why_clear(struct kvp_why *w)
 {
 	w->reason = w->peer_reason = 0;
+	w->line = NULL;
 	w->msg[0] = 0;
 }
 

@@ -732,9 +732,8 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 				"request %llu is being pulled from this engine",
 				(unsigned long long)req_id);
 	if (kvp_unlikely(a->free_req == NO_REQ))
-		return kvp__why(&a->last, -EBUSY, KVP_REASON_BUSY,
-				"%u requests held (max_inflight)",
-				a->max_inflight);
+		return kvp__why_static(&a->last, -EBUSY, KVP_REASON_BUSY,
+				       "max_inflight requests held");
 	for (k = 0; k < nc; k++) {
 		const struct kvp_conn *c;
 
@@ -742,15 +741,16 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 			continue;
 		c = &a->conns[e->note_conn[k]];
 		if (kvp_unlikely(c->c_tail - c->c_head > a->chunk_mask))
-			return kvp__why(&a->last, -EBUSY, KVP_REASON_BUSY,
-					"producer rank %u: request queue full",
-					c->rank);
+			return kvp__why_static(&a->last, -EBUSY,
+					       KVP_REASON_BUSY,
+					       "a producer rank's request queue is full");
 	}
 	if (kvp_unlikely(a->pq_tail - a->pq_head > a->pq_mask)) {
 		pq_compact(a);
 		if (a->pq_tail - a->pq_head > a->pq_mask)
-			return kvp__why(&a->last, -EBUSY, KVP_REASON_BUSY,
-					"stall queue full");
+			return kvp__why_static(&a->last, -EBUSY,
+					       KVP_REASON_BUSY,
+					       "stall queue full");
 	}
 	err = kvp_plan_emit_check(pc->plan, ids);
 	if (kvp_unlikely(err))
@@ -873,8 +873,8 @@ int kvp_agent_pull_from(kvp_agent *a, uint32_t engine, uint64_t req_id,
 		if (err)
 			return err;
 	}
-	return kvp__why(&a->last, -EAGAIN, KVP_REASON_NOT_UP,
-			"engine %u is connecting", engine);
+	return kvp__why_static(&a->last, -EAGAIN, KVP_REASON_NOT_UP,
+			       "the engine is connecting");
 }
 
 int kvp_agent_pull(kvp_agent *a, uint64_t req_id, const struct kvp_ids *ids)

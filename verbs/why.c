@@ -18,6 +18,7 @@ int kvp__why(struct kvp_why *w, int err, uint32_t reason, const char *fmt, ...)
 	if (w->reason)
 		return err;
 	w->reason = reason;
+	w->line = NULL;
 	va_start(ap, fmt);
 	vsnprintf(w->msg, sizeof(w->msg), fmt, ap);
 	va_end(ap);
@@ -115,6 +116,9 @@ uint32_t kvp_agent_last_error(const kvp_agent *a, char *buf, size_t len)
 	if (!a)
 		return KVP_REASON_NONE;
 	if (buf && len)
-		snprintf(buf, len, "%s", a->last.reason ? a->last.msg : "");
+		snprintf(buf, len, "%s",
+			 !a->last.reason ? "" :
+			 a->last.line	 ? a->last.line :
+					   a->last.msg);
 	return a->last.reason;
 }
