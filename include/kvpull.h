@@ -80,7 +80,8 @@ enum kvp_reason {
 				   * the plan's READ length */
 	KVP_REASON_UNREACHABLE,	  /* address or route resolution failed, or
 				   * nobody listens */
-	KVP_REASON_TIMEOUT,	  /* not up within timeout_ms */
+	KVP_REASON_TIMEOUT,	  /* not up within timeout_ms; EXPIRED: the
+				   * deadline passed */
 	KVP_REASON_PEER_REFUSED,  /* the producer refused us: peer_reason */
 	/* after the handshake */
 	KVP_REASON_TRANSPORT,	  /* a completion error or a reset */

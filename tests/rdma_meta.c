@@ -329,8 +329,9 @@ static int collect(const struct rt_env *env, const struct rt_case *tc)
 static int reject(const struct rt_env *env, const struct rt_case *tc,
 		  kvp_agent *a, const struct kvp_peer *good, uint32_t slot,
 		  const void *meta, uint32_t len, uint32_t kind, int prenet,
-		  const char *what, const char *who)
+		  uint32_t reason, const char *what, const char *who)
 {
+	char why[KVP_WHY_LEN];
 	struct meta_ctx *cx = env->arg;
 	struct kvp_peer p[RT_MAX_RANKS], dead[RT_MAX_RANKS];
 	struct kvp_agent_stats st;
@@ -365,6 +366,11 @@ static int reject(const struct rt_env *env, const struct rt_case *tc,
 		RT_FAIL("%s: %s, want -EPROTO", what, kvp_strerror(err));
 	if (prenet && dt > PRENET_SECS)
 		RT_FAIL("%s: -EPROTO after %.3f s", what, dt);
+	/* Its own reason (0: more than one check may catch it first). */
+	r = kvp_agent_last_error(a, why, sizeof(why));
+	if (reason && r != reason)
+		RT_FAIL("%s: reason %u \"%s\", want %u (%s)", what, r, why,
+			reason, kvp_reason_str(reason));
 	kvp_agent_get_stats(a, &st);
 	if (kvp_agent_plan(a) || st.connects)
 		RT_FAIL("%s: a plan or connection was left behind", what);
@@ -388,18 +394,14 @@ static int short_keys(const struct rt_env *env, const struct rt_case *tc,
 	kvp_layout *l = NULL;
 	uint8_t *sk = NULL;
 	size_t len = 0;
-	uint32_t r;
 	int ret = 1;
 
 	if (kvp_meta_decode(cx->b[0][B_GOOD].p, cx->b[0][B_GOOD].len, &l) ||
 	    kvt_short_key_table(l, &sk, &len))
 		RT_FAIL("short key table blob");
 	if (reject(env, tc, a, good, 0, sk, (uint32_t)len, 0, 1,
-		   "short key table", who))
+		   KVP_REASON_MALFORMED, "short key table", who))
 		goto out;
-	r = kvp_agent_last_error(a, NULL, 0);
-	if (r != KVP_REASON_MALFORMED)
-		RT_FAIL("short key table: reason %u, want MALFORMED", r);
 	ret = 0;
 out:
 	free(sk);
@@ -442,24 +444,27 @@ static int rejections(const struct rt_env *env, const struct rt_case *tc,
 	memcpy(flip, last[B_GOOD].p, last[B_GOOD].len);
 	flip[last[B_GOOD].len / 2] ^= 0xff;
 	if (reject(env, tc, a, good, tc->P - 1, flip, last[B_GOOD].len, 0, 1,
-		   "corrupt blob", who) ||
+		   0, "corrupt blob", who) ||
 	    reject(env, tc, a, good, 0, cx->b[0][B_GOOD].p,
-		   cx->b[0][B_GOOD].len / 2, 0, 1, "truncated blob", who) ||
+		   cx->b[0][B_GOOD].len / 2, 0, 1, KVP_REASON_MALFORMED,
+		   "truncated blob", who) ||
 	    short_keys(env, tc, a, good, who) ||
 	    /* With one rank, nothing to compare another engine with before
 	     * the in-band blob. */
 	    reject(env, tc, a, good, tc->P - 1, last[B_OTHER].p,
-		   last[B_OTHER].len, 0, tc->P > 1, "other engine's blob",
-		   who) ||
+		   last[B_OTHER].len, 0, tc->P > 1,
+		   tc->P > 1 ? KVP_REASON_ENGINE_ID : 0,
+		   "other engine's blob", who) ||
 	    (tc->P > 1 &&
 	     reject(env, tc, a, good, 0, cx->b[1][B_GOOD].p,
-		    cx->b[1][B_GOOD].len, 0, 1, "rank 1's blob in slot 0",
-		    who)) ||
+		    cx->b[1][B_GOOD].len, 0, 1, KVP_REASON_RANK,
+		    "rank 1's blob in slot 0", who)) ||
 	    /* Well-formed and consistent: kvp_plan_compile() refuses. */
 	    reject(env, tc, a, good, RT_MAX_RANKS, NULL, 0, B_MODEL, 1,
-		   "another model's blobs", who) ||
+		   KVP_REASON_MODEL, "another model's blobs", who) ||
 	    reject(env, tc, a, good, tc->P - 1, last[B_STALE].p,
-		   last[B_STALE].len, 0, 0, "stale blob", who))
+		   last[B_STALE].len, 0, 0, KVP_REASON_CARRIED, "stale blob",
+		   who))
 		goto out;
 	ret = 0;
 out:

@@ -687,6 +687,10 @@ void kvp__engine_fail(kvp_agent *a, struct kvp_eng *e, int err)
 		e->st.handshake_failures++;
 		a->st.handshake_failures++;
 	}
+	/* Up, a timeout is the transport's: its retries ran out. */
+	if (e->state == KVP_ENGINE_UP && err == -ETIMEDOUT)
+		kvp__why(&e->why, err, KVP_REASON_TRANSPORT,
+			 "a producer rank stopped answering: the transport's retries ran out");
 	e->state = KVP_ENGINE_FAILING;
 	e->status = err ? err : -ECONNRESET;
 	kvp__why_errno(&e->why, e->status);
