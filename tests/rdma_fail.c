@@ -576,34 +576,58 @@ out:
 	return ret;
 }
 
-static int run_clean_close(const struct rt_env *env)
+/* Forks plain_producer() for tc (want_disc, expire_first as there) and
+ * waits until it listens: 0 with its pid in *pid and the write end of its
+ * stop pipe (close it to stop the producer) in *stop_w, or -1. */
+static int start_producer(const struct rt_case *tc, const struct rt_env *env,
+			  const struct rt_req *rq, uint32_t want_disc,
+			  int expire_first, pid_t *pid, int *stop_w)
 {
-	static struct rt_req rq[RT_MAX_REQ];
-	int ready[2], stop[2], done[2], ret = -1;
-	pid_t prod[1], cons[1];
+	int ready[2], stop[2], ret = -1;
 	char c;
 
-	memset(rq, 0, sizeof(rq));
-	if (rt_make_requests(&ref, rq) || pipe(ready) || pipe(stop) ||
-	    pipe(done))
+	if (pipe(ready))
 		return -1;
+	if (pipe(stop)) {
+		close(ready[0]);
+		close(ready[1]);
+		return -1;
+	}
 	fflush(NULL);
-	prod[0] = fork();
-	if (prod[0] == 0) {
+	*pid = fork();
+	if (*pid == 0) {
 		close(ready[0]);
 		close(stop[1]);
-		/* It closes first: it sees no DISCONNECTED. */
-		RT_EXIT(plain_producer(&ref, env, rq, ready[1], stop[0], 0, 0));
+		RT_EXIT(plain_producer(tc, env, rq, ready[1], stop[0],
+				       want_disc, expire_first));
 	}
 	close(ready[1]);
 	close(stop[0]);
-	if (read(ready[0], &c, 1) != 1)
+	if (*pid > 0 && read(ready[0], &c, 1) == 1)
+		ret = 0;
+	close(ready[0]);
+	*stop_w = stop[1];
+	return ret;
+}
+
+static int run_clean_close(const struct rt_env *env)
+{
+	static struct rt_req rq[RT_MAX_REQ];
+	int done[2], stop_w = -1, ret = -1;
+	pid_t prod[1], cons[1] = { -1 };
+	char c;
+
+	memset(rq, 0, sizeof(rq));
+	if (rt_make_requests(&ref, rq) || pipe(done))
+		return -1;
+	/* It closes first: it sees no DISCONNECTED. */
+	if (start_producer(&ref, env, rq, 0, 0, &prod[0], &stop_w))
 		goto out;
 	cons[0] = fork();
 	if (cons[0] == 0) {
 		/* The stop pipe's write end is the parent's alone: its
 		 * close is what stops the producer. */
-		close(stop[1]);
+		close(stop_w);
 		close(done[0]);
 		RT_EXIT(closing_consumer(env, rq, done[1]));
 	}
@@ -611,18 +635,17 @@ static int run_clean_close(const struct rt_env *env)
 	done[1] = -1;
 	if (read(done[0], &c, 1) != 1)
 		goto out;
-	close(stop[1]);
-	stop[1] = -1;
+	close(stop_w);
+	stop_w = -1;
 	ret = rt_wait(prod, 1, rt_now() + 30, "producer");
 	if (rt_wait(cons, 1, rt_now() + 60, "consumer"))
 		ret = -1;
 out:
-	close(ready[0]);
 	close(done[0]);
 	if (done[1] >= 0)
 		close(done[1]);
-	if (stop[1] >= 0)
-		close(stop[1]);
+	if (stop_w >= 0)
+		close(stop_w);
 	if (ret)
 		while (waitpid(-1, NULL, WNOHANG) > 0)
 			;
