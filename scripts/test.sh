@@ -4,7 +4,9 @@
 # Installs what it needs (scripts/install-deps.sh), then builds with gcc and
 # clang (-Werror), runs the unit tests (cmocka; they replay the fuzz
 # targets' reproducers and regression corpus too), checks that no files of
-# plan/ or tools/plan/ call each other in a cycle (tests/check_floors.sh),
+# plan/, tools/plan/ or verbs/ call each other in a cycle, and that
+# verbs/'s consumer and producer sides never call each other
+# (tests/check_floors.sh),
 # runs the tool tests, the build configuration and install checks
 # (tests/check_build_dirs.sh), the unit tests again under ASan+UBSan with
 # gcc and with clang (their sanitizers catch different bugs), the libFuzzer

@@ -5,18 +5,39 @@
 # B when one of A's undefined symbols is a global that B defines. Prints
 # every edge with the names it rests on, then the floors (files that call
 # nothing of DIR first) or a cycle, which fails the directory.
-# Usage: BUILD=build bash tests/check_floors.sh plan tools/plan
+# A rule --never 'DIR:A,B>C,D' also fails DIR when one of its files A, B
+# calls one of C, D (for instance two sides that must not call each other,
+# or a lower floor that must not name them).
+# Usage: BUILD=build bash tests/check_floors.sh [--never RULE]... DIR...
 # The last line counts directories: "N passed, N failed".
 set -uo pipefail
 build=${BUILD:-build}
-if (($# == 0)); then
-	echo "usage: BUILD=build bash tests/check_floors.sh DIR..." >&2
+dirs=()
+rules=()
+while (($#)); do
+	case $1 in
+	--never)
+		[[ ${2:-} == *:*'>'* ]] || {
+			echo "check_floors: --never DIR:A,B>C,D" >&2
+			exit 2
+		}
+		rules+=("$2")
+		shift 2
+		;;
+	*)
+		dirs+=("$1")
+		shift
+		;;
+	esac
+done
+if ((${#dirs[@]} == 0)); then
+	echo "usage: BUILD=build bash tests/check_floors.sh [--never DIR:A,B>C,D]... DIR..." >&2
 	exit 2
 fi
 
 pass=0
 fail=0
-for dir in "$@"; do
+for dir in "${dirs[@]}"; do
 	# only objects whose source is still there: a stale one would add
 	# edges no build has
 	objs=()
@@ -38,10 +59,15 @@ for dir in "$@"; do
 	uses=$(for o in "${objs[@]}"; do
 		nm -P -u "$o" | awk -v f="$(basename "$o" .o)" '{ print f, $1 }'
 	done)
+	# this directory's rules, "A,B>C,D" separated by ";"
+	never=""
+	for r in "${rules[@]}"; do
+		[[ ${r%%:*} == "$dir" ]] && never="$never${never:+;}${r#*:}"
+	done
 	# the edges and the names under each, sorted; then a depth-first
 	# search for a cycle, and the floors (longest path down to a file
 	# calling nothing)
-	awk -v dir="$dir" '
+	awk -v dir="$dir" -v never="$never" '
 	FNR == NR && NF == 1 { files[$1] = 1; nfiles++; next }
 	FNR == NR { owner[$2] = $1; next }
 	($2 in owner) && owner[$2] != $1 {
@@ -74,6 +100,31 @@ for dir in "$@"; do
 			}
 		for (i = 1; i <= m; i++)
 			print line[i]
+		# the rules: no edge from a file of the left list to one of
+		# the right
+		bad = 0
+		nr = split(never, rule, ";")
+		for (i = 1; i <= nr; i++) {
+			split(rule[i], side, ">")
+			delete from
+			delete to
+			nl = split(side[1], l, ",")
+			for (j = 1; j <= nl; j++)
+				from[l[j]] = 1
+			nl = split(side[2], l, ",")
+			for (j = 1; j <= nl; j++)
+				to[l[j]] = 1
+			for (e in syms) {
+				split(e, p, SUBSEP)
+				if ((p[1] in from) && (p[2] in to)) {
+					printf "%s: %s must not call %s (rule %s): %s\n",
+					       dir, p[1], p[2], rule[i], syms[e]
+					bad = 1
+				}
+			}
+		}
+		if (bad)
+			exit 1
 		cyc = ""
 		for (f in files)
 			if (!cyc && !(f in color))

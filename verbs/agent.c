@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT
 /*
- * Agents: device selection, memory registration, the poll loop, events, and
- * the producer's request table.
+ * Agents: the top floor of verbs/. Opening (device, limits, the sides'
+ * tables), closing, the poll loop and arming, statistics; it owns the CQ
+ * and the rdma_cm channel and hands each completion and event to the side
+ * that owns its connection (consumer: connect.c, post.c; producer:
+ * listen.c, serve.c; both: conn.c). Registration is reg.c's.
  */
 #include <poll.h>
 #include <stdlib.h>
@@ -26,88 +29,6 @@
  * emulation a QP's creation or teardown tens of ms. */
 #define POLL_BUDGET_NS 10000000ull
 #define CLOSE_FLUSH_NS 1000000000ull
-
-/* ---- events --------------------------------------------------------------
- * The queue never overflows by construction: request events are bounded by
- * max_inflight (a consumer slot or a producer's held count is only given
- * back when its event is delivered), DISCONNECTED events by the connection
- * slots (producers refuse new connections while too many are queued). */
-
-int kvp__ev_room(const kvp_agent *a)
-{
-	return (int)(a->ev_cap - (a->ev_tail - a->ev_head));
-}
-
-void kvp__ev_push(kvp_agent *a, const struct kvp_event *ev)
-{
-	if (kvp_unlikely(!kvp__ev_room(a)))
-		return; /* unreachable: see above */
-	a->evq[a->ev_tail % a->ev_cap] = *ev;
-	a->ev_tail++;
-}
-
-/* Whether c is the last connection of its peer rank to be reported gone:
- * a rank has several queue pairs (kvp_agent_attr.qps), its DISCONNECTED
- * event is one. A consumer's are its engine's rank_conn entries; a
- * producer's, the connections of the same consumer engine and rank. */
-static int last_of_rank(const kvp_agent *a, const struct kvp_conn *c)
-{
-	uint32_t i, q;
-
-	if (c->side == KVP_ROLE_CONSUMER) {
-		const struct kvp_eng *e = &a->engs[c->eng];
-
-		for (q = 0; e->rank_conn && c->rank < e->n && q < e->nq; q++) {
-			uint32_t k = e->rank_conn[c->rank * e->nq + q];
-
-			if (k != NO_CONN && k != c->idx &&
-			    !a->conns[k].reported &&
-			    a->conns[k].state != CS_FREE)
-				return 0;
-		}
-		return 1;
-	}
-	for (i = 0; i < a->nprod; i++) {
-		const struct kvp_conn *o = &a->conns[i];
-
-		if (o != c && o->state == CS_READY &&
-		    o->engine_id == c->engine_id && o->rank == c->rank)
-			return 0;
-	}
-	return 1;
-}
-
-void kvp__ev_disconnected(kvp_agent *a, struct kvp_conn *c)
-{
-	struct kvp_event ev;
-
-	if (c->reported)
-		return;
-	c->reported = 1;
-	if (!last_of_rank(a, c))
-		return;
-	memset(&ev, 0, sizeof(ev));
-	ev.type = KVP_EV_DISCONNECTED;
-	ev.status = c->status;
-	if (c->bye) {
-		ev.status = 0;
-		ev.reason = KVP_REASON_CLOSED;
-	} else if (c->side == KVP_ROLE_CONSUMER && a->engs[c->eng].why.reason) {
-		ev.reason = a->engs[c->eng].why.reason;
-		ev.peer_reason = a->engs[c->eng].why.peer_reason;
-	} else {
-		struct kvp_why w = { 0 };
-
-		kvp__why_errno(&w, c->status);
-		ev.reason = w.reason;
-	}
-	ev.engine_id = c->engine_id;
-	ev.rank = c->rank;
-	if (c->side == KVP_ROLE_CONSUMER)
-		ev.engine = kvp__engine_handle(a, &a->engs[c->eng]);
-	kvp__ev_push(a, &ev);
-	a->st.disconnects++;
-}
 
 /* ---- open / close ------------------------------------------------------- */
 
@@ -204,6 +125,15 @@ static int device_limits(kvp_agent *a)
 	return 0;
 }
 
+/* The one CQ of every connection, at most the device's size. */
+static int cq_make(kvp_agent *a, uint64_t want)
+{
+	if (want > (uint64_t)a->dattr.max_cqe)
+		want = (uint64_t)a->dattr.max_cqe;
+	a->cq_size = (uint32_t)want;
+	return kvp__create_cq(a->ctx, (int)want, a->cch, &a->cq);
+}
+
 /* Everything both sides need for any number of peers, sized once from the
  * attributes: connection slots with their control buffers (registered
  * once), the completion queue, the event queue; the producer's request
@@ -224,13 +154,18 @@ static int open_sides(kvp_agent *a)
 	a->conns = kvp__conns_alloc(a->nconns);
 	if (!a->evq || !a->conns)
 		return -ENOMEM;
-	for (i = 0; i < a->nconns; i++)
-		a->conns[i].side = i < a->nprod ? KVP_ROLE_PRODUCER :
-						  KVP_ROLE_CONSUMER;
+	/* Each slot serves one side for the agent's life: what happens to
+	 * its connections goes to that side's callbacks. */
+	for (i = 0; i < a->nconns; i++) {
+		struct kvp_conn *c = &a->conns[i];
+
+		c->side = i < a->nprod ? KVP_ROLE_PRODUCER : KVP_ROLE_CONSUMER;
+		c->ops = i < a->nprod ? &kvp__producer_ops : &kvp__consumer_ops;
+	}
 	err = kvp__ctl_alloc(a, a->nconns);
 	if (err)
 		return err;
-	err = kvp__cq_make(a, a->lim.cqe);
+	err = cq_make(a, a->lim.cqe);
 	if (err)
 		return err;
 	if (a->producer) {
@@ -430,7 +365,7 @@ err_free:
 }
 
 static void flush_backlog(kvp_agent *a);
-static void reg_drop(kvp_agent *a, uint32_t region);
+static int cq_drain(kvp_agent *a);
 
 /* Notifications already owed (DONE reported, or data on the way) go out
  * before the connections close, for at most CLOSE_FLUSH_NS: the producers
@@ -452,7 +387,7 @@ static void flush_notes(kvp_agent *a)
 		if (!pending || now >= end)
 			return;
 		(void)poll(NULL, 0, 1);
-		(void)kvp__cq_drain(a);
+		(void)cq_drain(a);
 		flush_backlog(a);
 		kvp__pull_timers(a, now);
 	}
@@ -473,7 +408,7 @@ static void say_bye(kvp_agent *a)
 				   kvp__bye_consumer(a, c);
 	}
 	while (pending && kvp__now_ns() < end) {
-		if (kvp__cq_drain(a) < 0)
+		if (cq_drain(a) < 0)
 			return;
 		for (i = 0, pending = 0; i < a->nconns; i++)
 			pending += a->conns[i].bye_sent;
@@ -495,7 +430,7 @@ void kvp_agent_close(kvp_agent *a)
 	close_sides(a);
 	kvp__blob_free(a);
 	for (i = 0; i < a->li.nregions; i++)
-		reg_drop(a, i);
+		kvp__reg_drop(a, i);
 	kvp__destroy_comp_channel(a->cch);
 	kvp__dealloc_pd(a->pd);
 	kvp__free_devices(a->devs);
@@ -507,159 +442,6 @@ void kvp_agent_close(kvp_agent *a)
 	free(a->mr);
 	free(a->src_addr);
 	free(a);
-}
-
-/* The checks both registrations share: 0, or the documented error. */
-static int reg_check(kvp_agent *a, uint32_t region, uint64_t len)
-{
-	uint64_t size;
-
-	if (region >= a->li.nregions || a->lnkeys[region])
-		return -EINVAL;
-	if (a->started)
-		return -EBUSY;
-	if (kvp_layout_get_region(a->layout, region, &size) || len < size ||
-	    len > SIZE_MAX)
-		return -EINVAL;
-	return 0;
-}
-
-/* Producer memory is only ever read remotely; consumer memory is only
- * written by our own READ responses (and, on iWARP, by RDMA WRITEs that
- * carry them). Nothing else is granted. */
-static int reg_access(const kvp_agent *a)
-{
-	return (a->producer ? a->lim.src_access : 0) |
-	       (a->consumer ? a->lim.sink_access : 0);
-}
-
-/* Where registration gets the memory of bytes [off, off + len) of a
- * region: an address, or a dma-buf. */
-struct reg_src {
-	char *addr;	  /* NULL: the dma-buf */
-	int fd;
-	uint64_t offset;  /* of the region in the dma-buf */
-	uint64_t iova;	  /* the region's address in this process */
-};
-
-static int reg_piece(kvp_agent *a, const struct reg_src *src, uint64_t off,
-		     uint64_t len, struct ibv_mr **mr)
-{
-	if (src->addr)
-		return kvp__reg_mr(a->pd, src->addr + off, (size_t)len,
-				   reg_access(a), mr);
-	return kvp__reg_dmabuf_mr(a->pd, src->offset + off, (size_t)len,
-				  src->iova + off, src->fd, reg_access(a), mr);
-}
-
-/* Registers region `region` (`len` bytes given, at least its size) as one
- * MR, or as several overlapping ones when the device caps an MR below it
- * (limits.h: kvp__mr_shift()); then only the region's own bytes are
- * registered. Nothing is kept on failure. */
-static int reg_region(kvp_agent *a, uint32_t region, uint64_t len,
-		      const struct reg_src *src)
-{
-	struct kvp_emit_map *lr = &a->lreg[region];
-	uint64_t size = 0, n, k, off, piece;
-	struct ibv_mr **mr;
-	uint32_t *key;
-	int shift, err = 0;
-
-	if (kvp_layout_get_region(a->layout, region, &size))
-		return -EINVAL; /* unreachable: reg_check() passed */
-	shift = len <= a->lim.max_mr ? 0 : kvp__mr_shift(size, a->lim.max_mr);
-	if (shift < 0)
-		return -EINVAL;
-	n = shift ? kvp__mr_count(size, (uint32_t)shift) : 1;
-	mr = calloc(n, sizeof(*mr));
-	key = calloc(n, sizeof(*key));
-	if (!mr || !key) {
-		err = -ENOMEM;
-		goto out;
-	}
-	for (k = 0; k < n && !err; k++) {
-		off = shift ? k << shift : 0;
-		if (!shift)
-			piece = len <= a->lim.max_mr ? len : size;
-		else if (size - off > (1ull << shift) + KVP_MR_WINDOW(shift))
-			piece = (1ull << shift) + KVP_MR_WINDOW(shift);
-		else
-			piece = size - off;
-		err = reg_piece(a, src, off, piece, &mr[k]);
-		if (!err)
-			key[k] = mr[k]->lkey;
-	}
-	if (err)
-		goto out;
-	lr->addr = src->addr ? (uint64_t)(uintptr_t)src->addr : src->iova;
-	lr->key = key;
-	lr->shift = shift ? (uint32_t)shift : KVP_ONE_MR;
-	a->lnkeys[region] = (uint32_t)n;
-	a->mr[region] = mr;
-	if (shift && KVP_MR_WINDOW(shift) < a->mr_window)
-		a->mr_window = (uint32_t)KVP_MR_WINDOW(shift);
-	return 0;
-out:
-	for (k = 0; mr && k < n; k++)
-		kvp__dereg_mr(mr[k]);
-	free(mr);
-	free(key);
-	return err;
-}
-
-static void reg_drop(kvp_agent *a, uint32_t region)
-{
-	struct kvp_emit_map *lr = &a->lreg[region];
-	uint32_t k;
-
-	for (k = 0; k < a->lnkeys[region]; k++)
-		kvp__dereg_mr(a->mr[region][k]);
-	free(a->mr[region]);
-	free((void *)lr->key);
-	a->mr[region] = NULL;
-	a->lnkeys[region] = 0;
-	memset(lr, 0, sizeof(*lr));
-}
-
-int kvp_agent_register(kvp_agent *a, uint32_t region, void *addr, uint64_t len)
-{
-	struct reg_src src = { addr, -1, 0, 0 };
-	int err;
-
-	if (!a || !addr)
-		return -EINVAL;
-	err = reg_check(a, region, len);
-	if (err)
-		return err;
-	return reg_region(a, region, len, &src);
-}
-
-int kvp_agent_register_dmabuf(kvp_agent *a, uint32_t region, int fd,
-			      uint64_t offset, uint64_t len, void *addr)
-{
-	/* The region is known by addr (its virtual address in this process:
-	 * a GPU's, for device memory) to the blob and to local scatter
-	 * entries; without one, by its offset in the dma-buf. */
-	struct reg_src src = { NULL, fd, offset,
-			       addr ? (uint64_t)(uintptr_t)addr : offset };
-	int err;
-
-	if (!a || fd < 0)
-		return -EINVAL;
-	err = reg_check(a, region, len);
-	if (err)
-		return err;
-	err = reg_region(a, region, len, &src);
-	if (err != -ENOTSUP || !addr)
-		return err;
-	/* No dma-buf support in this provider: the address itself (host
-	 * memory, or device memory a peer-memory module exposes). */
-	src.addr = addr;
-	err = reg_region(a, region, len, &src);
-	if (err)
-		return err;
-	a->st.dmabuf_fallbacks++;
-	return 1;
 }
 
 /* What the agent allocated besides the registered memory: sized at open,
@@ -810,7 +592,14 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 	case WK_META_RECV:
 	case WK_CTL_SEND:
 	case WK_CTL_RECV:
-		(void)kvp__handshake_wc(a, c, wc);
+		if (c->state >= CS_DRAINING)
+			break;
+		if (wc->status != IBV_WC_SUCCESS)
+			kvp__conn_fail(a, c, kvp__wc_errno(wc->status));
+		else if (c->side == KVP_ROLE_PRODUCER)
+			kvp__producer_wc(a, c, wc);
+		else
+			kvp__consumer_wc(a, c, wc);
 		break;
 	case WK_PROBE:
 		kvp__probe_wc(a, c, wc);
@@ -819,26 +608,7 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 		c->bye_sent = 0;
 		break;
 	case WK_NOTE_RECV:
-		if (c->state != CS_READY) {
-			/* Flushed buffers of a dying connection, or a note
-			 * that arrived while it was going down. */
-			if (wc->status == IBV_WC_SUCCESS)
-				a->st.notes_dropped++;
-			break;
-		}
-		if (wc->status != IBV_WC_SUCCESS) {
-			kvp__conn_fail(a, c, kvp__wc_errno(wc->status));
-			break;
-		}
-		if (WRID_VALUE(wc->wr_id) >= a->rq_depth)
-			break;
-		kvp__note_received(a, c,
-				   c->notes + (size_t)WRID_VALUE(wc->wr_id) *
-						      KVP_NOTE_LEN,
-				   wc->byte_len);
-		/* The buffer goes back, and with it the consumer's credit. */
-		if (!kvp__post_note_recv(a, c, WRID_VALUE(wc->wr_id)))
-			a->ctr[c->idx]++;
+		kvp__note_wc(a, c, wc);
 		break;
 	default:
 		break;
@@ -846,7 +616,7 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 }
 
 /* Polls the CQ in arrays of 32, a bounded number of times. */
-int kvp__cq_drain(kvp_agent *a)
+static int cq_drain(kvp_agent *a)
 {
 	int b, i, n, total = 0;
 
@@ -883,6 +653,79 @@ static void flush_backlog(kvp_agent *a)
 	}
 }
 
+/* ---- rdma_cm events ------------------------------------------------------ */
+
+/* Hands rdma_cm events to the side that owns their connection, at most
+ * `budget`, and none past until_ns but the first. A connect request goes
+ * to the producer side. A peer that disconnects once its last message is
+ * delivered (a producer's refusal, either side's BYE) has that message in
+ * the CQ before the event: the CQ is drained first, so that what the peer
+ * said wins over the disconnect. */
+static void cm_events(kvp_agent *a, int budget, uint64_t until_ns)
+{
+	struct rdma_cm_event *ev;
+	enum rdma_cm_event_type type;
+	struct rdma_cm_id *id;
+	struct kvp_conn *c;
+	uint8_t pdata[256], rr;
+	uint32_t plen;
+	int i;
+
+	for (i = 0; i < budget; i++) {
+		/* Past the poll's time budget: the rest waits for the next
+		 * poll (one event at least per call). */
+		if (i && kvp__now_ns() >= until_ns)
+			return;
+		/* Each event queues at most one DISCONNECTED; request events
+		 * keep their reserve. */
+		if (kvp__ev_room(a) <= (int)a->max_inflight + 2)
+			return;
+		if (kvp__get_cm_event(a->ech, &ev) <= 0)
+			return;
+		/* What we act on is copied, so that the event can be
+		 * acknowledged first: destroying an id waits for its events'
+		 * acks. */
+		type = ev->event;
+		id = ev->id;
+		plen = 0;
+		if (ev->param.conn.private_data) {
+			plen = ev->param.conn.private_data_len;
+			if (plen > sizeof(pdata))
+				plen = sizeof(pdata);
+			memcpy(pdata, ev->param.conn.private_data, plen);
+		}
+		rr = ev->param.conn.responder_resources;
+		kvp__ack_event(ev);
+
+		if (type == RDMA_CM_EVENT_CONNECT_REQUEST) {
+			if (!a->producer || !a->listening) {
+				kvp__destroy_id(id);
+				continue;
+			}
+			/* A QP's creation is the dearest thing a peer can
+			 * ask of a poll: one per call. Refusals are cheap. */
+			if (kvp__accept_conn(a, id, pdata, plen, rr))
+				return;
+			continue;
+		}
+		if (!id || !id->context)
+			continue; /* the listening id */
+		c = id->context;
+		if (type == RDMA_CM_EVENT_DISCONNECTED &&
+		    (c->state == CS_READY ||
+		     (c->side == KVP_ROLE_CONSUMER &&
+		      c->state == CS_HANDSHAKE))) {
+			(void)cq_drain(a);
+			if (c->state != CS_READY && c->state != CS_HANDSHAKE)
+				continue; /* failed or closed meanwhile */
+		}
+		if (c->side == KVP_ROLE_CONSUMER)
+			kvp__consumer_event(a, c, type, pdata, plen);
+		else
+			kvp__producer_event(a, c, type);
+	}
+}
+
 int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 {
 	uint64_t now;
@@ -899,7 +742,7 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 		a->armed = 0;
 		a->next_cm_ns = 0;
 	}
-	n = kvp__cq_drain(a);
+	n = cq_drain(a);
 	if (kvp_unlikely(n < 0))
 		return n;
 	if (n && a->consumer)
@@ -910,7 +753,7 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 	/* One rdma_cm event at least, more while the poll's time lasts. */
 	if (now >= a->next_cm_ns) {
 		async_events(a);
-		kvp__cm_process(a, CM_BUDGET, now + POLL_BUDGET_NS);
+		cm_events(a, CM_BUDGET, now + POLL_BUDGET_NS);
 		kvp__conn_timers(a, now);
 		if (a->consumer)
 			kvp__pull_timers(a, now);
@@ -983,7 +826,71 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 		return err;
 	a->armed = 1;
 	/* Completions that arrived before arming raise no event. */
-	if (kvp__cq_drain(a) > 0 && a->consumer)
+	if (cq_drain(a) > 0 && a->consumer)
 		flush_backlog(a);
 	return a->ev_head != a->ev_tail || a->npending ? 1 : 0;
+}
+
+/* ---- kvp_agent_connect(): one engine, blocking ---------------------------- */
+
+/* Runs the poll's steps for the connections until engine e is up or down,
+ * or the deadline passes: completions before rdma_cm events, as in
+ * kvp_agent_poll(). Events of a quiet engine are not queued. */
+static int wait_engine(kvp_agent *a, struct kvp_eng *e, uint64_t deadline)
+{
+	struct pollfd pfd;
+	uint64_t now;
+
+	for (;;) {
+		now = kvp__now_ns();
+		if (e->state == KVP_ENGINE_UP)
+			return 0;
+		if (e->state == KVP_ENGINE_DOWN)
+			return e->status ? e->status : -ECONNRESET;
+		if (e->state == KVP_ENGINE_CONNECTING && now >= deadline)
+			kvp__engine_fail(a, e, -ETIMEDOUT);
+		/* Handshake completions have no fd of their own here: wake
+		 * at least every millisecond to poll the CQ. */
+		pfd.fd = a->ech->fd;
+		pfd.events = POLLIN;
+		pfd.revents = 0;
+		(void)poll(&pfd, 1, 1);
+		(void)cq_drain(a);
+		cm_events(a, 64, UINT64_MAX);
+		now = kvp__now_ns();
+		kvp__conn_timers(a, now);
+		if (e->state == KVP_ENGINE_CONNECTING)
+			kvp__engines_step(a, now);
+	}
+}
+
+int kvp_agent_connect(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
+		      int timeout_ms)
+{
+	struct kvp_eng *e;
+	uint32_t h;
+	int err;
+
+	if (!a)
+		return -EINVAL;
+	kvp__why_clear(&a->last);
+	err = kvp__engine_check_ranks(a, ranks, n);
+	if (err || timeout_ms <= 0)
+		return kvp__call_err(&a->last, err ? err : -EINVAL);
+	if (a->def_eng)
+		return kvp__call_err(&a->last, -EISCONN);
+	err = kvp__engine_add(a, ranks, n, (uint32_t)timeout_ms, 1, &h);
+	if (err)
+		return kvp__call_err(&a->last, err);
+	e = kvp__engine_get(a, h);
+	/* The drain after a failure is bounded too (2 s). */
+	err = wait_engine(a, e, e->deadline);
+	if (err) {
+		a->last = e->why;
+		kvp__engine_drop(a, e);
+		return kvp__call_err(&a->last, err);
+	}
+	e->quiet = 0;
+	a->def_eng = h;
+	return 0;
 }

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MIT
 /*
  * Connections, what both sides share: our blob, control buffers, the
- * rdma_cm event loop, handshake completions, failure, draining, teardown.
- * listen.c holds the producer's side of the handshake, connect.c the
- * consumer's.
+ * probes, failure, draining, teardown. listen.c holds the producer's side
+ * of the handshake, connect.c the consumer's; agent.c hands each rdma_cm
+ * event and completion to the side that owns the connection. This file
+ * names neither side: what happens to a connection goes to its side
+ * through the callbacks in c->ops (failed, drained).
  *
  * The handshake on one RC QP, after rdma_cm's exchange of private data:
  *   consumer: connect, hello (role, engine, TP rank, blob length, nonce)
@@ -155,14 +157,6 @@ void kvp__blob_free(kvp_agent *a)
 	a->blob_len = 0;
 }
 
-int kvp__cq_make(kvp_agent *a, uint64_t want)
-{
-	if (want > (uint64_t)a->dattr.max_cqe)
-		want = (uint64_t)a->dattr.max_cqe;
-	a->cq_size = (uint32_t)want;
-	return kvp__create_cq(a->ctx, (int)want, a->cch, &a->cq);
-}
-
 struct kvp_conn *kvp__conns_alloc(uint32_t n)
 {
 	struct kvp_conn *c;
@@ -309,26 +303,6 @@ int kvp__refusal_errno(int32_t err)
 	}
 }
 
-int kvp__cm_errno(enum rdma_cm_event_type t)
-{
-	switch (t) {
-	case RDMA_CM_EVENT_ADDR_ERROR:
-		return -EADDRNOTAVAIL;
-	case RDMA_CM_EVENT_ROUTE_ERROR:
-		return -ENETUNREACH;
-	case RDMA_CM_EVENT_UNREACHABLE:
-		return -EHOSTUNREACH;
-	case RDMA_CM_EVENT_REJECTED:
-		return -ECONNREFUSED;
-	case RDMA_CM_EVENT_CONNECT_ERROR:
-		return -ECONNABORTED;
-	case RDMA_CM_EVENT_DEVICE_REMOVAL:
-		return -ENODEV;
-	default:
-		return -ECONNRESET;
-	}
-}
-
 void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 {
 	uint32_t gen = c->gen;
@@ -342,8 +316,6 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	kvp_layout_destroy(c->peer);
 	if (c->blob_pending)
 		a->npending--;
-	if (c->side == KVP_ROLE_PRODUCER)
-		kvp__engine_leave(a, c);
 	free(c->rreg);
 	free(c->rkeys);
 	free(c->chunks);
@@ -400,23 +372,6 @@ void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err)
 		return;
 	if (!c->status) /* a refusal's reason wins over the disconnect */
 		c->status = err ? err : -ECONNRESET;
-	/* A producer reports only consumer ranks that were connected: a
-	 * stranger's failed handshakes are counted (stats.refused), never
-	 * queued as events. A consumer reports every producer rank of an
-	 * engine that is not being removed or connected by
-	 * kvp_agent_connect(). */
-	if (c->side == KVP_ROLE_CONSUMER) {
-		struct kvp_eng *e = &a->engs[c->eng];
-
-		if (!e->quiet && !e->removing)
-			kvp__ev_disconnected(a, c);
-		if (was_ready) {
-			e->st.transport_failures++;
-			a->st.transport_failures++;
-		}
-	} else if (was_ready) {
-		kvp__ev_disconnected(a, c);
-	}
 	c->state = CS_DRAINING;
 	c->drains = 0;
 	c->drain_deadline = kvp__now_ns() + DRAIN_NS;
@@ -439,9 +394,9 @@ void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err)
 			c->drains++;
 		(void)kvp__disconnect(c->id);
 	}
-	/* The rest of the engine goes with it. */
-	if (c->side == KVP_ROLE_CONSUMER)
-		kvp__engine_fail(a, &a->engs[c->eng], c->status);
+	/* Its side reports it and fails what depended on it (a consumer:
+	 * the rest of the engine). */
+	c->ops->failed(a, c, was_ready);
 	if (c->state == CS_DRAINING && !c->drains)
 		kvp__conn_drained(a, c);
 }
@@ -452,19 +407,41 @@ void kvp__conn_drained(kvp_agent *a, struct kvp_conn *c)
 		return;
 	a->ndraining--;
 	c->drains = 0;
-	if (c->side == KVP_ROLE_CONSUMER) {
-		struct kvp_eng *e = &a->engs[c->eng];
-		int err = c->status;
+	/* Every WR posted on it has completed or been flushed: nothing of it
+	 * can land any more. Its side lets go and releases it. */
+	c->ops->drained(a, c);
+}
 
-		/* Every WR posted on it has completed or been flushed: no
-		 * READ can land any more, and its requests can be failed. */
-		kvp__chunks_fail(a, c);
-		kvp__conn_release(a, c);
-		a->ncons_free++;
-		kvp__engine_conn_gone(a, e, c->idx, err);
+void kvp__conn_report(kvp_agent *a, struct kvp_conn *c, int last,
+		      const struct kvp_why *w, uint32_t engine)
+{
+	struct kvp_event ev;
+
+	if (c->reported)
 		return;
+	c->reported = 1;
+	if (!last)
+		return;
+	memset(&ev, 0, sizeof(ev));
+	ev.type = KVP_EV_DISCONNECTED;
+	ev.status = c->status;
+	if (c->bye) {
+		ev.status = 0;
+		ev.reason = KVP_REASON_CLOSED;
+	} else if (w && w->reason) {
+		ev.reason = w->reason;
+		ev.peer_reason = w->peer_reason;
+	} else {
+		struct kvp_why e = { 0 };
+
+		kvp__why_errno(&e, c->status);
+		ev.reason = e.reason;
 	}
-	kvp__conn_release(a, c);
+	ev.engine_id = c->engine_id;
+	ev.rank = c->rank;
+	ev.engine = engine;
+	kvp__ev_push(a, &ev);
+	a->st.disconnects++;
 }
 
 /* Producer: a zero-length READ to the consumer rank: its NIC answers
@@ -524,72 +501,3 @@ void kvp__conn_timers(kvp_agent *a, uint64_t now)
 	}
 }
 
-void kvp__cm_process(kvp_agent *a, int budget, uint64_t until_ns)
-{
-	struct rdma_cm_event *ev;
-	enum rdma_cm_event_type type;
-	struct rdma_cm_id *id;
-	uint8_t pdata[256], rr;
-	uint32_t plen;
-	int i;
-
-	for (i = 0; i < budget; i++) {
-		/* Past the poll's time budget: the rest waits for the next
-		 * poll (one event at least per call). */
-		if (i && kvp__now_ns() >= until_ns)
-			return;
-		/* Each event queues at most one DISCONNECTED; request events
-		 * keep their reserve. */
-		if (kvp__ev_room(a) <= (int)a->max_inflight + 2)
-			return;
-		if (kvp__get_cm_event(a->ech, &ev) <= 0)
-			return;
-		/* What we act on is copied, so that the event can be
-		 * acknowledged first: destroying an id waits for its events'
-		 * acks. */
-		type = ev->event;
-		id = ev->id;
-		plen = 0;
-		if (ev->param.conn.private_data) {
-			plen = ev->param.conn.private_data_len;
-			if (plen > sizeof(pdata))
-				plen = sizeof(pdata);
-			memcpy(pdata, ev->param.conn.private_data, plen);
-		}
-		rr = ev->param.conn.responder_resources;
-		kvp__ack_event(ev);
-
-		if (type == RDMA_CM_EVENT_CONNECT_REQUEST) {
-			if (!a->producer || !a->listening) {
-				kvp__destroy_id(id);
-				continue;
-			}
-			/* A QP's creation is the dearest thing a peer can
-			 * ask of a poll: one per call. Refusals are cheap. */
-			if (kvp__accept_conn(a, id, pdata, plen, rr))
-				return;
-			continue;
-		}
-		if (!id || !id->context)
-			continue; /* the listening id */
-		if (((struct kvp_conn *)id->context)->side == KVP_ROLE_CONSUMER)
-			kvp__consumer_event(a, id->context, type, pdata, plen);
-		else
-			kvp__producer_event(a, id->context, type);
-	}
-}
-
-int kvp__handshake_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
-{
-	if (c->state >= CS_DRAINING)
-		return 0;
-	if (wc->status != IBV_WC_SUCCESS) {
-		kvp__conn_fail(a, c, kvp__wc_errno(wc->status));
-		return 0;
-	}
-	if (c->side == KVP_ROLE_PRODUCER)
-		kvp__producer_wc(a, c, wc);
-	else
-		kvp__consumer_wc(a, c, wc);
-	return 0;
-}

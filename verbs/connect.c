@@ -236,13 +236,8 @@ void kvp__consumer_event(kvp_agent *a, struct kvp_conn *c,
 		break;
 	case RDMA_CM_EVENT_DISCONNECTED:
 		/* A producer disconnects once its refusal (or its BYE) is
-		 * delivered: that completion is in the CQ before this event,
-		 * and its reason must win over the disconnect. */
-		if (c->state == CS_HANDSHAKE || c->state == CS_READY) {
-			(void)kvp__cq_drain(a);
-			if (c->state != CS_HANDSHAKE && c->state != CS_READY)
-				return;
-		}
+		 * delivered: the agent took that completion from the CQ
+		 * before this event, so that its reason wins. */
 		err = kvp__cm_errno(type);
 		if (c->bye)
 			kvp__why(&a->engs[c->eng].why, err, KVP_REASON_CLOSED,

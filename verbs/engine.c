@@ -2,7 +2,8 @@
 /*
  * The consumer's producer engines: handles, the non-blocking handshake
  * that kvp_agent_poll() drives, the checks on what producer ranks send,
- * plans shared by geometry, failure and reconnection.
+ * failure and reconnection. Their plans come from plans.c, their
+ * connections' handshakes from connect.c.
  *
  * An engine's handshake, one step per poll at most:
  *   EP_FIRST  connect the rank at the start of our notify cover (always in
@@ -18,7 +19,6 @@
  * engines are untouched, and the agent's memory stays registered for the
  * reconnect.
  */
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,15 +40,6 @@ int kvp__engines_alloc(kvp_agent *a)
 	for (i = 0; i < a->max_peers; i++)
 		a->engs[i].gen = 1;
 	return 0;
-}
-
-static void pc_free(struct kvp_pcache *pc)
-{
-	kvp_plan_destroy(pc->plan);
-	kvp_layout_destroy(pc->geo);
-	free(pc->note_rank);
-	free(pc->note_src);
-	memset(pc, 0, sizeof(*pc));
 }
 
 static void carried_drop(struct kvp_eng *e)
@@ -100,7 +91,7 @@ void kvp__engines_free(kvp_agent *a)
 		if (a->engs[i].state)
 			eng_free(a, &a->engs[i]);
 	for (i = 0; a->pcache && i < a->max_peers; i++)
-		pc_free(&a->pcache[i]);
+		kvp__pc_free(&a->pcache[i]);
 	free(a->engs);
 	free(a->pcache);
 	a->engs = NULL;
@@ -144,62 +135,6 @@ static void eng_event(kvp_agent *a, struct kvp_eng *e, uint32_t type)
 
 /* ---- checks ------------------------------------------------------------- */
 
-/* Whether two layouts have the same geometry: everything a plan depends
- * on, that is everything but the engine id, the rank and the region
- * keys (a shard's length is the same on every rank, so the field
- * descriptions are too). */
-static int geo_equal(const kvp_layout *x, const kvp_layout *y)
-{
-	struct kvp_layout_info xi, yi;
-	uint32_t i;
-
-	kvp_layout_get_info(x, &xi);
-	kvp_layout_get_info(y, &yi);
-	if (xi.tp_size != yi.tp_size || xi.ngroups != yi.ngroups ||
-	    xi.nregions != yi.nregions || xi.nviews != yi.nviews ||
-	    xi.nfields != yi.nfields ||
-	    kvp_layout_compat_hash(x) != kvp_layout_compat_hash(y))
-		return 0;
-	for (i = 0; i < xi.nregions; i++) {
-		uint64_t p, q;
-
-		if (kvp_layout_get_region(x, i, &p) ||
-		    kvp_layout_get_region(y, i, &q) || p != q)
-			return 0;
-	}
-	for (i = 0; i < xi.ngroups; i++) {
-		struct kvp_group_desc p, q;
-
-		if (kvp_layout_get_group(x, i, &p) ||
-		    kvp_layout_get_group(y, i, &q) || p.kind != q.kind ||
-		    p.block_tokens != q.block_tokens)
-			return 0;
-	}
-	for (i = 0; i < xi.nviews; i++) {
-		struct kvp_view_desc p, q;
-
-		if (kvp_layout_get_view(x, i, &p) ||
-		    kvp_layout_get_view(y, i, &q) || p.group != q.group ||
-		    p.region != q.region || p.layer != q.layer ||
-		    p.num_blocks != q.num_blocks || p.offset != q.offset ||
-		    p.stride != q.stride)
-			return 0;
-	}
-	for (i = 0; i < xi.nfields; i++) {
-		struct kvp_field_desc p, q;
-		uint32_t pv, qv;
-
-		/* No padding in the struct: memcmp compares the fields. */
-		memset(&p, 0, sizeof(p));
-		memset(&q, 0, sizeof(q));
-		if (kvp_layout_get_field(x, i, &pv, &p) ||
-		    kvp_layout_get_field(y, i, &qv, &q) || pv != qv ||
-		    memcmp(&p, &q, sizeof(p)))
-			return 0;
-	}
-	return 1;
-}
-
 /* Checks producer rank `rank`'s layout against its slot (TP size, rank,
  * every region's address set) and, when ref is not NULL, against the
  * layout the plan is compiled from: the same engine and geometry. */
@@ -235,7 +170,7 @@ static int check_meta(const kvp_layout *peer, uint32_t rank, uint32_t tp_size,
 				"producer rank %u: engine id %llu, its engine's is %llu",
 				rank, (unsigned long long)pi.engine_id,
 				(unsigned long long)ri.engine_id);
-	if (!geo_equal(peer, ref))
+	if (!kvp__geo_equal(peer, ref))
 		return kvp__why(w, -EPROTO, KVP_REASON_LAYOUT,
 				"producer rank %u: geometry differs from its engine's",
 				rank);
@@ -309,133 +244,6 @@ static int carried_take(struct kvp_eng *e, const struct kvp_peer *ranks,
 	return 0;
 }
 
-/* ---- plans, shared by geometry ----------------------------------------- */
-
-/* The longest access every region of layout l allows: the MR window of
- * those registered as several MRs (kvp_layout_set_region_keys()), else
- * UINT32_MAX. */
-static uint32_t keys_window(const kvp_layout *l)
-{
-	struct kvp_layout_info li;
-	uint32_t i, shift, w = UINT32_MAX;
-	uint64_t addr;
-
-	kvp_layout_get_info(l, &li);
-	for (i = 0; i < li.nregions; i++)
-		if (kvp_layout_get_region_keys(l, i, &addr, &shift, NULL, 0) >
-			    0 &&
-		    shift && KVP_MR_WINDOW(shift) < w)
-			w = (uint32_t)KVP_MR_WINDOW(shift);
-	return w;
-}
-
-/* The plan for engines of ref's geometry: from the cache, or compiled and
- * cached (evicting the least recently used plan no engine holds). Its
- * READs are no longer than the port allows, the slice asked for, and the
- * MR window of any region on either side registered as several MRs. */
-static int plan_resolve(kvp_agent *a, struct kvp_eng *e)
-{
-	uint64_t h = kvp_layout_compat_hash(e->ref);
-	struct kvp_pcache *pc, *victim = NULL;
-	struct kvp_plan_attr pattr;
-	uint32_t i, k, n, max_len = a->lim.max_len, w;
-	char msg[KVP_WHY_LEN];
-	int err, r;
-
-	if (a->mr_window < max_len)
-		max_len = a->mr_window;
-	w = keys_window(e->ref);
-	if (w < max_len)
-		max_len = w;
-
-	for (i = 0; i < a->max_peers; i++) {
-		pc = &a->pcache[i];
-		if (!pc->plan) {
-			if (!victim || victim->plan)
-				victim = pc;
-			continue;
-		}
-		if (pc->hash == h && pc->max_len == max_len &&
-		    geo_equal(pc->geo, e->ref))
-			goto hit;
-		if (!pc->refs && (!victim || (victim->plan &&
-					      pc->used < victim->used)))
-			victim = pc;
-	}
-	if (!victim)
-		return -ENOSPC; /* unreachable: one plan per engine at most */
-	pc = victim;
-	pc_free(pc);
-	memset(&pattr, 0, sizeof(pattr));
-	pattr.max_sge = a->max_sge;
-	/* No READ longer than the port's message size or the slice asked
-	 * for (limits.c). */
-	pattr.comp_mask = KVP_PLAN_ATTR_MAX_LEN | KVP_PLAN_ATTR_FLAGS;
-	pattr.max_len = max_len;
-	pc->max_len = max_len;
-	pattr.flags = a->plan_flags;
-	if (kvp_layout_compat_hash(e->ref) != kvp_layout_compat_hash(a->layout))
-		return kvp__why(&e->why, -EPROTO, KVP_REASON_MODEL,
-				"another model: compatibility hash %016llx, ours %016llx",
-				(unsigned long long)kvp_layout_compat_hash(e->ref),
-				(unsigned long long)kvp_layout_compat_hash(a->layout));
-	msg[0] = 0;
-	err = kvp_plan_compile(a->layout, e->ref, &pattr, &pc->plan, msg,
-			       sizeof(msg));
-	if (err == -ENOMEM)
-		return err;
-	if (err)
-		return kvp__why(&e->why, -EPROTO,
-				err == -EFBIG ? KVP_REASON_PLAN_COST :
-						KVP_REASON_LAYOUT,
-				"%s", msg[0] ? msg : kvp_strerror(err));
-	kvp_plan_get_info(pc->plan, &pc->pi);
-	n = pc->pi.nnotify;
-	pc->note_rank = calloc(n + 1, sizeof(*pc->note_rank));
-	pc->note_src = calloc(n + 1, sizeof(*pc->note_src));
-	err = -ENOMEM;
-	if (!pc->note_rank || !pc->note_src)
-		goto err_pc;
-	err = kvp_layout_clone(e->ref, &pc->geo);
-	if (err)
-		goto err_pc;
-	err = -EPROTO;
-	for (k = 0; k < n; k++) {
-		r = kvp_plan_notify(pc->plan, k);
-		if (r < 0 || (uint32_t)r >= pc->pi.remote_tp)
-			goto err_pc;
-		pc->note_rank[k] = (uint32_t)r;
-		pc->note_src[k] = NO_SRC;
-		for (i = 0; i < pc->pi.nsrc; i++)
-			if (kvp_plan_source(pc->plan, i) == r)
-				pc->note_src[k] = i;
-	}
-	/* A source outside the notify list would be a planner bug. */
-	for (i = 0; i < pc->pi.nsrc; i++) {
-		for (k = 0; k < n; k++)
-			if (pc->note_src[k] == i)
-				break;
-		if (k == n)
-			goto err_pc;
-	}
-	pc->hash = h;
-	a->st.plan_compiles++;
-	e->plan_cached = 0;
-	goto take;
-hit:
-	a->st.plan_hits++;
-	e->plan_cached = 1;
-take:
-	pc->refs++;
-	pc->used = ++a->pc_clock;
-	e->pc = pc;
-	return 0;
-
-err_pc:
-	pc_free(pc);
-	return err;
-}
-
 /* ---- the handshake ------------------------------------------------------ */
 
 static struct kvp_conn *free_cons_slot(kvp_agent *a)
@@ -480,7 +288,7 @@ static int start_rest(kvp_agent *a, struct kvp_eng *e)
 	uint32_t k, q, need = 0;
 	int err;
 
-	err = plan_resolve(a, e);
+	err = kvp__plan_resolve(a, e);
 	if (err)
 		return err;
 	pc = e->pc;
@@ -563,10 +371,10 @@ static int check_peer(struct kvp_eng *e, const struct kvp_conn *c)
 				r, (unsigned long long)pi.engine_id,
 				(unsigned long long)c->engine_id);
 	/* The plan's READs must fit this rank's MRs too. */
-	if (keys_window(c->peer) < e->pc->max_len)
+	if (kvp__keys_window(c->peer) < e->pc->max_len)
 		return kvp__why(&e->why, -EPROTO, KVP_REASON_MR_WINDOW,
 				"producer rank %u: MR window %llu B, the plan reads up to %u B",
-				r, (unsigned long long)keys_window(c->peer),
+				r, (unsigned long long)kvp__keys_window(c->peer),
 				e->pc->max_len);
 	if (e->craw && e->craw[r] &&
 	    (c->blob_got != e->craw_len[r] ||
@@ -575,6 +383,53 @@ static int check_peer(struct kvp_eng *e, const struct kvp_conn *c)
 				"producer rank %u: its blob differs from the one carried",
 				r);
 	return check_meta(c->peer, r, e->n, e->ref, &e->why);
+}
+
+/* A connection of an engine coming up: its chunk FIFO and the remote
+ * keys; the blob it came with is no longer needed. */
+static int conn_data_alloc(kvp_agent *a, struct kvp_conn *c)
+{
+	struct kvp_layout_info pi;
+	uint64_t addr, nkeys = 0;
+	uint32_t i, shift;
+	int n;
+
+	kvp_layout_get_info(c->peer, &pi);
+	for (i = 0; i < pi.nregions; i++) {
+		n = kvp_layout_get_region_keys(c->peer, i, &addr, &shift,
+					       NULL, 0);
+		if (n < 1)
+			return -EPROTO;
+		nkeys += (uint32_t)n; /* each at most KVP_MR_MAX_KEYS */
+	}
+	c->chunks = calloc(a->chunk_mask + 1, sizeof(*c->chunks));
+	c->rreg = calloc(pi.nregions + 1, sizeof(*c->rreg));
+	c->rkeys = calloc(nkeys + 1, sizeof(*c->rkeys));
+	if (!c->chunks || !c->rreg || !c->rkeys)
+		return -ENOMEM; /* freed with the connection */
+	c->nrkeys = (uint32_t)nkeys;
+	for (i = 0, nkeys = 0; i < pi.nregions; i++) {
+		struct kvp_emit_map *rr = &c->rreg[i];
+
+		rr->key = c->rkeys + nkeys;
+		n = kvp_layout_get_region_keys(c->peer, i, &rr->addr, &shift,
+					       c->rkeys + nkeys, UINT32_MAX);
+		rr->shift = shift ? shift : KVP_ONE_MR;
+		nkeys += (uint32_t)n;
+	}
+	c->outstanding = 0;
+	c->c_head = c->c_data = c->c_note = c->c_post = c->c_tail = 0;
+	c->notes_posted = c->credit_seen = 0;
+	c->credit_reading = c->credit_hold = c->starved = 0;
+	c->wait_since = 0;
+	kvp_layout_destroy(c->peer);
+	c->peer = NULL;
+	kvp__dereg_mr(c->blob_mr);
+	c->blob_mr = NULL;
+	free(c->blob);
+	c->blob = NULL;
+	c->blob_len = 0;
+	return 0;
 }
 
 static int eng_up(kvp_agent *a, struct kvp_eng *e)
@@ -597,7 +452,7 @@ static int eng_up(kvp_agent *a, struct kvp_eng *e)
 			continue;
 		c = &a->conns[e->note_conn[k]];
 		c->psrc = e->pc->note_src[k / e->nq];
-		err = kvp__conn_data_alloc(a, c);
+		err = conn_data_alloc(a, c);
 		if (err)
 			return err;
 		conns++;
@@ -716,10 +571,52 @@ void kvp__engine_conn_gone(kvp_agent *a, struct kvp_eng *e, uint32_t idx,
 		eng_down(a, e);
 }
 
+void kvp__engine_drop(kvp_agent *a, struct kvp_eng *e)
+{
+	eng_free(a, e);
+}
+
+/* ---- the consumer side's connection callback ---------------------------- */
+
+/* Whether c is the last of its producer rank's queue pairs (its engine's
+ * rank_conn entries) to be reported gone: a rank's DISCONNECTED event is
+ * one. */
+static int last_of_rank(const kvp_agent *a, const struct kvp_conn *c)
+{
+	const struct kvp_eng *e = &a->engs[c->eng];
+	uint32_t q;
+
+	for (q = 0; e->rank_conn && c->rank < e->n && q < e->nq; q++) {
+		uint32_t k = e->rank_conn[c->rank * e->nq + q];
+
+		if (k != NO_CONN && k != c->idx && !a->conns[k].reported &&
+		    a->conns[k].state != CS_FREE)
+			return 0;
+	}
+	return 1;
+}
+
+/* Every producer rank of an engine is reported unless the engine is being
+ * removed or connected by kvp_agent_connect(); then the rest of the engine
+ * goes with it. */
+void kvp__consumer_failed(kvp_agent *a, struct kvp_conn *c, int was_ready)
+{
+	struct kvp_eng *e = &a->engs[c->eng];
+
+	if (!e->quiet && !e->removing)
+		kvp__conn_report(a, c, last_of_rank(a, c), &e->why,
+				 kvp__engine_handle(a, e));
+	if (was_ready) {
+		e->st.transport_failures++;
+		a->st.transport_failures++;
+	}
+	kvp__engine_fail(a, e, c->status);
+}
+
 /* ---- the calls ---------------------------------------------------------- */
 
-static int check_ranks(const kvp_agent *a, const struct kvp_peer *ranks,
-		       uint32_t n)
+int kvp__engine_check_ranks(const kvp_agent *a, const struct kvp_peer *ranks,
+			    uint32_t n)
 {
 	uint32_t i;
 
@@ -779,14 +676,14 @@ static int eng_begin(kvp_agent *a, struct kvp_eng *e,
 	return 0;
 }
 
-static int add_engine(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
-		      uint32_t timeout_ms, uint32_t quiet, uint32_t *engine)
+int kvp__engine_add(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
+		    uint32_t timeout_ms, uint32_t quiet, uint32_t *engine)
 {
 	struct kvp_eng *e = NULL;
 	uint32_t i;
 	int err;
 
-	err = check_ranks(a, ranks, n);
+	err = kvp__engine_check_ranks(a, ranks, n);
 	if (err || !timeout_ms || !engine)
 		return err ? err : -EINVAL;
 	if (!kvp__regions_ready(a))
@@ -818,7 +715,7 @@ int kvp_agent_add_engine(kvp_agent *a, const struct kvp_peer *ranks,
 		return -EINVAL;
 	kvp__why_clear(&a->last);
 	return kvp__call_err(&a->last,
-			     add_engine(a, ranks, n, timeout_ms, 0, engine));
+			     kvp__engine_add(a, ranks, n, timeout_ms, 0, engine));
 }
 
 static int reconnect_engine(kvp_agent *a, uint32_t engine,
@@ -833,7 +730,7 @@ static int reconnect_engine(kvp_agent *a, uint32_t engine,
 	if (!e)
 		return -ENOENT;
 	if (ranks) {
-		err = check_ranks(a, ranks, n);
+		err = kvp__engine_check_ranks(a, ranks, n);
 		if (err)
 			return err;
 	}
@@ -929,72 +826,6 @@ int kvp_agent_engine_info(const kvp_agent *a, uint32_t engine,
 		}
 	}
 	info->table_bytes = table;
-	return 0;
-}
-
-/* ---- kvp_agent_connect(): one engine, blocking -------------------------- */
-
-/* Drives the agent's connections until engine e is up or down, or the
- * deadline passes. Events of a quiet engine are not queued. */
-static int wait_engine(kvp_agent *a, struct kvp_eng *e, uint64_t deadline)
-{
-	struct pollfd pfd;
-	uint64_t now;
-
-	for (;;) {
-		now = kvp__now_ns();
-		if (e->state == KVP_ENGINE_UP)
-			return 0;
-		if (e->state == KVP_ENGINE_DOWN)
-			return e->status ? e->status : -ECONNRESET;
-		if (e->state == KVP_ENGINE_CONNECTING && now >= deadline)
-			kvp__engine_fail(a, e, -ETIMEDOUT);
-		/* Handshake completions have no fd of their own here: wake
-		 * at least every millisecond to poll the CQ. */
-		pfd.fd = a->ech->fd;
-		pfd.events = POLLIN;
-		pfd.revents = 0;
-		(void)poll(&pfd, 1, 1);
-		/* Completions first: a producer disconnects once its refusal
-		 * is delivered, and the refusal must win over the
-		 * disconnect. */
-		(void)kvp__cq_drain(a);
-		kvp__cm_process(a, 64, UINT64_MAX);
-		now = kvp__now_ns();
-		kvp__conn_timers(a, now);
-		if (e->state == KVP_ENGINE_CONNECTING)
-			kvp__engines_step(a, now);
-	}
-}
-
-int kvp_agent_connect(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
-		      int timeout_ms)
-{
-	struct kvp_eng *e;
-	uint32_t h;
-	int err;
-
-	if (!a)
-		return -EINVAL;
-	kvp__why_clear(&a->last);
-	err = check_ranks(a, ranks, n);
-	if (err || timeout_ms <= 0)
-		return kvp__call_err(&a->last, err ? err : -EINVAL);
-	if (a->def_eng)
-		return kvp__call_err(&a->last, -EISCONN);
-	err = add_engine(a, ranks, n, (uint32_t)timeout_ms, 1, &h);
-	if (err)
-		return kvp__call_err(&a->last, err);
-	e = kvp__engine_get(a, h);
-	/* The drain after a failure is bounded too (2 s). */
-	err = wait_engine(a, e, e->deadline);
-	if (err) {
-		a->last = e->why;
-		eng_free(a, e);
-		return kvp__call_err(&a->last, err);
-	}
-	e->quiet = 0;
-	a->def_eng = h;
 	return 0;
 }
 

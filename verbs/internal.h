@@ -136,6 +136,10 @@ KVP_HIDDEN int kvp__disconnect(struct rdma_cm_id *id);
 KVP_HIDDEN int kvp__get_cm_event(struct rdma_event_channel *ch,
 				 struct rdma_cm_event **ev);
 KVP_HIDDEN void kvp__ack_event(struct rdma_cm_event *ev);
+/* What a completion's status and a failing rdma_cm event mean, as
+ * -errno. */
+KVP_HIDDEN int kvp__wc_errno(enum ibv_wc_status st);
+KVP_HIDDEN int kvp__cm_errno(enum rdma_cm_event_type t);
 /* Parses a numeric address and port into *ss. 0 or -EINVAL. */
 KVP_HIDDEN int kvp__parse_addr(const char *ip, uint16_t port,
 			       struct sockaddr_storage *ss);
@@ -386,6 +390,19 @@ static inline void kvp__why_clear(struct kvp_why *w)
 	w->msg[0] = 0;
 }
 
+struct kvp_conn;
+/* What a connection tells the side that owns it: conn.c names neither
+ * side. Each connection slot's are set once, at open (agent.c). */
+struct kvp_conn_ops {
+	/* c failed (c->status says why) and drains now; was_ready: it was
+	 * CS_READY. The side reports it (kvp__conn_report()) and fails what
+	 * depended on it. */
+	void (*failed)(kvp_agent *a, struct kvp_conn *c, int was_ready);
+	/* Every WR posted on c has completed or been flushed: the side lets
+	 * go of what it holds of c and releases it (kvp__conn_release()). */
+	void (*drained)(kvp_agent *a, struct kvp_conn *c);
+};
+
 struct kvp_conn {
 	/* Mutable counters, written on every post and completion of this QP.
 	 * The agent is single-threaded, so this is not about contention: the
@@ -411,6 +428,7 @@ struct kvp_conn {
 	/* Read-mostly after setup. */
 	struct ibv_qp *qp;
 	struct rdma_cm_id *id;
+	const struct kvp_conn_ops *ops; /* its side's */
 	struct kvp_chunk *chunks; /* consumer: FIFO, chunk_mask + 1 entries */
 	struct kvp_emit_map *rreg; /* consumer: per remote region */
 	uint32_t *rkeys;	  /* their keys, every region's in one array */
@@ -702,17 +720,32 @@ struct kvp_agent {
 	struct kvp_agent_stats st;
 };
 
-/* agent.c */
+/* The floors of verbs/ (README.md, "Floors of verbs/"): each file calls
+ * only the files of the floors below its own.
+ *   agent.c                 the public agent calls, the poll loop; hands
+ *                           each completion and rdma_cm event to its side
+ *   pull.c > post.c > engine.c > plans.c, connect.c
+ *                           the consumer side      (never the producer's)
+ *   listen.c > serve.c      the producer side      (never the consumer's)
+ *   reg.c, conn.c           memory registration; connections
+ *   event.c, wrap.c, limits.c, hmac.c, why.c
+ *                           the event queue, rdma-core, device limits,
+ *                           HMAC, reasons: they call nothing of verbs/ */
+
+/* event.c: events waiting for kvp_agent_poll() */
 KVP_HIDDEN int kvp__ev_room(const kvp_agent *a);
 KVP_HIDDEN void kvp__ev_push(kvp_agent *a, const struct kvp_event *ev);
-KVP_HIDDEN void kvp__ev_disconnected(kvp_agent *a, struct kvp_conn *c);
-KVP_HIDDEN int kvp__cq_drain(kvp_agent *a);
+
+/* reg.c: memory registration (kvp_agent_register*()) */
+/* Deregisters region `region`'s MRs, if any. */
+KVP_HIDDEN void kvp__reg_drop(kvp_agent *a, uint32_t region);
 
 /* serve.c: the producer's requests and consumer engines */
+/* A notification receive buffer completed (WK_NOTE_RECV). */
+KVP_HIDDEN void kvp__note_wc(kvp_agent *a, struct kvp_conn *c,
+			     const struct ibv_wc *wc);
 KVP_HIDDEN int kvp__serve_alloc(kvp_agent *a);
 KVP_HIDDEN void kvp__serve_free(kvp_agent *a);
-KVP_HIDDEN void kvp__note_received(kvp_agent *a, struct kvp_conn *c,
-				   const uint8_t *msg, uint32_t len);
 /* Expires requests, forgets early and gone entries whose time is up. */
 KVP_HIDDEN void kvp__serve_timers(kvp_agent *a, uint64_t now);
 /* A consumer rank of engine `engine_id` with TP size tp_size and
@@ -724,10 +757,13 @@ KVP_HIDDEN void kvp__engine_leave(kvp_agent *a, struct kvp_conn *c);
 /* conn.c: what both sides' connections share */
 KVP_HIDDEN void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err);
 KVP_HIDDEN void kvp__conn_release(kvp_agent *a, struct kvp_conn *c);
-KVP_HIDDEN void kvp__cm_process(kvp_agent *a, int budget, uint64_t until_ns);
-KVP_HIDDEN int kvp__handshake_wc(kvp_agent *a, struct kvp_conn *c,
-				 const struct ibv_wc *wc);
 KVP_HIDDEN void kvp__conn_drained(kvp_agent *a, struct kvp_conn *c);
+/* Queues c's DISCONNECTED event, once per connection life, and only when
+ * `last` (no other connection of its peer rank is still to be reported):
+ * status 0 and KVP_REASON_CLOSED after the peer's BYE, else c->status
+ * with w's reason when it holds one (w may be NULL), or its errno's. */
+KVP_HIDDEN void kvp__conn_report(kvp_agent *a, struct kvp_conn *c, int last,
+				 const struct kvp_why *w, uint32_t engine);
 KVP_HIDDEN void kvp__probe_wc(kvp_agent *a, struct kvp_conn *c,
 			      const struct ibv_wc *wc);
 /* Drain and handshake deadlines; called about once a millisecond. */
@@ -741,7 +777,6 @@ KVP_HIDDEN void kvp__hello_fill(const kvp_agent *a, uint32_t side,
  * engine. */
 KVP_HIDDEN int kvp__blob_make(kvp_agent *a);
 KVP_HIDDEN void kvp__blob_free(kvp_agent *a);
-KVP_HIDDEN int kvp__cq_make(kvp_agent *a, uint64_t want);
 KVP_HIDDEN struct kvp_conn *kvp__conns_alloc(uint32_t n);
 /* The control buffers of n connection slots, registered. */
 KVP_HIDDEN int kvp__ctl_alloc(kvp_agent *a, uint32_t n);
@@ -760,9 +795,9 @@ KVP_HIDDEN int kvp__post_recv1(struct kvp_conn *c, uint64_t wr_id,
 KVP_HIDDEN int kvp__peer_blob_alloc(kvp_agent *a, struct kvp_conn *c);
 /* Maps a refusal's code to the documented set (-EPROTO otherwise). */
 KVP_HIDDEN int kvp__refusal_errno(int32_t err);
-KVP_HIDDEN int kvp__cm_errno(enum rdma_cm_event_type t);
 
 /* listen.c: the producer's connections */
+KVP_HIDDEN extern const struct kvp_conn_ops kvp__producer_ops;
 /* Returns 1 when it set up a connection slot (a QP), 0 when it refused
  * the request outright. */
 KVP_HIDDEN int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
@@ -788,7 +823,35 @@ KVP_HIDDEN int kvp__conn_start(kvp_agent *a, struct kvp_conn *c,
 			       struct kvp_eng *e, uint32_t rank,
 			       const struct kvp_peer_addr *p);
 
+/* plans.c: plans shared by geometry */
+/* Whether two layouts have the same geometry: all a plan depends on. */
+KVP_HIDDEN int kvp__geo_equal(const kvp_layout *x, const kvp_layout *y);
+/* The longest access every region of l allows: the MR window of those
+ * registered as several MRs, else UINT32_MAX. */
+KVP_HIDDEN uint32_t kvp__keys_window(const kvp_layout *l);
+/* Engine e's plan (e->pc, referenced) for its reference layout: from the
+ * cache, or compiled and cached. 0, -EPROTO (the reason in e->why),
+ * -ENOMEM. */
+KVP_HIDDEN int kvp__plan_resolve(kvp_agent *a, struct kvp_eng *e);
+KVP_HIDDEN void kvp__pc_free(struct kvp_pcache *pc);
+
 /* engine.c: the consumer's producer engines */
+/* The consumer side's conn_ops.failed: c's DISCONNECTED event (unless
+ * its engine is quiet or being removed), then the rest of its engine. */
+KVP_HIDDEN void kvp__consumer_failed(kvp_agent *a, struct kvp_conn *c,
+				     int was_ready);
+/* kvp_agent_add_engine()'s checks of ranks[]: 0 or -EINVAL. */
+KVP_HIDDEN int kvp__engine_check_ranks(const kvp_agent *a,
+				       const struct kvp_peer *ranks,
+				       uint32_t n);
+/* Takes an engine record and starts its handshake: 0 and its handle in
+ * *engine (a start that fails takes the engine down with an event), or
+ * -errno with nothing held. quiet: no engine events (kvp_agent_connect()). */
+KVP_HIDDEN int kvp__engine_add(kvp_agent *a, const struct kvp_peer *ranks,
+			       uint32_t n, uint32_t timeout_ms, uint32_t quiet,
+			       uint32_t *engine);
+/* Frees a DOWN engine's record. */
+KVP_HIDDEN void kvp__engine_drop(kvp_agent *a, struct kvp_eng *e);
 KVP_HIDDEN int kvp__engines_alloc(kvp_agent *a);
 KVP_HIDDEN void kvp__engines_free(kvp_agent *a);
 /* Moves handshaking engines on (after completions and rdma_cm events). */
@@ -802,23 +865,36 @@ KVP_HIDDEN struct kvp_eng *kvp__engine_get(const kvp_agent *a, uint32_t h);
 KVP_HIDDEN uint32_t kvp__engine_handle(const kvp_agent *a,
 				       const struct kvp_eng *e);
 
-/* post.c */
+/* req.c: the consumer's requests */
+/* The inflight table's entry of (eng, req_id), or of the empty entry
+ * where it would go: a->inflight[i] is the slot + 1, or 0. */
+KVP_HIDDEN uint32_t kvp__inflight_find(const kvp_agent *a, uint32_t eng,
+				       uint64_t req_id);
+/* One of the request's pending parts is in (err: it failed): the last
+ * one queues its DONE or FAILED event. */
+KVP_HIDDEN void kvp__req_data_in(kvp_agent *a, struct kvp_req *r, int err);
+/* One of its notifications completed or was dropped. */
+KVP_HIDDEN void kvp__req_note_done(kvp_agent *a, struct kvp_req *r);
+/* Hands a DONE or FAILED event to the user: what its slot becomes. */
+KVP_HIDDEN void kvp__req_delivered(kvp_agent *a, struct kvp_event *ev);
+/* FAILED slots lend their ids until the next poll: then they go. */
+KVP_HIDDEN void kvp__req_reap(kvp_agent *a);
+
+/* post.c: the consumer's posting and send completions */
+/* The consumer side's conn_ops: failed (engine.c), drained (fails the
+ * chunks the connection still holds, releases it, tells its engine). */
+KVP_HIDDEN extern const struct kvp_conn_ops kvp__consumer_ops;
+/* Emits and posts what c's chunks have waiting, as its room allows. */
 KVP_HIDDEN void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c);
 KVP_HIDDEN void kvp__send_wc(kvp_agent *a, struct kvp_conn *c,
 			     const struct ibv_wc *wc);
-/* Fails every chunk a drained connection still holds. */
-KVP_HIDDEN void kvp__chunks_fail(kvp_agent *a, struct kvp_conn *c);
-KVP_HIDDEN int kvp__wc_errno(enum ibv_wc_status st);
+
+/* pull.c: the consumer's pulls */
 /* Request slots, notification buffers, posting scratch: at open. */
 KVP_HIDDEN int kvp__data_alloc(kvp_agent *a);
 KVP_HIDDEN void kvp__data_free(kvp_agent *a);
-/* Per connection, when its engine comes up: the chunk FIFO, remote keys. */
-KVP_HIDDEN int kvp__conn_data_alloc(kvp_agent *a, struct kvp_conn *c);
-KVP_HIDDEN void kvp__req_reap(kvp_agent *a);
 /* Stalls: pulls not in and notifications starved past stall_ns;
  * credit counter re-reads. About once a millisecond. */
 KVP_HIDDEN void kvp__pull_timers(kvp_agent *a, uint64_t now);
-/* Hands a DONE or FAILED event to the user: what its slot becomes. */
-KVP_HIDDEN void kvp__req_delivered(kvp_agent *a, struct kvp_event *ev);
 
 #endif

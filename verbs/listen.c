@@ -385,17 +385,9 @@ void kvp__producer_event(kvp_agent *a, struct kvp_conn *c,
 	case RDMA_CM_EVENT_TIMEWAIT_EXIT:
 	case RDMA_CM_EVENT_ADDR_CHANGE:
 		return;
-	case RDMA_CM_EVENT_DISCONNECTED:
-		/* A consumer's BYE, if it sent one, is in the CQ before this
-		 * event: take it first. */
-		if (c->state == CS_READY) {
-			(void)kvp__cq_drain(a);
-			if (c->state != CS_READY)
-				return;
-		}
-		kvp__conn_fail(a, c, kvp__cm_errno(type));
-		return;
 	default:
+		/* DISCONNECTED among them: the agent took the completions
+		 * first, a consumer's BYE with them. */
 		kvp__conn_fail(a, c, kvp__cm_errno(type));
 		return;
 	}
@@ -415,3 +407,42 @@ int kvp__bye_producer(kvp_agent *a, struct kvp_conn *c)
 	c->bye_sent = 1;
 	return 1;
 }
+
+/* ---- the producer side's connection callbacks ---------------------------- */
+
+/* Whether c is the last connection of its consumer rank to be reported
+ * gone: a rank has several queue pairs (kvp_agent_attr.qps), its
+ * DISCONNECTED event is one. */
+static int last_of_rank(const kvp_agent *a, const struct kvp_conn *c)
+{
+	uint32_t i;
+
+	for (i = 0; i < a->nprod; i++) {
+		const struct kvp_conn *o = &a->conns[i];
+
+		if (o != c && o->state == CS_READY &&
+		    o->engine_id == c->engine_id && o->rank == c->rank)
+			return 0;
+	}
+	return 1;
+}
+
+/* Only consumer ranks that were connected are reported: a stranger's
+ * failed handshakes are counted (stats.refused), never queued as
+ * events. */
+static void producer_failed(kvp_agent *a, struct kvp_conn *c, int was_ready)
+{
+	if (was_ready)
+		kvp__conn_report(a, c, last_of_rank(a, c), NULL, 0);
+}
+
+static void producer_drained(kvp_agent *a, struct kvp_conn *c)
+{
+	kvp__engine_leave(a, c);
+	kvp__conn_release(a, c);
+}
+
+const struct kvp_conn_ops kvp__producer_ops = {
+	.failed = producer_failed,
+	.drained = producer_drained,
+};

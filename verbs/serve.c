@@ -279,8 +279,8 @@ static void ent_report(kvp_agent *a, struct kvp_ent *e, uint32_t type,
 	g->deadline = e->deadline;
 }
 
-void kvp__note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
-			uint32_t len)
+static void note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
+			  uint32_t len)
 {
 	struct kvp_ent *e;
 	uint64_t id, engine, *w;
@@ -333,6 +333,30 @@ void kvp__note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 	return;
 drop:
 	a->st.notes_dropped++;
+}
+
+void kvp__note_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
+{
+	uint32_t i = WRID_VALUE(wc->wr_id);
+
+	if (c->state != CS_READY) {
+		/* Flushed buffers of a dying connection, or a note that
+		 * arrived while it was going down. */
+		if (wc->status == IBV_WC_SUCCESS)
+			a->st.notes_dropped++;
+		return;
+	}
+	if (wc->status != IBV_WC_SUCCESS) {
+		kvp__conn_fail(a, c, kvp__wc_errno(wc->status));
+		return;
+	}
+	if (i >= a->rq_depth)
+		return;
+	note_received(a, c, c->notes + (size_t)i * KVP_NOTE_LEN,
+		      wc->byte_len);
+	/* The buffer goes back, and with it the consumer's credit. */
+	if (!kvp__post_note_recv(a, c, i))
+		a->ctr[c->idx]++;
 }
 
 int kvp_agent_expect(kvp_agent *a, uint64_t engine_id, uint64_t req_id,

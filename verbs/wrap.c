@@ -486,3 +486,43 @@ int kvp__hello_get(const void *buf, size_t len, struct kvp_hello *h)
 		return -EPROTO;
 	return 0;
 }
+
+/* ---- what a completion's or an rdma_cm event's failure means --------- */
+
+int kvp__wc_errno(enum ibv_wc_status st)
+{
+	switch (st) {
+	case IBV_WC_SUCCESS:
+		return 0;
+	case IBV_WC_WR_FLUSH_ERR:
+		return -ECONNRESET;
+	case IBV_WC_RETRY_EXC_ERR:
+	case IBV_WC_RNR_RETRY_EXC_ERR:
+		return -ETIMEDOUT;
+	case IBV_WC_REM_ACCESS_ERR:
+	case IBV_WC_LOC_PROT_ERR:
+		return -EACCES;
+	default:
+		return -EIO;
+	}
+}
+
+int kvp__cm_errno(enum rdma_cm_event_type t)
+{
+	switch (t) {
+	case RDMA_CM_EVENT_ADDR_ERROR:
+		return -EADDRNOTAVAIL;
+	case RDMA_CM_EVENT_ROUTE_ERROR:
+		return -ENETUNREACH;
+	case RDMA_CM_EVENT_UNREACHABLE:
+		return -EHOSTUNREACH;
+	case RDMA_CM_EVENT_REJECTED:
+		return -ECONNREFUSED;
+	case RDMA_CM_EVENT_CONNECT_ERROR:
+		return -ECONNABORTED;
+	case RDMA_CM_EVENT_DEVICE_REMOVAL:
+		return -ENODEV;
+	default:
+		return -ECONNRESET;
+	}
+}
