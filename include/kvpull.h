@@ -774,6 +774,82 @@ kvp_plan_emit_window_into(const kvp_plan *plan, const struct kvp_ids *ids,
 			  const struct kvp_emit_sink *sink, uint32_t wr_cap,
 			  uint32_t sge_cap, uint32_t *nsge, uint64_t *bytes);
 
+/* ---- Streaming: a request's READs in the order its bytes are written ----
+ *
+ * A producer that publishes its prefill's progress lets a consumer read
+ * each part as soon as it is written, from the same plan. Progress, per
+ * request and producer rank, only grows:
+ *   tokens [0, tokens_all) are written in every layer, and
+ *   tokens [tokens_all, tokens_cur) in model layers [0, layers_cur).
+ * A layer-wise prefill moves layers_cur; a chunked prefill moves
+ * tokens_all chunk by chunk. The last chunk is published as
+ * KVP_TOKENS_END: "to the end of the sequence", which also completes the
+ * recurrent state of STATE groups (Mamba2, GDN), whole only once the last
+ * chunk went through its layer. tokens_all = tokens_cur = KVP_TOKENS_END
+ * is a finished prefill. */
+#define KVP_TOKENS_END UINT64_MAX
+
+struct kvp_progress {
+	uint64_t tokens_all;
+	uint64_t tokens_cur;  /* >= tokens_all */
+	uint32_t layers_cur;  /* ignored when tokens_cur == tokens_all */
+	uint32_t comp_mask;   /* must be 0 */
+};
+
+/* A part of a request: of each stream whose model layer (a gather's last
+ * one: kvp_plan_stream_gather()) is in [layer0, layer1), the blocks whose
+ * last token of the sequence lies in (tok0, tok1]. Token groups count in
+ * periods of period_tokens (kvp_plan_group): period k ends at
+ * min((k + 1) * period_tokens, tokens), so a consumer block that straddles
+ * a chunk boundary is read with the later chunk. A STATE group's blocks
+ * are in the range with tok1 == KVP_TOKENS_END (and tok0 below it), in no
+ * other. Ranges that partition layers x (0, KVP_TOKENS_END] partition the
+ * request's READs: every byte kvp_plan_emit() reads is read by exactly one
+ * of them, and (coalescing aside) by a READ of the same pieces. */
+struct kvp_emit_range {
+	uint32_t layer0, layer1; /* layer0 <= layer1 */
+	uint64_t tok0, tok1;	 /* tok0 <= tok1 */
+	uint32_t comp_mask;	 /* must be 0 */
+	uint32_t pad;		 /* 0 */
+};
+
+/* What became readable between two progresses of one producer rank: at
+ * most 3 ranges into out[], the layers [a, b) whose readable tokens grew,
+ * each with the tokens they grew by; their READs are exactly those of
+ * `next` that `prev` did not cover. Returns how many (0 when nothing
+ * grew); -EINVAL for a NULL, tokens_all > tokens_cur or a non-zero
+ * comp_mask; -ERANGE when next covers less than prev in some layer
+ * (progress only grows). Pure arithmetic, O(1). A zeroed progress is
+ * "nothing written". */
+KVP_API KVP_MUST_CHECK int kvp_progress_ranges(const struct kvp_progress *prev,
+					       const struct kvp_progress *next,
+					       struct kvp_emit_range out[3]);
+
+/* kvp_plan_emit_start(), kvp_plan_emit_window() and
+ * kvp_plan_emit_window_into() for the part of the request in range r: the
+ * same READs, coalesced the same way within what the range holds. Pass the
+ * same range to every window of one position. -EINVAL also for a NULL or
+ * malformed range (comp_mask, layer0 > layer1, tok0 > tok1). A range that
+ * holds nothing of the source is done at once. */
+KVP_API KVP_MUST_CHECK int
+kvp_plan_emit_range_start(const kvp_plan *plan, const struct kvp_ids *ids,
+			  uint32_t src, const struct kvp_emit_range *r,
+			  struct kvp_emit_pos *pos);
+KVP_API KVP_MUST_CHECK int
+kvp_plan_emit_range_window(const kvp_plan *plan, const struct kvp_ids *ids,
+			   const struct kvp_emit_range *r,
+			   struct kvp_emit_pos *pos, struct kvp_wr *wr,
+			   uint32_t wr_cap, struct kvp_sge *sge,
+			   uint32_t sge_cap, uint64_t *bytes);
+KVP_API KVP_MUST_CHECK int
+kvp_plan_emit_range_window_into(const kvp_plan *plan,
+				const struct kvp_ids *ids,
+				const struct kvp_emit_range *r,
+				struct kvp_emit_pos *pos,
+				const struct kvp_emit_sink *sink,
+				uint32_t wr_cap, uint32_t sge_cap,
+				uint32_t *nsge, uint64_t *bytes);
+
 /* 1 when every READ of pos's source has been written, else 0; -EINVAL
  * for a NULL pos. */
 KVP_API KVP_MUST_CHECK int
@@ -819,6 +895,8 @@ struct kvp_plan_stream {
 	uint32_t local_region, remote_region;
 	uint32_t piece_first, npieces;
 	uint64_t bytes_per_period;
+	uint32_t layer; /* the model layer of its views (ranges: below) */
+	uint32_t pad;	/* 0 */
 };
 KVP_API KVP_MUST_CHECK int kvp_plan_get_stream(const kvp_plan *plan,
 					       uint32_t i,
@@ -1282,8 +1360,8 @@ KVP_API KVP_MUST_CHECK int kvp_agent_connect(kvp_agent *agent,
 
 /* Why the agent's most recent call of kvp_agent_connect(),
  * kvp_agent_add_engine(), kvp_agent_reconnect_engine(),
- * kvp_agent_remove_engine(), kvp_agent_pull() or kvp_agent_pull_from()
- * failed: returns its reason (enum kvp_reason; KVP_REASON_NONE when that
+ * kvp_agent_remove_engine(), kvp_agent_pull(), kvp_agent_pull_from() or
+ * kvp_agent_pull_stream() failed: returns its reason (enum kvp_reason; KVP_REASON_NONE when that
  * call succeeded) and copies its line into buf (len bytes at most, NUL
  * included; buf may be NULL). E.g. after kvp_agent_pull_from() returned
  * -EINVAL: KVP_REASON_IDS_MAX, "group 0: 300 local and 300 remote ids,
@@ -1396,6 +1474,35 @@ KVP_API KVP_MUST_CHECK int kvp_agent_pull_from(kvp_agent *agent,
 					       uint64_t req_id,
 					       const struct kvp_ids *ids);
 
+/* Consumer: kvp_agent_pull_from() while the producer engine is still
+ * writing the request (its prefill running): each of its ranks this rank
+ * reads from is told to follow the request, and the READs of each part go
+ * out as soon as that rank publishes it (kvp_agent_publish()), from the
+ * same plan (kvp_plan_emit_range_*()), never a byte before. Several parts
+ * published meanwhile are read as one range, so a lagging consumer posts
+ * no more READs than a bulk pull. DONE comes once every byte landed, as
+ * for a bulk pull; the producer then releases on the notifications, as
+ * ever. A rank that publishes nothing new for stall_ms fails the engine
+ * (KVP_REASON_STALL), as a bulk pull that makes no progress does.
+ *
+ * The producer may publish before this call, or call kvp_agent_expect()
+ * after it: a rank that learns of the request late sends what is
+ * published so far at once. Same returns as kvp_agent_pull_from().
+ *
+ * GPU memory: DONE means the READs completed at this rank's NIC, as for a
+ * bulk pull; on platforms where that does not make the bytes visible to a
+ * GPU kernel, the engine flushes (its usual post-transfer fence) before
+ * use.
+ *
+ * This version streams on the first queue pair of each producer rank
+ * (kvp_agent_attr.qps_per_peer is not used for it), and a streamed
+ * request holds that queue pair's order until its last part: pulls queued
+ * behind it on the same producer rank start after it. */
+KVP_API KVP_MUST_CHECK int kvp_agent_pull_stream(kvp_agent *agent,
+						 uint32_t engine,
+						 uint64_t req_id,
+						 const struct kvp_ids *ids);
+
 enum kvp_engine_state {
 	KVP_ENGINE_CONNECTING = 1, /* handshake under way */
 	KVP_ENGINE_UP,		   /* can be pulled from */
@@ -1485,6 +1592,30 @@ KVP_API KVP_MUST_CHECK int kvp_agent_expect(kvp_agent *agent,
 					    uint64_t consumer_engine,
 					    uint64_t req_id,
 					    uint64_t deadline_ns);
+
+/* Producer: publishes how much of an expected request is written
+ * (struct kvp_progress: tokens [0, tokens_all) in every layer, tokens
+ * [tokens_all, tokens_cur) in layers [0, layers_cur); the last chunk as
+ * KVP_TOKENS_END), for consumer ranks that pull it in streaming mode
+ * (kvp_agent_pull_stream()). Progress only grows. Call it as layers or
+ * chunks finish; a finished prefill is tokens_all = KVP_TOKENS_END.
+ * Costs O(consumer ranks following the request), never O(blocks), and
+ * never blocks: each follower gets one RDMA WRITE of a 40-byte record at
+ * a time, and what is published while one is in flight goes with the
+ * next (the latest progress, once).
+ *
+ * On GPUs, publish only after the engine's own event says the kernels
+ * that wrote those layers finished (the consumer's READs may start at
+ * once).
+ *
+ * Returns 0 (also when nothing grew); -EINVAL (not a producer, NULL, a
+ * malformed progress); -ENOENT when the request is not expected (call
+ * kvp_agent_expect() first); -ERANGE when p covers less than a previous
+ * publish in some layer. */
+KVP_API KVP_MUST_CHECK int kvp_agent_publish(kvp_agent *agent,
+					     uint64_t consumer_engine,
+					     uint64_t req_id,
+					     const struct kvp_progress *p);
 
 enum kvp_event_type {
 	KVP_EV_DONE = 1,     /* consumer: request pulled, blocks valid */
@@ -1609,6 +1740,14 @@ struct kvp_agent_stats {
 				    * that registered addr instead */
 	uint64_t async_errors; /* device events that failed connections (QP
 				* fatal, port down, device fatal) */
+	/* Streaming (kvp_agent_pull_stream(), kvp_agent_publish()): */
+	uint64_t publishes;	  /* producer: progresses published */
+	uint64_t follows;	  /* producer: consumer ranks that followed a
+				   * request */
+	uint64_t progress_writes; /* producer: progress records written to
+				   * followers (at most one in flight each:
+				   * publishes meanwhile coalesce) */
+	uint64_t progress_seen;	  /* consumer: new progresses read */
 	uint64_t mem_bytes; /* what the agent allocated for its peers and its
 			     * data path: connection slots, queues, request
 			     * slots, posting window, plans and engine tables;

@@ -201,6 +201,7 @@ static int build_plan(struct work *w, kvp_plan **out)
 	for (i = 0; i < w->nstreams; i++) {
 		p->streams[i] = w->streams[i];
 		p->streams[i].src = srcidx[w->streams[i].src];
+		p->streams[i].layer = r->views[w->streams[i].rview].layer;
 		p->groups[w->sets[w->streams[i].set].group].pieces +=
 			w->sets[w->streams[i].set].count;
 	}

@@ -18,6 +18,10 @@ struct need {
 	uint32_t lend;	/* one past the last local block */
 	uint32_t rend;	/* remote blocks that hold tokens */
 	uint32_t k0, k1; /* periods to walk */
+	/* A range's periods (kvp_plan_emit_range_*()): k in [ka, kb) of the
+	 * walk above; 0 and UINT32_MAX for the whole request. */
+	uint32_t ka, kb;
+	uint64_t tokens; /* the sequence's, for a range's clip; 0: STATE */
 };
 
 static int check_ids(const uint32_t *ids, uint32_t n, uint32_t bound)
@@ -44,6 +48,7 @@ static int group_need(const struct kvp_pgroup *pg, const struct kvp_ids *id,
 			return -EINVAL;
 		n->skip = 0;
 		n->lend = n->rend = id->nlocal;
+		n->tokens = 0;
 	} else {
 		tokens = id->tokens ? id->tokens :
 				      (uint64_t)id->nremote * pg->rtok;
@@ -55,10 +60,33 @@ static int group_need(const struct kvp_pgroup *pg, const struct kvp_ids *id,
 		n->skip = (uint32_t)(nl - id->nlocal);
 		n->lend = (uint32_t)nl;
 		n->rend = (uint32_t)((tokens + pg->rtok - 1) / pg->rtok);
+		n->tokens = tokens;
 	}
 	n->k0 = n->skip / pg->lper;
 	n->k1 = id->nlocal ? (n->lend + pg->lper - 1) / pg->lper : n->k0;
+	n->ka = 0;
+	n->kb = UINT32_MAX;
 	return 0;
+}
+
+/* Clips a group's need to the periods of range r: those whose last token,
+ * min((k + 1) * period, tokens), lies in (tok0, tok1]; a STATE group's
+ * blocks all in the range that reaches KVP_TOKENS_END, none in others. */
+static void need_clip(const struct kvp_pgroup *pg, struct need *n,
+		      const struct kvp_emit_range *r)
+{
+	uint64_t ka, kb;
+
+	if (pg->kind == KVP_GROUP_STATE) {
+		if (r->tok1 != KVP_TOKENS_END || r->tok0 == KVP_TOKENS_END)
+			n->ka = n->kb = 0;
+		return;
+	}
+	ka = !r->tok0 ? 0 : r->tok0 >= n->tokens ? UINT32_MAX :
+						    r->tok0 / pg->period;
+	kb = r->tok1 >= n->tokens ? UINT32_MAX : r->tok1 / pg->period;
+	n->ka = ka > UINT32_MAX ? UINT32_MAX : (uint32_t)ka;
+	n->kb = kb > UINT32_MAX ? UINT32_MAX : (uint32_t)kb;
 }
 
 /* Every group's need, then every id against its bound: all -EINVAL cases
@@ -391,20 +419,21 @@ emit_simple(struct live *v, const struct cursor *c, const struct kvp_pview *lv,
 /* Periods of several blocks on a side (block sizes that differ): each piece
  * names its blocks within the period, and pieces of blocks outside the
  * request (a prefix hit, the tail) are skipped. Walks periods k0 ..
- * n->k1 - 1, the first from piece q0; returns as emit_simple(). */
+ * k1 - 1, the first from piece q0; returns as emit_simple(). */
 static inline __attribute__((always_inline)) int
 emit_periods(struct live *v, const struct cursor *c,
 	     const struct kvp_pgroup *pg, const struct kvp_pview *lv,
 	     const struct kvp_pview *rv, const struct kvp_piece *pc,
 	     const struct kvp_piece *pe, const struct need *n,
 	     const uint32_t *lids, const uint32_t *rids, uint32_t k0,
-	     uint32_t q0, struct at *at, const int bounded, const int into)
+	     uint32_t q0, uint32_t k1, struct at *at, const int bounded,
+	     const int into)
 {
 	const uint32_t rreg = rv->region, lreg = lv->region;
 	const struct kvp_piece *q;
 	uint32_t k;
 
-	for (k = k0, q = pc + q0; k < n->k1; k++, q = pc) {
+	for (k = k0, q = pc + q0; k < k1; k++, q = pc) {
 		uint32_t lb0 = k * pg->lper, rb0 = k * pg->rper;
 
 		for (; q < pe; q++) {
@@ -446,13 +475,30 @@ static inline int stream_range(const struct kvp_pgroup *pg,
 	return 0;
 }
 
+/* stream_range() within the need's range: *base is the unclipped first
+ * period (local block `base` is the first of the id list, in the 1:1
+ * case), [*k0, *k1) the periods walked. */
+static inline int stream_clip(const struct kvp_pgroup *pg,
+			      const struct need *n, uint32_t *base,
+			      uint32_t *k0, uint32_t *k1)
+{
+	int simple = stream_range(pg, n, k0, k1);
+
+	*base = *k0;
+	if (*k0 < n->ka)
+		*k0 = n->ka;
+	if (*k1 > n->kb)
+		*k1 = n->kb;
+	return simple;
+}
+
 /* Periods of one stream that a request walks. */
 static uint32_t stream_periods(const struct kvp_pgroup *pg,
 			       const struct need *n)
 {
-	uint32_t k0, k1;
+	uint32_t base, k0, k1;
 
-	stream_range(pg, n, &k0, &k1);
+	stream_clip(pg, n, &base, &k0, &k1);
 	return k1 > k0 ? k1 - k0 : 0;
 }
 
@@ -471,7 +517,7 @@ emit_stream(struct cursor *c, const kvp_plan *p, const struct kvp_pstream *st,
 	const struct kvp_pview *rv = &p->rviews[st->rview];
 	const struct kvp_piece *pc = p->pieces + set->first;
 	const struct kvp_piece *pe = pc + set->count;
-	uint32_t k0, k1;
+	uint32_t base, k0, k1;
 	struct live v;
 	int full = 0;
 
@@ -480,14 +526,14 @@ emit_stream(struct cursor *c, const kvp_plan *p, const struct kvp_pstream *st,
 	c->src = st->src;
 	c->group = set->group;
 	v = live_begin(c, rv->region, lv->region, bounded, 0);
-	if (stream_range(pg, n, &k0, &k1)) {
+	if (stream_clip(pg, n, &base, &k0, &k1)) {
 		if (k0 < k1 && period < k1 - k0)
 			full = emit_simple(&v, c, lv, rv, pc, pe, id->local,
-					   id->remote, k0, k0 + period, piece,
+					   id->remote, base, k0 + period, piece,
 					   k1, at, bounded, into);
 	} else if (k0 < k1 && period < k1 - k0) {
 		full = emit_periods(&v, c, pg, lv, rv, pc, pe, n, id->local,
-				    id->remote, k0 + period, piece, at,
+				    id->remote, k0 + period, piece, k1, at,
 				    bounded, into);
 	}
 	live_end(c, &v, rv->region, lv->region, 0, into);
@@ -570,7 +616,7 @@ emit_gathered(struct cursor *c, const kvp_plan *p,
 	const struct kvp_pgroup *pg = &p->groups[group];
 	const uint32_t rreg = p->rviews[ga->rview].region;
 	const struct kvp_pview *mv[GATHER_VIEWS];
-	uint32_t k0, k1, m;
+	uint32_t base, k0, k1, m;
 	struct live v;
 	int full = 0;
 
@@ -583,14 +629,14 @@ emit_gathered(struct cursor *c, const kvp_plan *p,
 		for (m = 0; m < ga->n; m++)
 			mv[m] = &p->lviews[st[m].lview];
 	}
-	if (stream_range(pg, n, &k0, &k1)) {
+	if (stream_clip(pg, n, &base, &k0, &k1)) {
 		if (k0 < k1 && period < k1 - k0 && ga->n <= GATHER_VIEWS)
 			full = emit_gather(&v, c, p, st, ga, pg, n, id->local,
-					   id->remote, k0, k0 + period, piece,
+					   id->remote, base, k0 + period, piece,
 					   k1, at, mv, 1, bounded, into);
 		else if (k0 < k1 && period < k1 - k0)
 			full = emit_gather(&v, c, p, st, ga, pg, n, id->local,
-					   id->remote, k0, k0 + period, piece,
+					   id->remote, base, k0 + period, piece,
 					   k1, at, NULL, 1, bounded, into);
 	} else if (k0 < k1 && period < k1 - k0) {
 		full = emit_gather(&v, c, p, st, ga, pg, n, id->local,
@@ -610,6 +656,23 @@ static inline uint32_t unit_streams(const kvp_plan *p,
 				    const struct kvp_pstream *st)
 {
 	return st->gather ? p->gathers[st->gather - 1].n : 1;
+}
+
+/* Whether the stream or gather at st belongs to range r's layers (all
+ * of them when r is NULL): by its last layer, since a gather's streams
+ * may span layers and its pieces are ready once the last one is. */
+static inline int unit_in(const kvp_plan *p, const struct kvp_pstream *st,
+			  const struct kvp_emit_range *r)
+{
+	uint32_t m, n, l;
+
+	if (!r)
+		return 1;
+	n = unit_streams(p, st);
+	for (m = 1, l = st->layer; m < n; m++)
+		if (st[m].layer > l)
+			l = st[m].layer;
+	return l >= r->layer0 && l < r->layer1;
 }
 
 /* The stream or gather that begins at st. */
@@ -695,7 +758,8 @@ struct needs {
 };
 
 static inline int needs_get(struct needs *ns, const kvp_plan *p,
-			    const struct kvp_ids *ids, uint32_t g,
+			    const struct kvp_ids *ids,
+			    const struct kvp_emit_range *r, uint32_t g,
 			    const struct need **out)
 {
 	uint64_t bit = 1ull << g;
@@ -705,14 +769,23 @@ static inline int needs_get(struct needs *ns, const kvp_plan *p,
 		err = group_need(&p->groups[g], &ids[g], &ns->n[g]);
 		if (err)
 			return err;
+		if (r)
+			need_clip(&p->groups[g], &ns->n[g], r);
 		ns->have |= bit;
 	}
 	*out = &ns->n[g];
 	return 0;
 }
 
-int kvp_plan_emit_start(const kvp_plan *p, const struct kvp_ids *ids,
-			uint32_t src, struct kvp_emit_pos *pos)
+/* A range's own checks: 0 or -EINVAL. */
+static int range_ok(const struct kvp_emit_range *r)
+{
+	return r && !r->comp_mask && r->layer0 <= r->layer1 &&
+	       r->tok0 <= r->tok1 ? 0 : -EINVAL;
+}
+
+static int start(const kvp_plan *p, const struct kvp_ids *ids, uint32_t src,
+		 const struct kvp_emit_range *r, struct kvp_emit_pos *pos)
 {
 	struct needs ns;
 	const struct need *n;
@@ -736,16 +809,17 @@ int kvp_plan_emit_start(const kvp_plan *p, const struct kvp_ids *ids,
 		else
 			hi = mid;
 	}
-	/* Skip the streams this request walks no period of, so that a source
-	 * with nothing to read is done at once. */
+	/* Skip the streams this request (or range) walks no period of, so
+	 * that a source with nothing to read is done at once. */
 	ns.have = 0;
 	for (si = lo; si < hi; si += unit_streams(p, &p->streams[si])) {
 		uint32_t g = p->sets[p->streams[si].set].group;
 
-		err = needs_get(&ns, p, ids, g, &n);
+		err = needs_get(&ns, p, ids, r, g, &n);
 		if (err)
 			return err;
-		if (stream_periods(&p->groups[g], n))
+		if (unit_in(p, &p->streams[si], r) &&
+		    stream_periods(&p->groups[g], n))
 			break;
 	}
 	pos->stream = si;
@@ -754,6 +828,21 @@ int kvp_plan_emit_start(const kvp_plan *p, const struct kvp_ids *ids,
 	pos->piece = 0;
 	pos->src = src;
 	return 0;
+}
+
+int kvp_plan_emit_start(const kvp_plan *p, const struct kvp_ids *ids,
+			uint32_t src, struct kvp_emit_pos *pos)
+{
+	return start(p, ids, src, NULL, pos);
+}
+
+int kvp_plan_emit_range_start(const kvp_plan *p, const struct kvp_ids *ids,
+			      uint32_t src, const struct kvp_emit_range *r,
+			      struct kvp_emit_pos *pos)
+{
+	int err = range_ok(r);
+
+	return err ? err : start(p, ids, src, r, pos);
 }
 
 /* into: a map the emission may index, key[off >> shift], with no undefined
@@ -792,8 +881,8 @@ static inline int unit_maps_ok(const struct cursor *c, const kvp_plan *p,
  */
 static inline __attribute__((always_inline)) int64_t
 window_streams(struct cursor *c, const kvp_plan *p, const struct kvp_ids *ids,
-	       const struct kvp_emit_pos *pos, struct at *at, const int bounded,
-	       const int into)
+	       const struct kvp_emit_range *r, const struct kvp_emit_pos *pos,
+	       struct at *at, const int bounded, const int into)
 {
 	uint32_t si, period = pos->period, piece = pos->piece;
 	const struct need *n;
@@ -810,7 +899,9 @@ window_streams(struct cursor *c, const kvp_plan *p, const struct kvp_ids *ids,
 		 * (into) maps no emission may use: stop before the unit, so
 		 * that the error comes with nothing written (here, or on
 		 * the next call). */
-		err = needs_get(&ns, p, ids, g, &n);
+		if (r && !unit_in(p, st, r))
+			continue; /* not in the range: nothing to write */
+		err = needs_get(&ns, p, ids, r, g, &n);
 		if (into && kvp_unlikely(!err && !unit_maps_ok(c, p, st)))
 			err = -EINVAL;
 		if (kvp_unlikely(err)) {
@@ -832,7 +923,8 @@ window_streams(struct cursor *c, const kvp_plan *p, const struct kvp_ids *ids,
  * pos untouched. */
 static inline __attribute__((always_inline)) int
 window(struct cursor *c, const kvp_plan *p, const struct kvp_ids *ids,
-       struct kvp_emit_pos *pos, const int into)
+       const struct kvp_emit_range *r, struct kvp_emit_pos *pos,
+       const int into)
 {
 	struct at at = { 0, 0 };
 	int64_t si;
@@ -843,9 +935,9 @@ window(struct cursor *c, const kvp_plan *p, const struct kvp_ids *ids,
 	/* With max_sge SGEs of room for each WR (a send queue's slots), the
 	 * SGE cap cannot bind: a loop without its tests. */
 	if ((uint64_t)c->wr_cap * c->max_sge <= c->sge_cap)
-		si = window_streams(c, p, ids, pos, &at, 1, into);
+		si = window_streams(c, p, ids, r, pos, &at, 1, into);
 	else
-		si = window_streams(c, p, ids, pos, &at, 2, into);
+		si = window_streams(c, p, ids, r, pos, &at, 2, into);
 	if (si < 0)
 		return (int)si;
 	if (si < pos->end) {
@@ -859,10 +951,11 @@ window(struct cursor *c, const kvp_plan *p, const struct kvp_ids *ids,
 	return (int)c->nwr;
 }
 
-int kvp_plan_emit_window(const kvp_plan *p, const struct kvp_ids *ids,
-			 struct kvp_emit_pos *pos, struct kvp_wr *wr,
-			 uint32_t wr_cap, struct kvp_sge *sge,
-			 uint32_t sge_cap, uint64_t *bytes)
+static int emit_window(const kvp_plan *p, const struct kvp_ids *ids,
+		       const struct kvp_emit_range *r,
+		       struct kvp_emit_pos *pos, struct kvp_wr *wr,
+		       uint32_t wr_cap, struct kvp_sge *sge, uint32_t sge_cap,
+		       uint64_t *bytes)
 {
 	struct cursor c;
 	uint64_t sum = 0;
@@ -882,7 +975,7 @@ int kvp_plan_emit_window(const kvp_plan *p, const struct kvp_ids *ids,
 	c.sge = sge;
 	c.wr_cap = wr_cap > INT_MAX ? INT_MAX : wr_cap; /* returned as int */
 	c.sge_cap = sge_cap;
-	n = window(&c, p, ids, pos, 0);
+	n = window(&c, p, ids, r, pos, 0);
 	if (n > 0 && bytes) {
 		for (i = 0; i < c.nwr; i++)
 			sum += wr[i].len;
@@ -909,11 +1002,11 @@ static int sink_ok(const struct kvp_emit_sink *k)
 	       field_ok(k->off_rkey, 4, k->wr_stride);
 }
 
-int kvp_plan_emit_window_into(const kvp_plan *p, const struct kvp_ids *ids,
-			      struct kvp_emit_pos *pos,
-			      const struct kvp_emit_sink *sink,
-			      uint32_t wr_cap, uint32_t sge_cap,
-			      uint32_t *nsge, uint64_t *bytes)
+static int window_into(const kvp_plan *p, const struct kvp_ids *ids,
+		       const struct kvp_emit_range *r,
+		       struct kvp_emit_pos *pos,
+		       const struct kvp_emit_sink *sink, uint32_t wr_cap,
+		       uint32_t sge_cap, uint32_t *nsge, uint64_t *bytes)
 {
 	struct cursor c;
 	int n;
@@ -941,7 +1034,7 @@ int kvp_plan_emit_window_into(const kvp_plan *p, const struct kvp_ids *ids,
 	c.xsge = sink->sge;
 	c.wr_cap = wr_cap > INT_MAX ? INT_MAX : wr_cap;
 	c.sge_cap = sge_cap;
-	n = window(&c, p, ids, pos, 1);
+	n = window(&c, p, ids, r, pos, 1);
 	if (n >= 0) { /* on an error, the outputs are untouched too */
 		if (nsge)
 			*nsge = c.nsge;
@@ -949,6 +1042,53 @@ int kvp_plan_emit_window_into(const kvp_plan *p, const struct kvp_ids *ids,
 			*bytes = c.xbytes;
 	}
 	return n;
+}
+
+int kvp_plan_emit_window(const kvp_plan *p, const struct kvp_ids *ids,
+			 struct kvp_emit_pos *pos, struct kvp_wr *wr,
+			 uint32_t wr_cap, struct kvp_sge *sge,
+			 uint32_t sge_cap, uint64_t *bytes)
+{
+	return emit_window(p, ids, NULL, pos, wr, wr_cap, sge, sge_cap,
+			   bytes);
+}
+
+int kvp_plan_emit_range_window(const kvp_plan *p, const struct kvp_ids *ids,
+			       const struct kvp_emit_range *r,
+			       struct kvp_emit_pos *pos, struct kvp_wr *wr,
+			       uint32_t wr_cap, struct kvp_sge *sge,
+			       uint32_t sge_cap, uint64_t *bytes)
+{
+	int err = range_ok(r);
+
+	return err ? err :
+		     emit_window(p, ids, r, pos, wr, wr_cap, sge, sge_cap,
+				 bytes);
+}
+
+int kvp_plan_emit_window_into(const kvp_plan *p, const struct kvp_ids *ids,
+			      struct kvp_emit_pos *pos,
+			      const struct kvp_emit_sink *sink,
+			      uint32_t wr_cap, uint32_t sge_cap,
+			      uint32_t *nsge, uint64_t *bytes)
+{
+	return window_into(p, ids, NULL, pos, sink, wr_cap, sge_cap, nsge,
+			   bytes);
+}
+
+int kvp_plan_emit_range_window_into(const kvp_plan *p,
+				    const struct kvp_ids *ids,
+				    const struct kvp_emit_range *r,
+				    struct kvp_emit_pos *pos,
+				    const struct kvp_emit_sink *sink,
+				    uint32_t wr_cap, uint32_t sge_cap,
+				    uint32_t *nsge, uint64_t *bytes)
+{
+	int err = range_ok(r);
+
+	return err ? err :
+		     window_into(p, ids, r, pos, sink, wr_cap, sge_cap, nsge,
+				 bytes);
 }
 
 int kvp_plan_emit_done(const struct kvp_emit_pos *pos)
@@ -1025,6 +1165,8 @@ int kvp_plan_get_stream(const kvp_plan *p, uint32_t i,
 	o->piece_first = p->sets[s->set].first;
 	o->npieces = p->sets[s->set].count;
 	o->bytes_per_period = p->sets[s->set].bytes;
+	o->layer = s->layer;
+	o->pad = 0;
 	return 0;
 }
 

@@ -57,6 +57,7 @@ struct kvp_pset {
 
 struct kvp_pstream {
 	uint32_t lview, rview;
+	uint32_t layer; /* the remote view's model layer (ranges) */
 	uint16_t src, set;
 	/* On the first stream of a gather: its index + 1 in the plan's
 	 * gathers, and emission reads the gather's streams (this one and the

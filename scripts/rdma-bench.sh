@@ -17,6 +17,7 @@
 #   scripts/rdma-bench.sh --side-by-side [--rounds N] [--requests N]
 #                         [--blocks N] [--pair NAME]... [--ids MODE]...
 #   scripts/rdma-bench.sh --smoke
+#   scripts/rdma-bench.sh --stream [CASE]
 #
 # Side by side on KV-shaped workloads of real model pairs (kvpull-rdma-bench
 # --pair; default: llama-3.1-70b-tp8to2-hnd, llama-3.1-70b-tp4to8-nhd,
@@ -172,8 +173,23 @@ side_by_side() {
 	return "$rc"
 }
 
+# ---------------------------------------------------------- streaming
+# scripts/rdma-bench.sh --stream [CASE]: kvpull-stream-bench in one VM boot,
+# a streamed pull beside a bulk one while the producer simulates a prefill
+# at a set pace (see tools/kvpull-stream-bench.c): one "stream: case=..."
+# line per case.
+stream() {
+	local only=${2:-}
+	bash scripts/install-deps.sh
+	make -s BUILD=build build/tools/kvpull-stream-bench
+	KVP_VM_MEM=${KVP_VM_MEM:-1024} exec scripts/rxe-vm.sh --devices 1 \
+		--timeout 900 --files "$PWD/build/tools/kvpull-stream-bench" -- \
+		"build/tools/kvpull-stream-bench ${only:+--case $only}"
+}
+
 case ${1:-} in
 --side-by-side|--smoke) side_by_side "$@"; exit ;;
+--stream) stream "$@"; exit ;;
 esac
 rounds=${1:-3}
 requests=${2:-32}

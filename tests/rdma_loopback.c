@@ -9,6 +9,9 @@
  *
  *   rdma_loopback [NAME-FILTER]
  *
+ * KVP_QUICK_CASES=1 runs only the cases marked quick (scripts/test.sh,
+ * under ASan): one of each transport path the matrix reaches.
+ *
  * Needs KVP_ADDR0 (and KVP_ADDR1 for the cross-device cases), as set by
  * scripts/rxe-vm.sh. Exits 77 without an RDMA device.
  */
@@ -38,16 +41,16 @@ static const struct rt_case cases[] = {
 	{ LLAMA("llama 1->2", 1, 2) },
 	{ LLAMA("llama 4->2", 4, 2), .max_sge = 2 },
 	{ LLAMA("llama 2->4", 2, 4) },
-	{ LLAMA("llama 2->2 nhd->hnd, blocks 16->32", 2, 2),
+	{ LLAMA("llama 2->2 nhd->hnd, blocks 16->32", 2, 2), .quick = 1,
 	  .playout = FNHD, .dblock = 32, .dblocks = 24, .max_sge = 8 },
-	{ LLAMA("llama 1->1 kernel 16 in 64, sq 8", 1, 1), .pblock = 64,
+	{ LLAMA("llama 1->1 kernel 16 in 64, sq 8", 1, 1), .quick = 1, .pblock = 64,
 	  .pkernel = 16, .pblocks = 12, .sq_depth = 8, .nreq = 6,
 	  .max_inflight = 2, .striped = 1 },
 	{ LLAMA("llama 2->1 prefix hit", 2, 1), .hit_tokens = 48 },
 	/* Two receive buffers per producer rank for 16 notifications each:
 	 * the consumer reads the producers' credit counters again and
 	 * again. */
-	{ LLAMA("llama 2->1, producer receive depth 2 (credit reads)", 2, 1),
+	{ LLAMA("llama 2->1, producer receive depth 2 (credit reads)", 2, 1), .quick = 1,
 	  .prq = 2, .nreq = 16, .tokens = 32, .max_inflight = 16 },
 	/* Both sides registered through kvp_agent_register_dmabuf():
 	 * soft-RoCE cannot, so each falls back to the address. */
@@ -59,7 +62,7 @@ static const struct rt_case cases[] = {
 	 * conversion, so SGEs land across the consumer's seams too. */
 	{ LLAMA("llama 2->2 nhd->hnd, 64 KiB MRs (regions split)", 2, 2),
 	  .playout = FNHD, .max_sge = 8, .max_mr = 65536 },
-	{ LLAMA("llama 2->1, dma-buf fallback, 64 KiB MRs", 2, 1),
+	{ LLAMA("llama 2->1, dma-buf fallback, 64 KiB MRs", 2, 1), .quick = 1,
 	  .dmabuf = 1, .max_mr = 65536 },
 	/* Producer rank 1 registered in 64 KiB MRs, rank 0 (whose blob the
 	 * plan is compiled from) in one: the plan's 8 MiB READs would cross
@@ -67,14 +70,14 @@ static const struct rt_case cases[] = {
 	{ LLAMA("llama 2->1, ranks registered unalike: refused", 2, 1),
 	  .max_mr_odd = 65536, .connect_err = -EPROTO, .nreq = 0 },
 	/* READs cut at 4 KiB (32 KiB pages, coalesced runs of several). */
-	{ LLAMA("llama 2->1, 4 KiB READ slices", 2, 1), .max_read = 4096 },
+	{ LLAMA("llama 2->1, 4 KiB READ slices", 2, 1), .quick = 1, .max_read = 4096 },
 	/* DSCP 26 (AF31) on every connection of both engines. */
-	{ LLAMA("llama 2->1, traffic class DSCP 26", 2, 1),
+	{ LLAMA("llama 2->1, traffic class DSCP 26", 2, 1), .quick = 1,
 	  .tos = (26 << 2) + 1 },
 	{ LLAMA("llama 2->2 full hit", 2, 2), .full_hit = 1 },
 	/* Full hits through few slots: nothing to read, so nothing queued
 	 * on a rank's other queue pairs, and the slots come back. */
-	{ LLAMA("llama 2->1 full hit, 16 requests through 4 slots", 2, 1),
+	{ LLAMA("llama 2->1 full hit, 16 requests through 4 slots", 2, 1), .quick = 1,
 	  .full_hit = 1, .nreq = 16, .tokens = 32, .max_inflight = 4 },
 	{ .name = "qwen2.5-1.5b 4->2 (2 KV heads)", .model = "qwen2.5-1.5b",
 	  .layers = 3, .P = 4, .D = 2, .pblock = 16, .dblock = 16,
@@ -88,7 +91,7 @@ static const struct rt_case cases[] = {
 	  .layers = 3, .P = 2, .D = 1, .pblock = 64, .dblock = 64,
 	  .pblocks = 16, .dblocks = 16, .nreq = 3, .tokens = 300,
 	  .kill_rank = -1 },
-	{ .name = "deepseek-v3 MLA 1->2, blocks 64->16", .model = "deepseek-v3",
+	{ .name = "deepseek-v3 MLA 1->2, blocks 64->16", .quick = 1, .model = "deepseek-v3",
 	  .layers = 2, .P = 1, .D = 2, .pblock = 64, .dblock = 16,
 	  .pblocks = 16, .dblocks = 64, .nreq = 3, .tokens = 250,
 	  .kill_rank = -1 },
@@ -106,13 +109,13 @@ static const struct rt_case cases[] = {
 	  .D = 1, .pblock = 16, .dblock = 16, .playout = FHND,
 	  .dlayout = FHND, .pblocks = 144, .dblocks = 144, .nreq = 2,
 	  .tokens = 64, .kill_rank = -1 },
-	{ .name = "nemotron-h-8b 1->2, blocks 16->32, nhd->hnd, conv DS->SD",
+	{ .name = "nemotron-h-8b 1->2, blocks 16->32, nhd->hnd, conv DS->SD", .quick = 1,
 	  .model = "nemotron-h-8b", .layers = 1, .state_layers = 2, .P = 1,
 	  .D = 2, .pblock = 16, .dblock = 32, .playout = FNHD,
 	  .dlayout = FHND, .pconv = KVP_CONV_DS, .dconv = KVP_CONV_SD,
 	  .pblocks = 144, .dblocks = 80, .nreq = 2, .tokens = 64,
 	  .max_sge = 4, .max_ids = 16, .kill_rank = -1 },
-	{ .name = "qwen3-next-80b-a3b 2->1 (GDN + attention), blocks 32->16",
+	{ .name = "qwen3-next-80b-a3b 2->1 (GDN + attention), blocks 32->16", .quick = 1,
 	  .model = "qwen3-next-80b-a3b", .layers = 1, .state_layers = 2,
 	  .P = 2, .D = 1, .pblock = 32, .dblock = 16, .playout = FHND,
 	  .dlayout = FHND, .pblocks = 80, .dblocks = 144, .nreq = 2,

@@ -470,8 +470,18 @@ static uint64_t mem_bytes(const kvp_agent *a)
 		m += (uint64_t)a->max_peers * sizeof(*a->peng);
 		m += (uint64_t)a->nprod * (sizeof(*a->ctr) +
 					   sizeof(*a->ctr_mr));
+		/* streaming followers and their records */
+		m += (uint64_t)a->nprod * a->fol_per *
+		     (sizeof(*a->fol) + KVP_PROG_REC);
 	}
 	if (a->consumer) {
+		/* notes and FOLLOWs, the streamed list; each connection
+		 * slot's progress records */
+		m += (uint64_t)a->max_inflight * (KVP_NOTE_LEN +
+						  sizeof(*a->sreq));
+		m += (uint64_t)(a->nconns - a->nprod) *
+		     (2ull * a->max_inflight * KVP_PROG_REC +
+		      sizeof(*a->ptab_mr));
 		m += (uint64_t)a->max_inflight *
 		     (sizeof(*a->reqs) + KVP_NOTE_LEN +
 		      ng * (2 * a->max_ids * sizeof(uint32_t) +
@@ -492,6 +502,10 @@ static uint64_t mem_bytes(const kvp_agent *a)
 			if (e->state)
 				m += (uint64_t)e->n * (sizeof(*e->addr) +
 						      sizeof(*e->rank_conn));
+			if (e->sprog) /* streaming, once up */
+				m += (uint64_t)e->pc->pi.nsrc *
+				     (a->max_inflight * sizeof(*e->sprog) +
+				      sizeof(*e->src_conn));
 		}
 	}
 	for (i = 0; i < a->nconns; i++) {
@@ -581,6 +595,7 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 	case WK_NOTE:
 	case WK_LAST:
 	case WK_CREDIT:
+	case WK_FOLLOW:
 		kvp__send_wc(a, c, wc);
 		break;
 	case WK_DRAIN_SQ:
@@ -609,6 +624,9 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 		break;
 	case WK_NOTE_RECV:
 		kvp__note_wc(a, c, wc);
+		break;
+	case WK_PROGRESS:
+		kvp__progress_wc(a, c, wc);
 		break;
 	default:
 		break;
@@ -745,6 +763,8 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 	n = cq_drain(a);
 	if (kvp_unlikely(n < 0))
 		return n;
+	if (a->nsreq)
+		kvp__stream_scan(a, now);
 	if (n && a->consumer)
 		flush_backlog(a);
 	n = 0;
@@ -813,6 +833,10 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 		if (e->state == KVP_ENGINE_CONNECTING && e->deadline < wake)
 			wake = e->deadline;
 	}
+	/* A streamed request learns of progress from records the producer
+	 * WRITEs, which raise no completion: poll again within 100 us. */
+	if (a->nsreq && now + 100000 < wake)
+		wake = now + 100000;
 	/* The oldest pull's stall bound. */
 	if (a->consumer && a->pq_head != a->pq_tail) {
 		const struct kvp_req *r = &a->reqs[a->pq[a->pq_head & a->pq_mask]];

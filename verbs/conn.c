@@ -356,6 +356,9 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->expected = 0;
 	c->probing = 0;
 	c->probe_at = 0;
+	c->ptab_addr = 0;
+	c->ptab_rkey = c->ptab_n = c->prog_out = 0;
+	c->prog_dirty = c->table_sent = 0;
 	/* Completions of this life still queued in the CQ carry the old
 	 * generation and are dropped. */
 	c->gen = gen + 1;

@@ -69,6 +69,10 @@ static void eng_detach(struct kvp_eng *e)
 	e->note_conn = NULL;
 	free(e->stripes);
 	e->stripes = NULL;
+	free(e->sprog);
+	e->sprog = NULL;
+	free(e->src_conn);
+	e->src_conn = NULL;
 	carried_drop(e);
 }
 
@@ -457,12 +461,20 @@ static int eng_up(kvp_agent *a, struct kvp_eng *e)
 			return err;
 		conns++;
 	}
-	/* A stripe per request slot and source. */
+	/* A stripe per request slot and source, its streaming state, and
+	 * each source's first queue pair (where it streams). */
 	e->stripes = calloc((size_t)a->max_inflight *
 				    (e->pc->pi.nsrc ? e->pc->pi.nsrc : 1),
 			    sizeof(*e->stripes));
-	if (!e->stripes)
+	e->sprog = calloc((size_t)a->max_inflight *
+				  (e->pc->pi.nsrc ? e->pc->pi.nsrc : 1),
+			  sizeof(*e->sprog));
+	e->src_conn = calloc(e->pc->pi.nsrc + 1, sizeof(*e->src_conn));
+	if (!e->stripes || !e->sprog || !e->src_conn)
 		return -ENOMEM;
+	for (k = 0; k < e->pc->pi.nnotify; k++)
+		if (e->pc->note_src[k] != NO_SRC)
+			e->src_conn[e->pc->note_src[k]] = e->note_conn[k * e->nq];
 	carried_drop(e);
 	a->nconnecting--;
 	e->state = KVP_ENGINE_UP;
@@ -807,7 +819,8 @@ int kvp_agent_engine_info(const kvp_agent *a, uint32_t engine,
 	if (e->stripes)
 		table += (uint64_t)a->max_inflight *
 			 (e->pc->pi.nsrc ? e->pc->pi.nsrc : 1) *
-			 sizeof(*e->stripes);
+			 (sizeof(*e->stripes) + sizeof(*e->sprog)) +
+		         (uint64_t)e->pc->pi.nsrc * sizeof(*e->src_conn);
 	for (r = 0; e->rank_conn && r < e->n * e->nq; r++) {
 		const struct kvp_conn *c;
 		struct kvp_layout_info li;

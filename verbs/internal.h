@@ -165,6 +165,8 @@ enum wr_kind {
 	WK_CREDIT,     /* READ of the producer's credit counter; retires */
 	WK_PROBE,      /* producer: zero-length READ, is the consumer there */
 	WK_BYE,	       /* our BYE (kvp_agent_close()) */
+	WK_PROGRESS,   /* producer: WRITE of a follower's progress record */
+	WK_FOLLOW,     /* consumer: FOLLOW (or TABLE) message to a producer */
 };
 
 static inline uint64_t kvp__wrid(uint32_t kind, uint32_t gen, uint32_t conn,
@@ -219,8 +221,10 @@ struct kvp_emit_pos;
 #define KVP_AUTH_LEN (8 + KVP_MAC_LEN)
 #define KVP_GO_MAGIC 0x4b565047u
 #define KVP_GO_LEN 20
-/* A producer's send queue: control, blob, probe, drain marker. */
-#define PROD_SQ 5
+/* A producer's send queue: control, blob, probe, drain marker, and
+ * PROG_SQ progress WRITEs (streaming) at most. */
+#define PROG_SQ 8
+#define PROD_SQ (5 + PROG_SQ)
 /* A producer probes each idle consumer rank this often with a zero-length
  * READ (no memory is touched, no rkey checked): a consumer host that
  * vanished without a disconnect fails the probe after the transport's
@@ -268,6 +272,49 @@ KVP_HIDDEN int kvp__bye_producer(kvp_agent *a, struct kvp_conn *c);
 KVP_HIDDEN int kvp__bye_consumer(kvp_agent *a, struct kvp_conn *c);
 /* How long kvp_agent_close() waits for its BYEs to be sent. */
 #define KVP_BYE_NS 100000000ull
+/* Streaming (kvp_agent_pull_stream(), kvp_agent_publish()). A consumer
+ * rank that pulls a request in streaming mode tells each producer rank it
+ * reads from, in a notification-sized message on the rank's first queue
+ * pair (credit as for notifications):
+ *   TABLE  (once per connection, before its first FOLLOW) u32 magic,
+ *          u32 rank, u64 address, u32 rkey, u32 records, u64 engine: its
+ *          progress records for this connection, remotely writable by
+ *          this producer rank only (one MR per connection slot);
+ *   FOLLOW u32 magic, u32 rank, u64 req_id, u64 engine, u32 record, u32
+ *          tag: write request req_id's progress into that record.
+ * The producer RDMA-WRITEs the request's progress there at each publish
+ * (and at once when the FOLLOW finds some published): at most one WRITE
+ * in flight per follower, a publish meanwhile only marks it dirty, so
+ * that a lagging consumer costs no more messages than it can take and
+ * sees the latest progress. A record (KVP_PROG_REC bytes): u64 tag, u64
+ * tokens_all, u64 tokens_cur, u32 layers_cur, u32 0, u64 check
+ * (kvp__prog_check()): a record read while a WRITE lands fails its check
+ * and is read again at the next poll. The consumer uses two records per
+ * request slot, alternating with the slot's uses, so that a WRITE of a
+ * request just finished cannot land on the next one's. */
+#define KVP_FOLLOW_MAGIC 0x4b565046u
+#define KVP_TABLE_MAGIC 0x4b565054u
+#define KVP_PROG_REC 40
+/* The most records a TABLE may announce (a bound on what a consumer's
+ * claim can make a producer check, not on memory: nothing is allocated
+ * for it). */
+#define KVP_PROG_RECS_MAX (1u << 22)
+
+static inline uint64_t kvp__mix64(uint64_t x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ull;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+static inline uint64_t kvp__prog_check(uint64_t tag, uint64_t all,
+				       uint64_t cur, uint32_t layers)
+{
+	return kvp__mix64(tag ^ kvp__mix64(all ^ kvp__mix64(cur ^ layers)));
+}
+
 #define KVP_REFUSE_MAGIC 0x4b565052u
 #define KVP_REFUSE_LEN 12
 
@@ -326,6 +373,7 @@ enum conn_state {
  * shared by the rank's queue pairs), then, on the rank's first queue pair
  * only, the notification once all of the rank's data is in. */
 #define CH_READS 1u  /* has READs whose data is not in yet */
+#define CH_FOLLOW 2u /* streaming: its FOLLOW is not posted yet */
 struct kvp_chunk {
 	uint32_t slot;	   /* request slot */
 	uint32_t flags;
@@ -342,6 +390,18 @@ struct kvp_stripe {
 	uint32_t left;
 	int32_t status;
 	uint32_t qmask;	/* queue pairs that carried some of its READs */
+};
+
+/* A streamed request's progress from one source (kvp_agent_pull_stream()):
+ * what the producer rank published (as last read from its record), what
+ * the stripe's ranges cover, and the ranges left to emit. */
+struct kvp_sprog {
+	struct kvp_progress seen, posted;
+	struct kvp_emit_range rr[3];
+	uint32_t nr, ri;   /* ranges; the next to start (pos walks ri - 1) */
+	uint64_t t_last;   /* when seen last grew (the stall bound) */
+	uint32_t active;   /* the request streams from this source */
+	uint32_t pad;
 };
 
 /* A region's memory as work requests address it: struct kvp_emit_map
@@ -486,6 +546,12 @@ struct kvp_conn {
 	uint32_t peer_tp;	  /* the consumer engine's TP size */
 	uint32_t nearly;	  /* early entries this connection created */
 	uint32_t probing;	  /* a probe is posted */
+	uint64_t ptab_addr;	  /* producer: the consumer's progress */
+	uint32_t ptab_rkey;	  /* records (TABLE), ptab_n of them; 0: */
+	uint32_t ptab_n;	  /* none announced */
+	uint32_t prog_out;	  /* progress WRITEs in flight */
+	int prog_dirty;		  /* a follower waits for send queue room */
+	int table_sent;		  /* consumer: our TABLE is posted */
 	uint64_t probe_at;	  /* the next probe; probing: its deadline */
 } __attribute__((aligned(KVP_CACHELINE)));
 #define NO_SRC UINT32_MAX
@@ -511,7 +577,8 @@ struct kvp_req {
 	uint32_t seq;	   /* pull sequence number (the stall FIFO) */
 	uint32_t delivered; /* its event was handed to the user */
 	uint32_t next_free;
-	uint32_t pad;
+	uint32_t stream;   /* pulled in streaming mode */
+	uint32_t uses;	   /* the slot's pulls: picks its progress record */
 	uint32_t *ids;		/* ngroups * max_ids local, then remote ids */
 	struct kvp_ids *gids;	/* per group, lists into ids */
 };
@@ -557,6 +624,8 @@ struct kvp_eng {
 	uint32_t *note_conn;	/* per notify index: its rank's nq
 				 * connections, nq entries each */
 	struct kvp_stripe *stripes; /* max_inflight x nsrc, once up */
+	struct kvp_sprog *sprog;    /* the same, for streamed requests */
+	uint32_t *src_conn;	    /* per source: its first queue pair */
 	uint32_t plan_cached;
 	struct kvp_why why;	/* why it went down (cleared at each start) */
 	struct kvp_engine_info st;
@@ -568,6 +637,17 @@ struct kvp_eng {
  * KVP_LINGER so that late or replayed notifications of it are dropped
  * rather than counted for a later request of the same id. */
 enum ent_state { EN_FREE = 0, EN_EARLY, EN_EXPECTED, EN_GONE };
+/* Producer: a consumer rank that follows a request (streaming): its
+ * progress record there. Pool entry conn * fol_per + i. */
+struct kvp_fol {
+	uint64_t engine_id, req_id; /* the entry followed */
+	uint32_t rec;	   /* the record's index in the connection's table */
+	uint32_t tag;	   /* echoed in the record */
+	uint32_t next;	   /* the entry's next follower, or NO_FOL */
+	uint8_t used, writing, dirty, pad;
+};
+#define NO_FOL UINT32_MAX
+
 struct kvp_ent {
 	uint64_t req_id;
 	uint64_t engine_id;
@@ -577,7 +657,8 @@ struct kvp_ent {
 	uint32_t expected; /* frozen once known; 0: not yet */
 	uint32_t bm;	   /* EARLY, EXPECTED: its rank bitmap */
 	uint32_t owner;	   /* EARLY: creating connection, gen << 16 | idx */
-	uint32_t pad;
+	uint32_t fol;	   /* first follower (streaming), or NO_FOL */
+	struct kvp_progress prog; /* published so far */
 };
 
 /* Producer: a consumer engine with connected ranks. Every rank of one
@@ -658,6 +739,12 @@ struct kvp_agent {
 	/* One MR per slot's counter, of its 8 bytes only: a consumer's key
 	 * reads its own counter and no other peer's. */
 	struct ibv_mr **ctr_mr;
+	/* Producer: followers of streaming requests, fol_per per connection
+	 * slot, and the records their WRITEs send (registered once). */
+	struct kvp_fol *fol;
+	uint32_t fol_per;
+	uint8_t *fol_rec;
+	struct ibv_mr *fol_mr;
 
 	/* Consumer: engines, plans, requests (engine.c, post.c). */
 	struct kvp_eng *engs;	/* max_peers */
@@ -677,8 +764,15 @@ struct kvp_agent {
 	uint32_t *inflight;
 	uint32_t pq_head, pq_tail, pq_mask, seq;
 	uint32_t chunk_mask;
-	uint8_t *note_buf;     /* per request slot: KVP_NOTE_LEN bytes */
+	uint8_t *note_buf;     /* per request slot: KVP_NOTE_LEN bytes, then
+				* as many for its FOLLOW */
 	struct ibv_mr *note_mr;
+	/* Streaming: per consumer connection slot, 2 * max_inflight progress
+	 * records its producer rank WRITEs (one MR each: a producer writes
+	 * its own connection's records only); the requests streamed. */
+	uint8_t *ptab;
+	struct ibv_mr **ptab_mr;
+	uint32_t *sreq, nsreq;
 	uint32_t sq_cap, sig_every;
 	/* One posting chain: sq_cap WRs, each linked to the next, opcode
 	 * READ and no flags between flushes (post.c restores what a flush
@@ -741,6 +835,11 @@ KVP_HIDDEN void kvp__ev_push(kvp_agent *a, const struct kvp_event *ev);
 KVP_HIDDEN void kvp__reg_drop(kvp_agent *a, uint32_t region);
 
 /* serve.c: the producer's requests and consumer engines */
+/* A progress WRITE to a follower completed (WK_PROGRESS). */
+KVP_HIDDEN void kvp__progress_wc(kvp_agent *a, struct kvp_conn *c,
+				 const struct ibv_wc *wc);
+/* Connection c is going: its followers stop following. */
+KVP_HIDDEN void kvp__follow_conn_gone(kvp_agent *a, struct kvp_conn *c);
 /* A notification receive buffer completed (WK_NOTE_RECV). */
 KVP_HIDDEN void kvp__note_wc(kvp_agent *a, struct kvp_conn *c,
 			     const struct ibv_wc *wc);
@@ -893,6 +992,10 @@ KVP_HIDDEN void kvp__send_wc(kvp_agent *a, struct kvp_conn *c,
 /* Request slots, notification buffers, posting scratch: at open. */
 KVP_HIDDEN int kvp__data_alloc(kvp_agent *a);
 KVP_HIDDEN void kvp__data_free(kvp_agent *a);
+/* Streamed requests: new progress in their records (then their queue
+ * pairs are flushed), and the stall bound of each. Every poll while any
+ * is streamed. */
+KVP_HIDDEN void kvp__stream_scan(kvp_agent *a, uint64_t now);
 /* Stalls: pulls not in and notifications starved past stall_ns;
  * credit counter re-reads. About once a millisecond. */
 KVP_HIDDEN void kvp__pull_timers(kvp_agent *a, uint64_t now);

@@ -438,6 +438,7 @@ static void producer_failed(kvp_agent *a, struct kvp_conn *c, int was_ready)
 
 static void producer_drained(kvp_agent *a, struct kvp_conn *c)
 {
+	kvp__follow_conn_gone(a, c);
 	kvp__engine_leave(a, c);
 	kvp__conn_release(a, c);
 }

@@ -317,7 +317,8 @@ static void post_credit_read(kvp_agent *a, struct kvp_conn *c,
  * chain signalled. Returns how many, or -EPROTO. */
 static int post_window(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
 		       const kvp_plan *plan, struct kvp_req *r,
-		       struct kvp_stripe *st, uint32_t room)
+		       struct kvp_stripe *st, const struct kvp_emit_range *rg,
+		       uint32_t room)
 {
 	struct kvp_emit_sink *sk = &a->sink;
 	struct ibv_send_wr *w0 = ch->w + ch->n;
@@ -329,8 +330,15 @@ static int post_window(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
 	sk->sge = (struct kvp_emit_sge *)ch->g;
 	sk->remote = c->rreg;
 	sk->wr_id = kvp__wrid(WK_READ, c->gen, c->idx, 0);
-	k = kvp_plan_emit_window_into(plan, r->gids, &st->pos, sk, room,
-				      room * a->max_sge, &nsge, &bytes);
+	if (kvp_likely(!rg))
+		k = kvp_plan_emit_window_into(plan, r->gids, &st->pos, sk,
+					      room, room * a->max_sge, &nsge,
+					      &bytes);
+	else
+		k = kvp_plan_emit_range_window_into(plan, r->gids, rg,
+						    &st->pos, sk, room,
+						    room * a->max_sge, &nsge,
+						    &bytes);
 	if (kvp_unlikely(k <= 0))
 		return k < 0 ? -EPROTO : 0; /* -EPROTO unreachable: the ids
 					     * passed the check */
@@ -361,6 +369,142 @@ static void post_marker(struct kvp_conn *c, struct chain *ch)
 	s->wr.rdma.remote_addr = c->rreg[0].addr;
 	s->wr.rdma.rkey = c->rreg[0].key[0];
 	chain_signal(ch, c, WK_LAST);
+}
+
+/* ---- streaming ----------------------------------------------------------- */
+
+/* A message of KVP_NOTE_LEN bytes into one of the producer rank's
+ * receive buffers (a credit): TABLE or FOLLOW. */
+static void post_msg(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
+		     const uint8_t *buf, uint32_t lkey)
+{
+	struct ibv_send_wr *s = chain_add(ch);
+
+	s->num_sge = 1;
+	ch->g->addr = (uint64_t)(uintptr_t)buf;
+	ch->g->length = KVP_NOTE_LEN;
+	ch->g->lkey = lkey;
+	ch->g++;
+	s->opcode = IBV_WR_SEND;
+	s->send_flags = c->inline_notes ? IBV_SEND_INLINE : 0;
+	chain_signal(ch, c, WK_FOLLOW);
+	c->notes_posted++;
+	c->wait_since = 0;
+	c->starved = 0;
+}
+
+/* A streamed chunk's first step: the connection's TABLE (once), then the
+ * request's FOLLOW. 1 when posted; 0 when they wait for credit (a credit
+ * read is under way) or for room. */
+static int post_follow(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
+		       struct kvp_chunk *ck, uint32_t room)
+{
+	const uint32_t need = 1 + !c->table_sent;
+
+	if (room < need + 1)
+		return 0;
+	if (credits(c) < need) {
+		if (!c->starved) {
+			c->starved = 1;
+			a->st.credit_waits++;
+		}
+		if (!c->credit_reading && !c->credit_hold)
+			post_credit_read(a, c, ch);
+		return 0;
+	}
+	if (!c->table_sent) {
+		uint8_t *m = kvp__ctl_tx(a, c) + KVP_CTL_LEN - KVP_NOTE_LEN;
+		uint32_t ci = c->idx - a->nprod;
+
+		kvp__put32(m, KVP_TABLE_MAGIC);
+		kvp__put32(m + 4, a->li.tp_rank);
+		kvp__put64(m + 8, (uint64_t)(uintptr_t)(a->ptab +
+			   (size_t)ci * 2 * a->max_inflight * KVP_PROG_REC));
+		kvp__put32(m + 16, a->ptab_mr[ci]->rkey);
+		kvp__put32(m + 20, 2 * a->max_inflight);
+		kvp__put64(m + 24, a->li.engine_id);
+		post_msg(a, c, ch, m, a->ctl_mr->lkey);
+		c->table_sent = 1;
+	}
+	post_msg(a, c, ch,
+		 a->note_buf + ((size_t)a->max_inflight + ck->slot) *
+				       KVP_NOTE_LEN,
+		 a->note_mr->lkey);
+	ck->flags &= ~CH_FOLLOW;
+	return 1;
+}
+
+/* A streamed stripe whose position is done: on to its next range, or the
+ * ranges of progress seen since. 1 when pos has READs again; 0 when it
+ * waits for progress, or (sp->posted at KVP_TOKENS_END and every range
+ * walked) when the stream is emitted; -EPROTO. */
+static int stream_next(const kvp_plan *plan, struct kvp_req *r,
+		       struct kvp_stripe *st, struct kvp_sprog *sp, uint32_t s)
+{
+	int n;
+
+	for (;;) {
+		while (sp->ri < sp->nr) {
+			if (kvp_plan_emit_range_start(plan, r->gids, s,
+						      &sp->rr[sp->ri++],
+						      &st->pos))
+				return -EPROTO;
+			if (!kvp_plan_emit_done(&st->pos))
+				return 1;
+		}
+		if (!memcmp(&sp->posted, &sp->seen, sizeof(sp->seen)))
+			return 0;
+		n = kvp_progress_ranges(&sp->posted, &sp->seen, sp->rr);
+		if (n < 0)
+			return -EPROTO; /* unreachable: checked when read */
+		sp->nr = (uint32_t)n;
+		sp->ri = 0;
+		sp->posted = sp->seen;
+	}
+}
+
+/* A streamed chunk's READs: the ranges known now, window after window.
+ * Returns the READs chained (the stream is emitted: close the chunk as a
+ * bulk one), INT32_MAX when the window is full or the stream waits for
+ * progress (the chunk stays), or -errno after failing the connection. */
+static int stream_flush(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
+			const kvp_plan *plan, struct kvp_chunk *ck,
+			struct kvp_stripe *st, uint32_t room)
+{
+	const struct kvp_eng *e = &a->engs[c->eng];
+	const uint32_t nsrc = e->pc->pi.nsrc, s = ck->stripe % nsrc;
+	struct kvp_sprog *sp = &e->sprog[ck->stripe];
+	struct kvp_req *r = &a->reqs[ck->slot];
+	int k = 0, n;
+
+	for (;;) {
+		if (!kvp_plan_emit_done(&st->pos)) {
+			n = post_window(a, c, ch, plan, r, st,
+					&sp->rr[sp->ri - 1], room - ch->n);
+			if (kvp_unlikely(n < 0))
+				goto fail;
+			k += n;
+			ck->posted += (uint32_t)n;
+			if (n)
+				st->qmask |= 1u;
+			if (!kvp_plan_emit_done(&st->pos))
+				return INT32_MAX; /* the window is full */
+		}
+		n = stream_next(plan, r, st, sp, s);
+		if (n < 0)
+			goto fail;
+		if (!n)
+			break;
+	}
+	if (sp->posted.tokens_all != KVP_TOKENS_END)
+		return INT32_MAX; /* waits for progress */
+	/* Emitted: the chunk closes as a bulk one (its last READ, or a
+	 * marker when none went out in this flush). */
+	return k;
+fail:
+	chain_reset(ch);
+	kvp__conn_fail(a, c, -EPROTO);
+	return -EPROTO;
 }
 
 void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
@@ -406,9 +550,22 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 		}
 		st = &e->stripes[ck->stripe];
 		k = 0;
-		if (!kvp_plan_emit_done(&st->pos)) {
+		if (kvp_unlikely(a->reqs[ck->slot].stream)) {
+			/* streamed: FOLLOW first, then its ranges as the
+			 * producer rank publishes them */
+			if (ck->flags & CH_FOLLOW) {
+				if (!post_follow(a, c, &ch, ck, room - ch.n))
+					break;
+				continue;
+			}
+			k = stream_flush(a, c, &ch, plan, ck, st, room);
+			if (k < 0)
+				return; /* the connection failed */
+			if (k == INT32_MAX)
+				break; /* the window is full, or it waits */
+		} else if (!kvp_plan_emit_done(&st->pos)) {
 			k = post_window(a, c, &ch, plan, &a->reqs[ck->slot], st,
-					room - ch.n);
+					NULL, room - ch.n);
 			if (kvp_unlikely(k < 0)) {
 				/* What is chained is dropped with the QP. */
 				chain_reset(&ch);

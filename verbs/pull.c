@@ -100,8 +100,27 @@ static int ids_why(kvp_agent *a, const kvp_plan *plan,
 	return kvp__call_err(&a->last, err);
 }
 
+/* Streaming: source s's chunk of request slot `slot` starts with its
+ * FOLLOW, its stripe waits for progress, and the record the producer
+ * rank will write is cleared. */
+static void stream_source(kvp_agent *a, struct kvp_eng *e, struct kvp_req *r,
+			  uint32_t slot, uint32_t s, uint32_t nsrc)
+{
+	struct kvp_sprog *sp = &e->sprog[slot * nsrc + s];
+	uint32_t ci = e->src_conn[s] - a->nprod;
+	uint8_t *rec = a->ptab + ((size_t)ci * 2 * a->max_inflight + 2 * slot +
+				  (r->uses & 1)) * KVP_PROG_REC;
+
+	memset(sp, 0, sizeof(*sp));
+	sp->t_last = r->t0;
+	sp->active = 1;
+	memset(&e->stripes[slot * nsrc + s].pos, 0,
+	       sizeof(struct kvp_emit_pos));
+	memset(rec, 0, KVP_PROG_REC);
+}
+
 static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
-		const struct kvp_ids *ids)
+		const struct kvp_ids *ids, const int stream)
 {
 	const struct kvp_pcache *pc = e->pc;
 	const uint32_t ngroups = a->li.ngroups, mi = a->max_ids;
@@ -189,9 +208,26 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 	r->seq = ++a->seq;
 	r->notes = pc->pi.nnotify;
 	r->pending = 1; /* held until every chunk is queued */
-	a->pq[a->pq_tail & a->pq_mask] = slot;
-	a->pq_seq[a->pq_tail & a->pq_mask] = r->seq;
-	a->pq_tail++;
+	r->stream = (uint32_t)stream;
+	r->uses++;
+	if (kvp_likely(!stream)) {
+		/* the stall FIFO: a streamed pull's bound is its progress */
+		a->pq[a->pq_tail & a->pq_mask] = slot;
+		a->pq_seq[a->pq_tail & a->pq_mask] = r->seq;
+		a->pq_tail++;
+	} else {
+		for (k = 0; k < nsrc; k++)
+			e->sprog[slot * nsrc + k].active = 0;
+		a->sreq[a->nsreq++] = slot;
+		note = a->note_buf + ((size_t)a->max_inflight + slot) *
+					     KVP_NOTE_LEN;
+		kvp__put32(note, KVP_FOLLOW_MAGIC);
+		kvp__put32(note + 4, a->li.tp_rank);
+		kvp__put64(note + 8, req_id);
+		kvp__put64(note + 16, a->li.engine_id);
+		kvp__put32(note + 24, 2 * slot + (r->uses & 1));
+		kvp__put32(note + 28, r->seq);
+	}
 	for (k = 0; k < pc->pi.nnotify; k++) {
 		uint32_t s = pc->note_src[k], sidx = NO_STRIPE;
 
@@ -204,15 +240,19 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 						 &st->pos) &&
 			    !kvp_plan_emit_done(&st->pos)) {
 				sidx = slot * nsrc + s;
-				st->left = e->nq;
+				st->left = stream ? 1 : e->nq;
 				st->status = 0;
 				st->qmask = 0;
 				r->pending++;
+				if (stream)
+					stream_source(a, e, r, slot, s, nsrc);
 			}
 		}
 		/* The first queue pair always (the notification); the
-		 * others only when there is something to read. */
-		for (q = 0; q < (sidx != NO_STRIPE ? e->nq : 1); q++) {
+		 * others only when there is something to read (a streamed
+		 * pull: the first only). */
+		for (q = 0; q < (sidx != NO_STRIPE && !stream ? e->nq : 1);
+		     q++) {
 			struct kvp_conn *c;
 			struct kvp_chunk *ch;
 
@@ -224,6 +264,8 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 			ch->posted = 0;
 			ch->stripe = sidx;
 			ch->flags = sidx != NO_STRIPE ? CH_READS : 0;
+			if (stream && sidx != NO_STRIPE)
+				ch->flags |= CH_FOLLOW;
 		}
 	}
 	a->st.pulls++;
@@ -249,8 +291,9 @@ static inline int pull_args(kvp_agent *a, const struct kvp_ids *ids)
 	return 0;
 }
 
-int kvp_agent_pull_from(kvp_agent *a, uint32_t engine, uint64_t req_id,
-			const struct kvp_ids *ids)
+/* kvp_agent_pull_from() and kvp_agent_pull_stream(). */
+static inline int pull_engine(kvp_agent *a, uint32_t engine, uint64_t req_id,
+			      const struct kvp_ids *ids, const int stream)
 {
 	struct kvp_eng *e;
 	int err = pull_args(a, ids);
@@ -262,7 +305,7 @@ int kvp_agent_pull_from(kvp_agent *a, uint32_t engine, uint64_t req_id,
 		return kvp__why(&a->last, -ENOENT, KVP_REASON_NO_ENGINE,
 				"no engine with handle %u", engine);
 	if (kvp_likely(e->state == KVP_ENGINE_UP))
-		return pull(a, e, req_id, ids);
+		return pull(a, e, req_id, ids, stream);
 	if (e->state == KVP_ENGINE_FAILING)
 		return kvp__why(&a->last, -ENOTCONN, KVP_REASON_NOT_UP,
 				"engine %u is going down", engine);
@@ -278,6 +321,12 @@ int kvp_agent_pull_from(kvp_agent *a, uint32_t engine, uint64_t req_id,
 			       "the engine is connecting");
 }
 
+int kvp_agent_pull_from(kvp_agent *a, uint32_t engine, uint64_t req_id,
+			const struct kvp_ids *ids)
+{
+	return pull_engine(a, engine, req_id, ids, 0);
+}
+
 int kvp_agent_pull(kvp_agent *a, uint64_t req_id, const struct kvp_ids *ids)
 {
 	struct kvp_eng *e;
@@ -289,7 +338,13 @@ int kvp_agent_pull(kvp_agent *a, uint64_t req_id, const struct kvp_ids *ids)
 	if (kvp_unlikely(!e || e->state != KVP_ENGINE_UP))
 		return kvp__why(&a->last, -ENOTCONN, KVP_REASON_NOT_UP,
 				"no engine up (kvp_agent_connect())");
-	return pull(a, e, req_id, ids);
+	return pull(a, e, req_id, ids, 0);
+}
+
+int kvp_agent_pull_stream(kvp_agent *a, uint32_t engine, uint64_t req_id,
+			  const struct kvp_ids *ids)
+{
+	return pull_engine(a, engine, req_id, ids, 1);
 }
 
 /* ---- stalls ------------------------------------------------------------- */
@@ -304,6 +359,96 @@ static void stall(kvp_agent *a, struct kvp_eng *e)
 		 "no progress from the producer within stall_ms (%llu ms)",
 		 (unsigned long long)(a->stall_ns / 1000000ull));
 	kvp__engine_fail(a, e, -ETIMEDOUT);
+}
+
+/* ---- streaming: progress records ----------------------------------------- */
+
+/* Source s of streamed request r (slot) on engine e: the producer rank's
+ * record, if it holds a new progress; 1 then (sp->seen moved), 0 when not,
+ * -EPROTO when it went backwards. */
+static int stream_read(kvp_agent *a, struct kvp_eng *e, const struct kvp_req *r,
+		       uint32_t slot, struct kvp_sprog *sp, uint32_t s)
+{
+	const uint32_t ci = e->src_conn[s] - a->nprod;
+	const uint8_t *rec = a->ptab + ((size_t)ci * 2 * a->max_inflight +
+					2 * slot + (r->uses & 1)) *
+					       KVP_PROG_REC;
+	struct kvp_emit_range rr[3];
+	struct kvp_progress p;
+	uint8_t b[KVP_PROG_REC];
+
+	/* The NIC writes the record behind the compiler's back. */
+	__asm__ volatile("" ::: "memory");
+	memcpy(b, rec, sizeof(b));
+	if (kvp__get64(b) != r->seq)
+		return 0; /* not written yet (or a torn first write) */
+	memset(&p, 0, sizeof(p));
+	p.tokens_all = kvp__get64(b + 8);
+	p.tokens_cur = kvp__get64(b + 16);
+	p.layers_cur = kvp__get32(b + 24);
+	if (kvp__get64(b + 32) != kvp__prog_check(r->seq, p.tokens_all,
+						  p.tokens_cur, p.layers_cur))
+		return 0; /* read while a WRITE landed: next poll */
+	switch (kvp_progress_ranges(&sp->seen, &p, rr)) {
+	case 0:
+		return 0;
+	case -EINVAL:
+	case -ERANGE:
+		return -EPROTO;
+	default:
+		sp->seen = p;
+		return 1;
+	}
+}
+
+void kvp__stream_scan(kvp_agent *a, uint64_t now)
+{
+	uint32_t i, n = 0, s;
+
+	for (i = 0; i < a->nsreq; i++) {
+		uint32_t slot = a->sreq[i];
+		struct kvp_req *r = &a->reqs[slot];
+		struct kvp_eng *e = &a->engs[r->eng];
+		uint32_t nsrc;
+
+		if (r->state != RQ_ACTIVE || !r->stream ||
+		    e->state != KVP_ENGINE_UP)
+			continue; /* finished: off the list */
+		a->sreq[n++] = slot;
+		nsrc = e->pc->pi.nsrc;
+		for (s = 0; s < nsrc; s++) {
+			struct kvp_sprog *sp = &e->sprog[slot * nsrc + s];
+			struct kvp_conn *c = &a->conns[e->src_conn[s]];
+			int k;
+
+			if (!sp->active ||
+			    sp->posted.tokens_all == KVP_TOKENS_END)
+				continue; /* nothing more to learn */
+			k = stream_read(a, e, r, slot, sp, s);
+			if (k > 0) {
+				sp->t_last = now;
+				a->st.progress_seen++;
+				kvp__conn_flush(a, c);
+			} else if (k < 0) {
+				kvp__why(&e->why, -EPROTO, KVP_REASON_MALFORMED,
+					 "producer rank %u: its progress went backwards",
+					 c->rank);
+				kvp__engine_fail(a, e, -EPROTO);
+				break;
+			} else if (now - sp->t_last >= a->stall_ns) {
+				e->st.stalls++;
+				a->st.stalls++;
+				kvp__why(&e->why, -ETIMEDOUT, KVP_REASON_STALL,
+					 "producer rank %u published nothing for stall_ms (%llu ms)",
+					 c->rank,
+					 (unsigned long long)(a->stall_ns /
+							      1000000ull));
+				kvp__engine_fail(a, e, -ETIMEDOUT);
+				break;
+			}
+		}
+	}
+	a->nsreq = n;
 }
 
 void kvp__pull_timers(kvp_agent *a, uint64_t now)
@@ -348,6 +493,8 @@ void kvp__pull_timers(kvp_agent *a, uint64_t now)
 
 void kvp__data_free(kvp_agent *a)
 {
+	uint32_t i;
+
 	kvp__dereg_mr(a->note_mr);
 	a->note_mr = NULL;
 	free(a->note_buf);
@@ -370,6 +517,14 @@ void kvp__data_free(kvp_agent *a)
 	a->ssge = NULL;
 	free(a->dirty);
 	a->dirty = NULL;
+	for (i = 0; a->ptab_mr && i < a->nconns - a->nprod; i++)
+		kvp__dereg_mr(a->ptab_mr[i]);
+	free(a->ptab_mr);
+	a->ptab_mr = NULL;
+	free(a->ptab);
+	a->ptab = NULL;
+	free(a->sreq);
+	a->sreq = NULL;
 }
 
 /* Request slots (with room for their ids), the notification buffers and
@@ -396,7 +551,11 @@ int kvp__data_alloc(kvp_agent *a)
 	a->ssge = calloc((size_t)a->sq_cap * a->max_sge, sizeof(*a->ssge));
 	/* Each WR at most twice: added, then signalled. */
 	a->dirty = calloc(2 * (size_t)a->sq_cap + 2, sizeof(*a->dirty));
-	a->note_buf = calloc(mi, KVP_NOTE_LEN);
+	a->note_buf = calloc(2 * (size_t)mi, KVP_NOTE_LEN); /* notes, FOLLOWs */
+	a->ptab = calloc((size_t)(a->nconns - a->nprod) * 2 * mi + 1,
+			 KVP_PROG_REC);
+	a->ptab_mr = calloc(a->nconns - a->nprod + 1, sizeof(*a->ptab_mr));
+	a->sreq = calloc(mi, sizeof(*a->sreq));
 	if (a->reqs) {
 		a->reqs[0].ids = ids;
 		a->reqs[0].gids = gids;
@@ -405,8 +564,8 @@ int kvp__data_alloc(kvp_agent *a)
 		free(gids);
 	}
 	if (!a->reqs || !ids || !gids || !a->pq || !a->pq_seq ||
-	    !a->inflight || !a->swr ||
-	    !a->ssge || !a->dirty || !a->note_buf)
+	    !a->inflight || !a->swr || !a->ssge || !a->dirty ||
+	    !a->note_buf || !a->ptab || !a->ptab_mr || !a->sreq)
 		return -ENOMEM;
 	for (i = 0; i < a->sq_cap; i++) {
 		a->swr[i].next = &a->swr[i + 1]; /* the last: never followed */
@@ -431,7 +590,16 @@ int kvp__data_alloc(kvp_agent *a)
 	}
 	a->free_req = 0;
 	/* Only ever the source of SENDs: local read access suffices. */
-	err = kvp__reg_mr(a->pd, a->note_buf, (size_t)mi * KVP_NOTE_LEN, 0,
-			  &a->note_mr);
+	err = kvp__reg_mr(a->pd, a->note_buf, 2 * (size_t)mi * KVP_NOTE_LEN,
+			  0, &a->note_mr);
+	/* Each connection's progress records: written by its producer rank
+	 * alone (an MR each: least privilege, as the credit counters). */
+	for (i = 0; !err && i < a->nconns - a->nprod; i++)
+		err = kvp__reg_mr(a->pd,
+				  a->ptab + (size_t)i * 2 * mi * KVP_PROG_REC,
+				  2 * (size_t)mi * KVP_PROG_REC,
+				  IBV_ACCESS_LOCAL_WRITE |
+					  IBV_ACCESS_REMOTE_WRITE,
+				  &a->ptab_mr[i]);
 	return err;
 }

@@ -42,8 +42,20 @@ int kvp__serve_alloc(kvp_agent *a)
 	a->gone = calloc(a->gone_cap, sizeof(*a->gone));
 	a->peng = calloc(a->max_peers, sizeof(*a->peng));
 	a->hint = calloc((size_t)a->tab_mask + 1, sizeof(*a->hint));
+	/* Streaming: a follower record per request the producer can hold,
+	 * per connection slot, and the records their WRITEs send. */
+	a->fol_per = a->max_inflight;
+	a->fol = calloc((size_t)a->nprod * a->fol_per, sizeof(*a->fol));
+	a->fol_rec = calloc((size_t)a->nprod * a->fol_per, KVP_PROG_REC);
 	if (!a->tab || !a->bm || !a->bm_free || !a->gone || !a->peng ||
-	    !a->hint) {
+	    !a->hint || !a->fol || !a->fol_rec) {
+		kvp__serve_free(a);
+		return -ENOMEM;
+	}
+	/* Only ever the source of WRITEs: local read access suffices. */
+	if (kvp__reg_mr(a->pd, a->fol_rec,
+			(size_t)a->nprod * a->fol_per * KVP_PROG_REC, 0,
+			&a->fol_mr)) {
 		kvp__serve_free(a);
 		return -ENOMEM;
 	}
@@ -56,6 +68,12 @@ int kvp__serve_alloc(kvp_agent *a)
 
 void kvp__serve_free(kvp_agent *a)
 {
+	kvp__dereg_mr(a->fol_mr);
+	a->fol_mr = NULL;
+	free(a->fol);
+	free(a->fol_rec);
+	a->fol = NULL;
+	a->fol_rec = NULL;
 	free(a->tab);
 	free(a->bm);
 	free(a->bm_free);
@@ -167,6 +185,7 @@ static struct kvp_ent *tab_insert(kvp_agent *a, uint64_t engine, uint64_t id,
 	e->engine_id = engine;
 	e->state = state;
 	e->bm = NO_BM;
+	e->fol = NO_FOL;
 	a->tab_used++;
 	return e;
 }
@@ -237,6 +256,151 @@ static void gone_pop(kvp_agent *a)
 	a->gone_head++;
 }
 
+/* ---- streaming: followers and their progress WRITEs -------------------- */
+
+/* Lets go of every follower of e: no more WRITEs for it (one in flight
+ * completes on its own). */
+static void fol_detach_all(kvp_agent *a, struct kvp_ent *e)
+{
+	uint32_t i = e->fol;
+
+	while (i != NO_FOL) {
+		struct kvp_fol *f = &a->fol[i];
+
+		i = f->next;
+		f->used = 0;
+		f->dirty = 0;
+		f->next = NO_FOL;
+	}
+	e->fol = NO_FOL;
+}
+
+/* WRITEs follower i's record: entry e's progress, into its record on
+ * connection c. */
+static void fol_write(kvp_agent *a, struct kvp_conn *c, uint32_t i,
+		      const struct kvp_ent *e)
+{
+	struct kvp_fol *f = &a->fol[i];
+	uint8_t *rec = a->fol_rec + (size_t)i * KVP_PROG_REC;
+	struct ibv_send_wr wr, *bad;
+	struct ibv_sge sge;
+
+	kvp__put64(rec, f->tag);
+	kvp__put64(rec + 8, e->prog.tokens_all);
+	kvp__put64(rec + 16, e->prog.tokens_cur);
+	kvp__put32(rec + 24, e->prog.layers_cur);
+	kvp__put32(rec + 28, 0);
+	kvp__put64(rec + 32, kvp__prog_check(f->tag, e->prog.tokens_all,
+					     e->prog.tokens_cur,
+					     e->prog.layers_cur));
+	memset(&wr, 0, sizeof(wr));
+	sge.addr = (uint64_t)(uintptr_t)rec;
+	sge.length = KVP_PROG_REC;
+	sge.lkey = a->fol_mr->lkey;
+	wr.wr_id = kvp__wrid(WK_PROGRESS, c->gen, c->idx, i);
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.rdma.remote_addr = c->ptab_addr + (uint64_t)f->rec * KVP_PROG_REC;
+	wr.wr.rdma.rkey = c->ptab_rkey;
+	if (kvp__post_send(c->qp, &wr, &bad)) {
+		kvp__conn_fail(a, c, -EIO);
+		return;
+	}
+	f->writing = 1;
+	f->dirty = 0;
+	c->prog_out++;
+	a->st.progress_writes++;
+}
+
+/* Follower i should see entry e's progress: now, or once its WRITE in
+ * flight (or the send queue's room) allows. */
+static void fol_kick(kvp_agent *a, uint32_t i, const struct kvp_ent *e)
+{
+	struct kvp_conn *c = &a->conns[i / a->fol_per];
+	struct kvp_fol *f = &a->fol[i];
+
+	if (c->state != CS_READY)
+		return;
+	if (f->writing || c->prog_out >= PROG_SQ) {
+		f->dirty = 1;
+		c->prog_dirty |= !f->writing;
+		return;
+	}
+	fol_write(a, c, i, e);
+}
+
+/* The entry a follower follows, if it still does. */
+static struct kvp_ent *fol_entry(kvp_agent *a, const struct kvp_fol *f);
+
+void kvp__progress_wc(kvp_agent *a, struct kvp_conn *c,
+		      const struct ibv_wc *wc)
+{
+	uint32_t i = WRID_VALUE(wc->wr_id), k, end;
+	struct kvp_fol *f;
+
+	if (c->state != CS_READY)
+		return;
+	if (wc->status != IBV_WC_SUCCESS) {
+		kvp__conn_fail(a, c, kvp__wc_errno(wc->status));
+		return;
+	}
+	if (i / a->fol_per != c->idx)
+		return; /* unreachable: our own wr_id */
+	f = &a->fol[i];
+	f->writing = 0;
+	c->prog_out--;
+	if (f->used && f->dirty) {
+		struct kvp_ent *e = fol_entry(a, f);
+
+		if (e)
+			fol_write(a, c, i, e);
+	}
+	/* Followers that waited for room: at most the room there is. */
+	if (!c->prog_dirty)
+		return;
+	c->prog_dirty = 0;
+	end = (c->idx + 1) * a->fol_per;
+	for (k = c->idx * a->fol_per; k < end; k++) {
+		struct kvp_ent *e;
+
+		f = &a->fol[k];
+		if (!f->used || !f->dirty || f->writing)
+			continue;
+		if (c->prog_out >= PROG_SQ) {
+			c->prog_dirty = 1;
+			return;
+		}
+		e = fol_entry(a, f);
+		if (e)
+			fol_write(a, c, k, e);
+		else
+			f->dirty = 0;
+	}
+}
+
+void kvp__follow_conn_gone(kvp_agent *a, struct kvp_conn *c)
+{
+	uint32_t k, end = (c->idx + 1) * a->fol_per;
+
+	for (k = c->idx * a->fol_per; a->fol && k < end; k++) {
+		struct kvp_fol *f = &a->fol[k];
+		struct kvp_ent *e;
+		uint32_t *p;
+
+		if (f->used && (e = fol_entry(a, f)) != NULL) {
+			for (p = &e->fol; *p != NO_FOL; p = &a->fol[*p].next)
+				if (*p == k) {
+					*p = f->next;
+					break;
+				}
+		}
+		memset(f, 0, sizeof(*f));
+		f->next = NO_FOL;
+	}
+}
+
 /* Reports an EXPECTED entry and leaves it as a tombstone. */
 static void ent_report(kvp_agent *a, struct kvp_ent *e, uint32_t type,
 		       uint64_t now)
@@ -266,6 +430,7 @@ static void ent_report(kvp_agent *a, struct kvp_ent *e, uint32_t type,
 	else
 		a->st.expired++;
 	bm_give(a, e);
+	fol_detach_all(a, e);
 	if (a->gone_tail - a->gone_head == a->gone_cap) {
 		gone_pop(a); /* may move e: find it again */
 		e = tab_find(a, engine, id);
@@ -279,6 +444,93 @@ static void ent_report(kvp_agent *a, struct kvp_ent *e, uint32_t type,
 	g->deadline = e->deadline;
 }
 
+/* An entry for a notification (or a FOLLOW) ahead of kvp_agent_expect(),
+ * within the early caps, or NULL. */
+static struct kvp_ent *early_entry(kvp_agent *a, struct kvp_conn *c,
+				   uint64_t engine, uint64_t id)
+{
+	struct kvp_ent *e;
+
+	if (a->nearly >= a->early_cap || c->nearly >= a->early_per_conn)
+		return NULL;
+	e = tab_insert(a, engine, id, EN_EARLY);
+	if (bm_take(a, e)) {
+		tab_remove(a, e);
+		return NULL;
+	}
+	e->deadline = kvp__now_ns() + LINGER_NS;
+	e->owner = (c->gen & 0xffff) << 16 | c->idx;
+	a->hint[hint_slot(a, id)].req_id = id;
+	a->hint[hint_slot(a, id)].engine_id = engine;
+	a->nearly++;
+	c->nearly++;
+	if (e->deadline < a->next_deadline)
+		a->next_deadline = e->deadline;
+	return e;
+}
+
+static struct kvp_ent *fol_entry(kvp_agent *a, const struct kvp_fol *f)
+{
+	struct kvp_ent *e = tab_find(a, f->engine_id, f->req_id);
+
+	return e && e->state != EN_GONE ? e : NULL;
+}
+
+/* TABLE: where this consumer rank's progress records are. Once. */
+static int table_received(struct kvp_conn *c, const uint8_t *m)
+{
+	uint32_t n = kvp__get32(m + 20);
+
+	if (c->ptab_n || kvp__get32(m + 4) != c->rank ||
+	    kvp__get64(m + 24) != c->engine_id || !n ||
+	    n > KVP_PROG_RECS_MAX || !kvp__get64(m + 8))
+		return -EPROTO;
+	c->ptab_addr = kvp__get64(m + 8);
+	c->ptab_rkey = kvp__get32(m + 16);
+	c->ptab_n = n;
+	return 0;
+}
+
+/* FOLLOW: the consumer rank follows a request's progress (expected or
+ * not yet: an early entry holds it), and gets what is published so far
+ * at once. */
+static int follow_received(kvp_agent *a, struct kvp_conn *c,
+			   const uint8_t *m)
+{
+	uint64_t id = kvp__get64(m + 8), engine = kvp__get64(m + 16);
+	uint32_t rec = kvp__get32(m + 24), k, end;
+	struct kvp_ent *e;
+	struct kvp_fol *f;
+
+	if (kvp__get32(m + 4) != c->rank || engine != c->engine_id ||
+	    !c->ptab_n || rec >= c->ptab_n)
+		return -EPROTO;
+	e = tab_find(a, engine, id);
+	if (e && e->state == EN_GONE)
+		return -EPROTO; /* stale */
+	if (!e)
+		e = early_entry(a, c, engine, id);
+	if (!e)
+		return -EBUSY;
+	end = (c->idx + 1) * a->fol_per;
+	for (k = c->idx * a->fol_per; k < end && a->fol[k].used; k++)
+		;
+	if (k == end)
+		return -EBUSY;
+	f = &a->fol[k];
+	f->engine_id = engine;
+	f->req_id = id;
+	f->rec = rec;
+	f->tag = kvp__get32(m + 28);
+	f->used = 1;
+	f->dirty = 0;
+	f->next = e->fol;
+	e->fol = k;
+	if (e->prog.tokens_cur)
+		fol_kick(a, k, e);
+	return 0;
+}
+
 static void note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 			  uint32_t len)
 {
@@ -288,6 +540,17 @@ static void note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 
 	if (len == KVP_NOTE_LEN && kvp__get32(m) == KVP_BYE_MAGIC) {
 		c->bye = 1; /* the consumer rank closes: not a note */
+		return;
+	}
+	if (len == KVP_NOTE_LEN && kvp__get32(m) == KVP_TABLE_MAGIC) {
+		if (table_received(c, m))
+			goto drop;
+		return;
+	}
+	if (len == KVP_NOTE_LEN && kvp__get32(m) == KVP_FOLLOW_MAGIC) {
+		if (follow_received(a, c, m))
+			goto drop;
+		a->st.follows++;
 		return;
 	}
 	if (len != KVP_NOTE_LEN || kvp__get32(m) != KVP_NOTE_MAGIC)
@@ -303,22 +566,9 @@ static void note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 	if (e && e->state == EN_GONE)
 		goto drop; /* stale: reported already */
 	if (!e) {
-		if (a->nearly >= a->early_cap ||
-		    c->nearly >= a->early_per_conn)
+		e = early_entry(a, c, engine, id);
+		if (!e)
 			goto drop;
-		e = tab_insert(a, engine, id, EN_EARLY);
-		if (bm_take(a, e)) {
-			tab_remove(a, e);
-			goto drop;
-		}
-		e->deadline = kvp__now_ns() + LINGER_NS;
-		e->owner = (c->gen & 0xffff) << 16 | c->idx;
-		a->hint[hint_slot(a, id)].req_id = id;
-		a->hint[hint_slot(a, id)].engine_id = engine;
-		a->nearly++;
-		c->nearly++;
-		if (e->deadline < a->next_deadline)
-			a->next_deadline = e->deadline;
 	}
 	w = a->bm + (size_t)e->bm * KVP_BM_WORDS + rank / 64;
 	if (*w & 1ull << (rank % 64))
@@ -357,6 +607,29 @@ void kvp__note_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 	/* The buffer goes back, and with it the consumer's credit. */
 	if (!kvp__post_note_recv(a, c, i))
 		a->ctr[c->idx]++;
+}
+
+int kvp_agent_publish(kvp_agent *a, uint64_t engine_id, uint64_t req_id,
+		      const struct kvp_progress *p)
+{
+	struct kvp_emit_range r[3];
+	struct kvp_ent *e;
+	uint32_t i;
+	int n;
+
+	if (!a || !a->producer || !p)
+		return -EINVAL;
+	e = tab_find(a, engine_id, req_id);
+	if (!e || e->state != EN_EXPECTED)
+		return -ENOENT;
+	n = kvp_progress_ranges(&e->prog, p, r);
+	if (n <= 0)
+		return n; /* 0: nothing new; -EINVAL, -ERANGE */
+	e->prog = *p;
+	for (i = e->fol; i != NO_FOL; i = a->fol[i].next)
+		fol_kick(a, i, e);
+	a->st.publishes++;
+	return 0;
 }
 
 int kvp_agent_expect(kvp_agent *a, uint64_t engine_id, uint64_t req_id,
@@ -421,6 +694,7 @@ static void tab_scan(kvp_agent *a, uint64_t now)
 			a->st.notes_dropped += e->count;
 			early_end(a, e);
 			bm_give(a, e);
+			fol_detach_all(a, e);
 			tab_remove(a, e);
 			continue; /* slot i may hold a shifted entry now */
 		}

@@ -175,6 +175,7 @@ struct visit {
 	const kvp_layout *l;
 	struct kvt_mem *m, *need;
 	uint32_t group, layer, kind;
+	uint64_t from; /* the first token position to visit */
 };
 
 static void visit_field(const struct visit *vi, const struct kvp_view_desc *v,
@@ -213,7 +214,8 @@ static void visit_field(const struct visit *vi, const struct kvp_view_desc *v,
 			c[i] += start[i];
 		if (!state)
 			c[KVP_AXIS_TOKEN] += tok0;
-		if (state || c[KVP_AXIS_TOKEN] < limit) {
+		if (state || (c[KVP_AXIS_TOKEN] >= vi->from &&
+			      c[KVP_AXIS_TOKEN] < limit)) {
 			h = mix(mix(mix(vi->group + 1, vi->layer), vi->kind),
 				state ? tok0 : 0xffff);
 			for (i = 0; i < KVP_AXIS_COUNT; i++)
@@ -236,10 +238,12 @@ static void visit_field(const struct visit *vi, const struct kvp_view_desc *v,
 	}
 }
 
-/* Visits the fields of every view of group g in block `id`. */
-static void visit_block(const kvp_layout *l, struct kvt_mem *m,
-			struct kvt_mem *need, uint32_t g, uint32_t id,
-			uint64_t tok0, uint64_t limit, int state)
+/* Visits the fields of every view of group g in block `id` whose layer is
+ * in [layer0, layer1), token positions [from, limit). */
+static void visit_layers(const kvp_layout *l, struct kvt_mem *m,
+			 struct kvt_mem *need, uint32_t g, uint32_t id,
+			 uint64_t tok0, uint64_t from, uint64_t limit,
+			 int state, uint32_t layer0, uint32_t layer1)
 {
 	struct kvp_layout_info li;
 	uint32_t i, view;
@@ -251,7 +255,8 @@ static void visit_block(const kvp_layout *l, struct kvt_mem *m,
 		struct visit vi;
 
 		if (kvp_layout_get_field(l, i, &view, &f) ||
-		    kvp_layout_get_view(l, view, &v) || v.group != g)
+		    kvp_layout_get_view(l, view, &v) || v.group != g ||
+		    v.layer < layer0 || v.layer >= layer1)
 			continue;
 		vi.l = l;
 		vi.m = m;
@@ -259,8 +264,18 @@ static void visit_block(const kvp_layout *l, struct kvt_mem *m,
 		vi.group = g;
 		vi.layer = v.layer;
 		vi.kind = f.kind;
+		vi.from = from;
 		visit_field(&vi, &v, &f, id, tok0, limit, state);
 	}
+}
+
+/* Visits the fields of every view of group g in block `id`. */
+static void visit_block(const kvp_layout *l, struct kvt_mem *m,
+			struct kvt_mem *need, uint32_t g, uint32_t id,
+			uint64_t tok0, uint64_t limit, int state)
+{
+	visit_layers(l, m, need, g, id, tok0, 0, limit, state, 0,
+		     UINT32_MAX);
 }
 
 void kvt_fill_producer(const kvp_layout *l, struct kvt_mem *m,
@@ -281,6 +296,33 @@ void kvt_fill_producer(const kvp_layout *l, struct kvt_mem *m,
 			visit_block(l, m, NULL, g, ids[g].remote[i],
 				    state ? i : (uint64_t)i * gd.block_tokens,
 				    UINT64_MAX, state);
+	}
+}
+
+void kvt_fill_producer_part(const kvp_layout *l, struct kvt_mem *m,
+			    const struct kvp_ids *ids, uint32_t layer0,
+			    uint32_t layer1, uint64_t from, uint64_t to)
+{
+	struct kvp_layout_info li;
+	uint32_t g, i;
+
+	if (from >= to)
+		return;
+	kvp_layout_get_info(l, &li);
+	for (g = 0; g < li.ngroups; g++) {
+		struct kvp_group_desc gd;
+		int state;
+
+		if (kvp_layout_get_group(l, g, &gd))
+			continue;
+		state = gd.kind == KVP_GROUP_STATE;
+		/* a recurrent state: whole once the last chunk is through */
+		if (state && to != KVP_TOKENS_END)
+			continue;
+		for (i = 0; i < ids[g].nremote; i++)
+			visit_layers(l, m, NULL, g, ids[g].remote[i],
+				     state ? i : (uint64_t)i * gd.block_tokens,
+				     from, to, state, layer0, layer1);
 	}
 }
 
@@ -488,4 +530,24 @@ out:
 	free(sge);
 	kvp_plan_destroy(plan);
 	return ret;
+}
+
+uint32_t kvt_layers(const kvp_layout *l)
+{
+	struct kvp_layout_info li;
+	struct kvp_view_desc v;
+	uint32_t i, n = 0;
+
+	kvp_layout_get_info(l, &li);
+	for (i = 0; i < li.nviews; i++)
+		if (!kvp_layout_get_view(l, i, &v) && v.layer + 1 > n)
+			n = v.layer + 1;
+	return n;
+}
+
+uint64_t kvt_ready(const struct kvp_progress *p, uint32_t l)
+{
+	if (p->tokens_cur > p->tokens_all && l < p->layers_cur)
+		return p->tokens_cur;
+	return p->tokens_all;
 }

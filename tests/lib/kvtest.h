@@ -43,6 +43,14 @@ struct kvt_req {
 void kvt_fill_producer(const kvp_layout *l, struct kvt_mem *m,
 		       const struct kvp_ids *ids);
 
+/* kvt_fill_producer() for a part of the sequence only, as a prefill writes
+ * it: the elements of layers [layer0, layer1) at token positions
+ * [from, to), and (to == KVP_TOKENS_END: the last chunk) the STATE
+ * groups' blocks of those layers. */
+void kvt_fill_producer_part(const kvp_layout *l, struct kvt_mem *m,
+			    const struct kvp_ids *ids, uint32_t layer0,
+			    uint32_t layer1, uint64_t from, uint64_t to);
+
 /* Writes into `m` (a copy of the consumer's memory before the transfer)
  * what the consumer must hold after it: identity patterns in every element
  * of the local blocks that the request reads. Also marks those bytes in
@@ -93,5 +101,12 @@ int kvt_short_key_table(const kvp_layout *l, uint8_t **blob, size_t *len);
 
 void kvt_random_ids(uint64_t *state, uint32_t *ids, uint32_t n,
 		    uint32_t bound);
+
+/* One past the highest model layer of l's views. */
+uint32_t kvt_layers(const kvp_layout *l);
+
+/* The tokens progress p says are written in layer l (struct kvp_progress,
+ * written out apart from kvp_progress_ranges()). */
+uint64_t kvt_ready(const struct kvp_progress *p, uint32_t l);
 
 #endif

@@ -1,0 +1,435 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Streaming pulls on soft-RoCE (kvp_agent_pull_stream, kvp_agent_publish):
+ * the producer ranks start with poison in every region, the consumer
+ * ranks pull each request in streaming mode, and only then does each
+ * producer rank "compute" the prefill: step by step (layer by layer,
+ * chunk by chunk, or chunks layer by layer) it writes exactly the cells
+ * that step publishes, then publishes the step, then spins its poll for a
+ * while. Each consumer rank's memory must end equal to the identity
+ * expectation: a READ issued before its cells were written would have
+ * landed poison. Also checked: the consumer saw several progresses (it
+ * followed the prefill rather than reading at the end), the producer
+ * wrote progress records, and the requests are released.
+ *
+ * Cases: dense layer-wise, chunked, chunks layer-wise with block sizes
+ * that do not nest (a consumer block straddles chunk boundaries), a
+ * Mamba2 hybrid (state complete with the last chunk), TP 2 -> 1, a
+ * consumer that follows before the producer's kvp_agent_expect(), and
+ * one that pulls after part of the prefill is published.
+ *
+ *   rdma_stream [filter]
+ */
+#include "rdma/harness.h"
+
+#define END KVP_TOKENS_END
+#define MAXSTEPS 96u
+
+struct scase {
+	struct rt_case rc;
+	uint32_t mode;	    /* 0 layer by layer, 1 chunks, 2 both */
+	uint32_t chunk;	    /* tokens per chunk (modes 1, 2) */
+	uint32_t pace_us;   /* the producer's "compute" per step */
+	int late_expect;    /* expect after the consumers pulled */
+	int late_pull;	    /* consumers pull after part is published */
+};
+
+#define RC(n, m, l, p, d, pb, db, nr, t)                                    \
+	.rc = { .name = (n), .model = (m), .layers = (l), .P = (p),        \
+		.D = (d), .pblock = (pb), .dblock = (db), .pblocks = 64,   \
+		.dblocks = 64, .nreq = (nr), .tokens = (t),                \
+		.kill_rank = -1, .max_inflight = 8, .seed = 5 }
+
+static const struct scase cases[] = {
+	{ RC("llama 1->1 layer by layer", "llama-3.1-8b", 4, 1, 1, 16, 16, 2,
+	     100),
+	  .mode = 0, .pace_us = 3000 },
+	{ RC("llama 1->1 chunked (40-token chunks)", "llama-3.1-8b", 2, 1, 1,
+	     16, 16, 2, 150),
+	  .mode = 1, .chunk = 40, .pace_us = 3000 },
+	{ RC("llama 2->1 chunks layer by layer, blocks 24->16", "llama-3.1-8b",
+	     3, 2, 1, 24, 16, 2, 130),
+	  .mode = 2, .chunk = 50, .pace_us = 2000 },
+	{ .rc = { .name = "nemotron-h-8b 1->1 chunks layer by layer (Mamba2 "
+			  "state)",
+		  .model = "nemotron-h-8b", .layers = 1, .state_layers = 2,
+		  .P = 1, .D = 1, .pblock = 16, .dblock = 16, .pblocks = 144,
+		  .dblocks = 144, .nreq = 2, .tokens = 64, .kill_rank = -1,
+		  .max_inflight = 8, .seed = 5 },
+	  .mode = 2, .chunk = 40, .pace_us = 2000 },
+	{ RC("llama 1->1 follow before expect", "llama-3.1-8b", 2, 1, 1, 16,
+	     16, 2, 64),
+	  .mode = 0, .pace_us = 3000, .late_expect = 1 },
+	{ RC("llama 1->1 pull after part is published", "llama-3.1-8b", 4, 1,
+	     1, 16, 16, 2, 64),
+	  .mode = 0, .pace_us = 20000, .late_pull = 1 },
+};
+
+static struct kvp_progress prog(uint64_t all, uint64_t cur, uint32_t l)
+{
+	struct kvp_progress p = { all, cur, l, 0 };
+
+	return p;
+}
+
+static uint32_t schedule(const struct scase *sc, uint32_t layers,
+			 struct kvp_progress *s)
+{
+	uint64_t t0, t1, tokens = sc->rc.tokens;
+	uint32_t n = 0, l;
+
+	if (sc->mode == 0) {
+		for (l = 1; l < layers; l++)
+			s[n++] = prog(0, END, l);
+	} else {
+		for (t0 = 0; t0 < tokens && n + layers < MAXSTEPS; t0 = t1) {
+			t1 = t0 + sc->chunk;
+			for (l = 1; sc->mode == 2 && l < layers; l++)
+				s[n++] = prog(t0, t1 >= tokens ? END : t1, l);
+			if (t1 < tokens)
+				s[n++] = prog(t1, t1, 0);
+		}
+	}
+	s[n++] = prog(END, END, 0);
+	return n;
+}
+
+/* Polls for us microseconds. */
+static int spin(kvp_agent *a, uint32_t us)
+{
+	struct kvp_event ev[16];
+	uint64_t end = rt_now_ns() + (uint64_t)us * 1000;
+
+	do {
+		if (kvp_agent_poll(a, ev, 0) < 0)
+			return -1;
+	} while (rt_now_ns() < end);
+	return 0;
+}
+
+static int producer(const struct scase *sc, const struct rt_env *env,
+		    const struct rt_req *rq, uint32_t rank, int ready_fd,
+		    int go_fd, int stop_fd)
+{
+	const struct rt_case *tc = &sc->rc;
+	static struct kvp_progress s[MAXSTEPS];
+	struct kvp_progress pub = prog(0, 0, 0);
+	struct kvp_agent_attr at;
+	struct kvt_mem mem = { 0 };
+	struct kvp_agent_stats st;
+	struct kvp_event ev[16];
+	kvp_layout *l = rt_layout(tc, 1, rank);
+	kvp_agent *a = NULL;
+	uint32_t i, k, q, n, layers, released = 0;
+	uint64_t t_end = rt_now_ns() + 60000000000ull;
+	int ret = 1, err;
+	char who[64], c;
+
+	snprintf(who, sizeof(who), "%s P%u", tc->name, rank);
+	alarm(90);
+	if (!l || kvt_mem_alloc(l, &mem))
+		RT_FAIL("layout or memory");
+	kvt_fill_background(&mem, 100 + rank); /* the poison */
+	memset(&at, 0, sizeof(at));
+	at.role = KVP_ROLE_PRODUCER;
+	at.layout = l;
+	at.addr = env->addr0;
+	at.max_inflight = 16;
+	err = kvp_agent_open(&at, &a);
+	if (!err)
+		err = rt_register(tc, a, &mem);
+	if (!err)
+		err = kvp_agent_listen(a, env->addr0,
+				       (uint16_t)(env->port + rank));
+	if (err)
+		RT_FAIL("open, register, listen: %s", kvp_strerror(err));
+	if (write(ready_fd, "r", 1) != 1)
+		RT_FAIL("ready pipe");
+	/* -ENOENT: nothing expected yet */
+	if (kvp_agent_publish(a, RT_CONS_ENGINE, rq[0].id, &s[0]) != -ENOENT)
+		RT_FAIL("publish before expect was not -ENOENT");
+	for (i = 0; !sc->late_expect && i < tc->nreq; i++) {
+		err = kvp_agent_expect(a, RT_CONS_ENGINE, rq[i].id,
+				       rt_now_ns() + 60000000000ull);
+		if (err)
+			RT_FAIL("expect: %s", kvp_strerror(err));
+	}
+	if (!sc->late_pull) {
+		/* the consumers pulled (and, late_expect, followed) */
+		for (;;) {
+			struct pollfd p = { .fd = go_fd, .events = POLLIN };
+
+			if (poll(&p, 1, 0) > 0) {
+				if (read(go_fd, &c, 1) != 1)
+					RT_FAIL("go pipe");
+				break;
+			}
+			if (spin(a, 200) || rt_now_ns() > t_end)
+				RT_FAIL("never told to go");
+		}
+	}
+	if (sc->late_expect) {
+		if (spin(a, 100000))
+			RT_FAIL("poll");
+		for (i = 0; i < tc->nreq; i++) {
+			err = kvp_agent_expect(a, RT_CONS_ENGINE, rq[i].id,
+					       rt_now_ns() + 60000000000ull);
+			if (err)
+				RT_FAIL("late expect: %s", kvp_strerror(err));
+		}
+	}
+	layers = kvt_layers(l);
+	n = schedule(sc, layers, s);
+	for (k = 0; k < n; k++) {
+		/* write what the step publishes, then publish it */
+		for (i = 0; i < tc->nreq; i++)
+			for (q = 0; q < layers; q++)
+				kvt_fill_producer_part(l, &mem, rq[i].ids, q,
+						       q + 1, kvt_ready(&pub, q),
+						       kvt_ready(&s[k], q));
+		for (i = 0; i < tc->nreq; i++) {
+			err = kvp_agent_publish(a, RT_CONS_ENGINE, rq[i].id,
+						&s[k]);
+			if (err)
+				RT_FAIL("publish step %u: %s", k,
+					kvp_strerror(err));
+		}
+		pub = s[k];
+		/* going backwards is refused (the request is not complete
+		 * yet: still expected) */
+		if (k == 1 && kvp_agent_publish(a, RT_CONS_ENGINE, rq[0].id,
+						&s[0]) != -ERANGE)
+			RT_FAIL("a progress going backwards was not -ERANGE");
+		if (spin(a, sc->pace_us))
+			RT_FAIL("poll");
+	}
+	while (released < tc->nreq) {
+		int m = kvp_agent_poll(a, ev, 16);
+
+		if (m < 0)
+			RT_FAIL("poll: %s", kvp_strerror(m));
+		for (i = 0; i < (uint32_t)m; i++) {
+			if (ev[i].type == KVP_EV_RELEASED)
+				released++;
+			else if (ev[i].type != KVP_EV_DISCONNECTED)
+				RT_FAIL("event %u (%s)", ev[i].type,
+					kvp_strerror(ev[i].status));
+		}
+		if (rt_now_ns() > t_end)
+			RT_FAIL("%u of %u released", released, tc->nreq);
+	}
+	kvp_agent_get_stats(a, &st);
+	if (!st.follows || !st.progress_writes)
+		RT_FAIL("%llu follows, %llu progress writes",
+			(unsigned long long)st.follows,
+			(unsigned long long)st.progress_writes);
+	if (env->verbose)
+		fprintf(stderr,
+			"  [%s] %u steps, %llu publishes, %llu follows, %llu progress writes\n",
+			who, n, (unsigned long long)st.publishes,
+			(unsigned long long)st.follows,
+			(unsigned long long)st.progress_writes);
+	for (;;) {
+		struct pollfd p = { .fd = stop_fd, .events = POLLIN };
+
+		if (poll(&p, 1, 0) > 0)
+			break;
+		if (spin(a, 200) || rt_now_ns() > t_end)
+			RT_FAIL("never told to stop");
+	}
+	ret = 0;
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvp_layout_destroy(l);
+	return ret;
+}
+
+static int consumer(const struct scase *sc, const struct rt_env *env,
+		    const struct rt_req *rq, uint32_t rank, int go_fd)
+{
+	const struct rt_case *tc = &sc->rc;
+	struct kvp_peer peers[RT_MAX_RANKS] = { { 0 } };
+	struct kvp_agent_attr at;
+	struct kvt_mem mem = { 0 }, exp = { 0 };
+	struct kvp_agent_stats st;
+	struct kvp_event ev[16];
+	kvp_layout *l = rt_layout(tc, 0, rank), *r0 = rt_layout(tc, 1, 0);
+	kvp_agent *a = NULL;
+	uint32_t i, h = 0, up = 0, done = 0;
+	uint64_t t_end = rt_now_ns() + 60000000000ull;
+	int ret = 1, err, m;
+	char who[64];
+
+	snprintf(who, sizeof(who), "%s D%u", tc->name, rank);
+	alarm(90);
+	if (!l || !r0 || kvt_mem_alloc(l, &mem))
+		RT_FAIL("layout or memory");
+	kvt_fill_background(&mem, 7 + rank);
+	if (rt_copy_mem(&exp, &mem))
+		RT_FAIL("memory");
+	memset(&at, 0, sizeof(at));
+	at.role = KVP_ROLE_CONSUMER;
+	at.layout = l;
+	at.addr = env->addr0;
+	at.max_ids = RT_MAX_IDS;
+	at.max_inflight = 8;
+	err = kvp_agent_open(&at, &a);
+	if (!err)
+		err = rt_register(tc, a, &mem);
+	for (i = 0; i < tc->P; i++) {
+		peers[i].addr = env->addr0;
+		peers[i].port = (uint16_t)(env->port + i);
+	}
+	if (!err)
+		err = kvp_agent_add_engine(a, peers, tc->P, 30000, &h);
+	if (err)
+		RT_FAIL("open, register, add engine: %s", kvp_strerror(err));
+	while (!up) {
+		m = kvp_agent_poll(a, ev, 16);
+		if (m < 0)
+			RT_FAIL("poll: %s", kvp_strerror(m));
+		for (i = 0; i < (uint32_t)m; i++) {
+			if (ev[i].type == KVP_EV_ENGINE_UP)
+				up = 1;
+			else
+				RT_FAIL("event %u before up", ev[i].type);
+		}
+		if (rt_now_ns() > t_end)
+			RT_FAIL("engine never up");
+	}
+	if (sc->late_pull && spin(a, 3 * sc->pace_us / 2))
+		RT_FAIL("poll");
+	for (i = 0; i < tc->nreq; i++) {
+		err = kvp_agent_pull_stream(a, h, rq[i].id, rq[i].ids);
+		if (err)
+			RT_FAIL("pull_stream %u: %s", i, kvp_strerror(err));
+	}
+	if (kvp_agent_pull_stream(a, h, rq[0].id, rq[0].ids) != -EALREADY)
+		RT_FAIL("a second streamed pull in flight was not -EALREADY");
+	/* let the FOLLOWs go, then tell the producers */
+	if (spin(a, 20000))
+		RT_FAIL("poll");
+	for (i = 0; go_fd >= 0 && i < tc->P; i++)
+		if (write(go_fd, "g", 1) != 1)
+			RT_FAIL("go pipe");
+	while (done < tc->nreq) {
+		m = kvp_agent_poll(a, ev, 16);
+		if (m < 0)
+			RT_FAIL("poll: %s", kvp_strerror(m));
+		for (i = 0; i < (uint32_t)m; i++) {
+			if (ev[i].type != KVP_EV_DONE)
+				RT_FAIL("event %u: %s (%s)", ev[i].type,
+					kvp_strerror(ev[i].status),
+					kvp_reason_str(ev[i].reason));
+			done++;
+		}
+		if (rt_now_ns() > t_end)
+			RT_FAIL("%u of %u done", done, tc->nreq);
+	}
+	kvp_agent_get_stats(a, &st);
+	for (i = 0; i < tc->nreq; i++)
+		kvt_expect_consumer(l, r0, &exp, NULL, rq[i].ids);
+	if (kvt_mem_compare(&mem, &exp, who))
+		RT_FAIL("consumer memory differs (poison: a READ came early)");
+	/* it followed the prefill: more than the last progress */
+	if (!sc->late_pull && st.progress_seen < 2 * tc->P)
+		RT_FAIL("%llu progresses seen",
+			(unsigned long long)st.progress_seen);
+	if (env->verbose)
+		fprintf(stderr, "  [%s] %llu progresses seen, %llu READs\n",
+			who, (unsigned long long)st.progress_seen,
+			(unsigned long long)st.reads);
+	ret = 0;
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvt_mem_free(&exp);
+	kvp_layout_destroy(l);
+	kvp_layout_destroy(r0);
+	return ret;
+}
+
+static int run(const struct scase *sc, const struct rt_env *env)
+{
+	static struct rt_req rq[RT_MAX_REQ];
+	const struct rt_case *tc = &sc->rc;
+	pid_t prod[RT_MAX_RANKS] = { 0 }, cons[RT_MAX_RANKS] = { 0 };
+	int rdy[2] = { -1, -1 }, stop[2] = { -1, -1 }, go[2] = { -1, -1 };
+	uint32_t i, nready = 0;
+	int ret = -1;
+	char c;
+
+	memset(rq, 0, sizeof(rq));
+	if (rt_make_requests(tc, rq) || pipe(rdy) || pipe(stop) || pipe(go))
+		return -1;
+	fflush(NULL);
+	for (i = 0; i < tc->P; i++) {
+		prod[i] = fork();
+		if (prod[i] == 0) {
+			close(rdy[0]);
+			close(stop[1]);
+			close(go[1]);
+			RT_EXIT(producer(sc, env, rq, i, rdy[1], go[0],
+					 stop[0]));
+		}
+		if (prod[i] < 0)
+			goto out_kill;
+	}
+	close(rdy[1]);
+	close(stop[0]);
+	close(go[0]);
+	while (nready < tc->P) {
+		struct pollfd p = { .fd = rdy[0], .events = POLLIN };
+
+		if (poll(&p, 1, 30000) <= 0 || read(rdy[0], &c, 1) != 1)
+			goto out_kill;
+		nready++;
+	}
+	for (i = 0; i < tc->D; i++) {
+		cons[i] = fork();
+		if (cons[i] == 0) {
+			close(stop[1]);
+			RT_EXIT(consumer(sc, env, rq, i, i == 0 ? go[1] : -1));
+		}
+		if (cons[i] < 0)
+			goto out_kill;
+	}
+	ret = rt_wait(cons, tc->D, rt_now() + 80, "consumer");
+	close(stop[1]);
+	stop[1] = -1;
+	if (rt_wait(prod, tc->P, rt_now() + 20, "producer"))
+		ret = -1;
+	goto out;
+out_kill:
+	rt_kill_all(prod, tc->P);
+	rt_kill_all(cons, tc->D);
+	while (waitpid(-1, NULL, 0) > 0)
+		;
+out:
+	close(rdy[0]);
+	if (stop[1] >= 0)
+		close(stop[1]);
+	close(go[1]);
+	return ret;
+}
+
+int main(int argc, char **argv)
+{
+	struct rt_env env;
+	uint32_t i, pass = 0, fail = 0;
+
+	if (rt_start(&env, 21400))
+		return 1;
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		double t0 = rt_now();
+
+		if (argc > 1 && !strstr(cases[i].rc.name, argv[1]))
+			continue;
+		rt_report(cases[i].rc.name, !run(&cases[i], &env), t0, &pass,
+			  &fail);
+		env.port = (uint16_t)(env.port + RT_MAX_RANKS);
+	}
+	printf("%u passed, %u failed\n", pass, fail);
+	return fail ? 1 : 0;
+}

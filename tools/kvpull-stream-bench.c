@@ -1,0 +1,594 @@
+// SPDX-License-Identifier: MIT
+/*
+ * kvpull-stream-bench: a streamed pull (kvp_agent_pull_stream()) beside a
+ * bulk pull (kvp_agent_pull_from() once the prefill is done), while the
+ * producer simulates a prefill at a set pace. Public API only.
+ *
+ *   kvpull-stream-bench [--case NAME] [--addr IP] [--port N]
+ *
+ * Each case forks its producer ranks and one consumer rank (rank 0 of its
+ * engine). A producer rank's memory starts as poison (0xee); its "prefill"
+ * writes each step's bytes (copied from a seeded random image: whole
+ * blocks of the layers the step completes; chunk boundaries fall on block
+ * boundaries) only when the step's time comes, then publishes the step
+ * (kvp_agent_publish()). The consumer pulls three requests, one at a time:
+ *   - alone: the prefill published at once, then a bulk pull; its time
+ *     over the layers is layer_xfer_ms, one layer's transfer;
+ *   - bulk: paced prefill, the pull once the last step is published;
+ *   - stream: paced prefill, the streamed pull issued before it starts.
+ * The compute per layer is the case's factor times layer_xfer_ms. Each
+ * pull's bytes are compared with what the plan's READs of the random image
+ * give: wrong_bytes differ, early_bytes are poison (a READ before its
+ * step). One line per case:
+ *
+ *   stream: case=NAME layers=L chunks=C bytes=B reads_bulk=R1
+ *     reads_stream=R2 layer_xfer_ms=X exposed_bulk_ms=Y exposed_stream_ms=Z
+ *     ratio=Z/Y total_bulk_ms=T1 total_stream_ms=T2 progress_msgs=M
+ *     wrong_bytes=W early_bytes=E
+ *
+ * exposed: from the last publish (of any producer rank) to DONE; total:
+ * from the start of the prefill to DONE; progress_msgs: progress records
+ * the producer ranks wrote for the streamed request, per consumer rank.
+ * scripts/rdma-bench.sh --stream runs every case in one soft-RoCE VM boot.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "kvpull.h"
+#include "kvtest.h"
+#include "rdma_tool.h"
+
+#define PRODUCER_ENGINE 0x73747270ull
+#define CONSUMER_ENGINE 0x73747263ull
+#define POISON 0xee
+#define NREQ 3 /* alone, bulk, stream */
+#define MAXG 4
+#define MAXSTEPS 256
+
+struct bcase {
+	const char *name, *model;
+	uint32_t layers, state_layers; /* kept of the preset's */
+	uint32_t P;
+	uint32_t tokens;   /* per request */
+	uint32_t chunks;   /* 1: layer by layer; more: chunked prefill */
+	double factor;	   /* compute per layer / one layer's transfer */
+};
+
+static const struct bcase cases[] = {
+	{ "dense-layerwise", "llama-3.1-8b", 8, 0, 1, 512, 1, 2.0 },
+	{ "dense-chunked", "llama-3.1-8b", 8, 0, 1, 512, 4, 2.0 },
+	{ "hybrid", "nemotron-h-8b", 2, 2, 1, 256, 1, 2.0 },
+	{ "tp2to1", "llama-3.1-8b", 8, 0, 2, 512, 1, 2.0 },
+	{ "short", "llama-3.1-8b", 8, 0, 1, 16, 1, 2.0 },
+	{ "link-bound", "llama-3.1-8b", 8, 0, 1, 512, 1, 0.5 },
+};
+#define NCASES (sizeof(cases) / sizeof(cases[0]))
+
+/* What the consumer tells the producer ranks, and what they report back,
+ * in memory shared by the processes (mapped before they fork). */
+struct ctl {
+	volatile uint32_t seq;	    /* a run: bumped by the consumer */
+	volatile uint32_t req;	    /* its request */
+	volatile uint64_t pace_ns;  /* compute per layer; 0: all at once */
+	volatile uint64_t t_start;  /* the prefill's start */
+	volatile uint32_t done[TOOL_MAX_RANKS];	  /* the last run done */
+	volatile uint64_t t_last[TOOL_MAX_RANKS]; /* its last publish */
+	volatile uint64_t writes[TOOL_MAX_RANKS]; /* progress records */
+};
+
+struct bench {
+	const struct bcase *c;
+	const char *addr;
+	uint32_t port;
+	struct ctl *ctl;
+	struct kvp_ids ids[NREQ][MAXG];
+	uint32_t lid[NREQ][MAXG][64], rid[NREQ][MAXG][64];
+};
+
+/* Blocks per region: NREQ requests, above the state slots of a hybrid's
+ * pool. */
+static uint32_t nblocks(const struct bcase *c)
+{
+	return NREQ * ((c->tokens + 15) / 16) + (c->state_layers ? 256 : 8);
+}
+
+static kvp_layout *build(const struct bcase *c, int producer, uint32_t rank)
+{
+	struct kvp_engine_desc e = { 0 };
+	struct kvp_model m;
+	kvp_layout *l = NULL;
+
+	if (kvp_model_preset(c->model, &m))
+		return NULL;
+	m.layers = c->layers;
+	m.state_layers = c->state_layers;
+	e.engine_id = producer ? PRODUCER_ENGINE : CONSUMER_ENGINE;
+	e.tp_size = producer ? c->P : 1;
+	e.tp_rank = rank;
+	e.block_tokens = 16;
+	e.num_blocks = nblocks(c);
+	e.kv_layout = KVP_KV_FLASH_HND;
+	if (kvp_layout_build(&m, &e, &l))
+		return NULL;
+	return l;
+}
+
+/* The producer ranks' bytes: a seeded random image per rank. */
+static void truth(struct kvt_mem *m, uint32_t rank)
+{
+	uint64_t s = 0x9e3779b97f4a7c15ull * (rank + 1);
+	uint32_t r;
+	uint64_t o;
+
+	for (r = 0; r < m->nregions; r++)
+		for (o = 0; o < m->size[r]; o++)
+			m->buf[r][o] = (uint8_t)(kvt_rand(&s) >> 32);
+}
+
+/* Request k's ids: distinct blocks per request, state slot k. */
+static int make_ids(struct bench *b, const kvp_layout *pl)
+{
+	struct kvp_layout_info li;
+	uint32_t k, g, i, nb = (b->c->tokens + 15) / 16;
+	uint32_t base = tool_token_base(pl, NREQ);
+
+	kvp_layout_get_info(pl, &li);
+	for (k = 0; k < NREQ; k++) {
+		for (g = 0; g < li.ngroups && g < MAXG; g++) {
+			struct kvp_group_desc gd;
+			struct kvp_ids *x = &b->ids[k][g];
+			uint32_t n;
+
+			if (kvp_layout_get_group(pl, g, &gd))
+				continue;
+			n = gd.kind == KVP_GROUP_STATE ? 1 : nb;
+			for (i = 0; i < n; i++) {
+				/* state: slot k; tokens: above the
+				 * state slots (hybrid pools share pages) */
+				b->rid[k][g][i] = gd.kind == KVP_GROUP_STATE ?
+							  k :
+							  base + k * nb + i;
+				b->lid[k][g][i] = b->rid[k][g][i];
+			}
+			x->local = b->lid[k][g];
+			x->remote = b->rid[k][g];
+			x->nlocal = x->nremote = n;
+			x->tokens = gd.kind == KVP_GROUP_STATE ? 0 :
+								b->c->tokens;
+			if (gd.kind != KVP_GROUP_STATE &&
+			    base + NREQ * nb > nblocks(b->c))
+				return -1;
+		}
+	}
+	return 0;
+}
+
+/* A view's page extent: the bytes its fields span from the page start. */
+static uint64_t page_extent(const kvp_layout *l, uint32_t view)
+{
+	struct kvp_layout_info li;
+	struct kvp_field_desc f;
+	uint64_t end = 0, e;
+	uint32_t i, v, d;
+
+	kvp_layout_get_info(l, &li);
+	for (i = 0; i < li.nfields; i++) {
+		if (kvp_layout_get_field(l, i, &v, &f) || v != view)
+			continue;
+		e = f.offset + f.elem_size;
+		for (d = 0; d < f.ndim; d++)
+			e += (uint64_t)(f.dim[d].size - 1) * f.dim[d].stride;
+		if (e > end)
+			end = e;
+	}
+	return end;
+}
+
+/* Writes what layers [l0, l1) hold of tokens [t0, t1) of request `ids`:
+ * whole blocks (t0, t1 fall on block boundaries, or at the end), state
+ * pages with the last chunk. */
+static void write_part(const kvp_layout *l, struct kvt_mem *live,
+		       const struct kvt_mem *src, const struct kvp_ids *ids,
+		       uint32_t l0, uint32_t l1, uint64_t t0, uint64_t t1)
+{
+	struct kvp_layout_info li;
+	struct kvp_view_desc v;
+	struct kvp_group_desc gd;
+	uint32_t i, k;
+
+	kvp_layout_get_info(l, &li);
+	for (i = 0; i < li.nviews; i++) {
+		uint64_t ext;
+
+		if (kvp_layout_get_view(l, i, &v) || v.layer < l0 ||
+		    v.layer >= l1 || kvp_layout_get_group(l, v.group, &gd))
+			continue;
+		ext = page_extent(l, i);
+		for (k = 0; k < ids[v.group].nremote; k++) {
+			uint64_t b0 = (uint64_t)k * gd.block_tokens;
+			uint64_t off = v.offset + (uint64_t)ids[v.group].remote[k] *
+							  v.stride;
+
+			if (gd.kind == KVP_GROUP_STATE ?
+				    t1 != KVP_TOKENS_END :
+				    b0 < t0 || b0 >= t1)
+				continue;
+			memcpy(live->buf[v.region] + off,
+			       src->buf[v.region] + off, ext);
+		}
+	}
+}
+
+static int poll_for(kvp_agent *a, uint64_t until)
+{
+	struct kvp_event ev[16];
+
+	do {
+		if (kvp_agent_poll(a, ev, 16) < 0)
+			return -1;
+	} while (tool_now_ns() < until);
+	return 0;
+}
+
+/* One paced prefill of request k (pace 0: everything at once). */
+static int prefill(struct bench *b, kvp_agent *a, const kvp_layout *l,
+		   struct kvt_mem *live, const struct kvt_mem *src,
+		   uint32_t rank, uint32_t k, uint64_t pace)
+{
+	const struct bcase *c = b->c;
+	struct kvp_progress s[MAXSTEPS], pub = { 0, 0, 0, 0 };
+	uint32_t n = 0, q, layers = c->layers + c->state_layers, i;
+	uint64_t chunk = (c->tokens / c->chunks + 15) / 16 * 16, t0, t1;
+	uint64_t step_ns, next;
+	struct kvp_agent_stats st0, st1;
+
+	/* the steps: layer by layer in each chunk */
+	for (t0 = 0; t0 < c->tokens; t0 = t1) {
+		t1 = t0 + chunk >= c->tokens ? KVP_TOKENS_END : t0 + chunk;
+		for (q = 1; q < layers && n < MAXSTEPS - 2; q++)
+			s[n++] = (struct kvp_progress){ t0, t1, q, 0 };
+		s[n++] = (struct kvp_progress){ t1, t1, 0, 0 };
+	}
+	step_ns = pace * layers * chunk / c->tokens / (n / c->chunks);
+	kvp_agent_get_stats(a, &st0);
+	next = tool_now_ns();
+	for (i = 0; i < n; i++) {
+		next += pace ? step_ns : 0;
+		for (q = 0; q < layers; q++)
+			write_part(l, live, src, b->ids[k], q, q + 1,
+				   kvt_ready(&pub, q), kvt_ready(&s[i], q));
+		/* the step's "compute" */
+		if (pace && poll_for(a, next))
+			return -1;
+		if (kvp_agent_publish(a, CONSUMER_ENGINE, k, &s[i]))
+			return -1;
+		pub = s[i];
+	}
+	b->ctl->t_last[rank] = tool_now_ns();
+	kvp_agent_get_stats(a, &st1);
+	b->ctl->writes[rank] = st1.progress_writes - st0.progress_writes;
+	return 0;
+}
+
+static int producer(void *arg, uint32_t rank, int ready_fd, int stop_fd)
+{
+	struct bench *b = arg;
+	struct kvt_mem live = { 0 }, src = { 0 };
+	kvp_layout *l = build(b->c, 1, rank);
+	kvp_agent *a = NULL;
+	uint32_t seen = 0, k;
+	int ret = 1;
+
+	alarm(600);
+	if (!l || kvt_mem_alloc(l, &live) || kvt_mem_alloc(l, &src))
+		goto out;
+	truth(&src, rank);
+	for (k = 0; k < live.nregions; k++)
+		memset(live.buf[k], POISON, live.size[k]);
+	if (tool_producer_open(l, b->addr, (uint16_t)(b->port + rank), 16,
+			       &live, &a))
+		goto out;
+	for (k = 0; k < NREQ; k++)
+		if (kvp_agent_expect(a, CONSUMER_ENGINE, k,
+				     tool_now_ns() + 600000000000ull))
+			goto out;
+	if (write(ready_fd, "r", 1) != 1)
+		goto out;
+	for (;;) {
+		struct pollfd p = { .fd = stop_fd, .events = POLLIN };
+
+		if (b->ctl->seq != seen) {
+			seen = b->ctl->seq;
+			if (prefill(b, a, l, &live, &src, rank, b->ctl->req,
+				    b->ctl->pace_ns))
+				goto out;
+			b->ctl->done[rank] = seen;
+		}
+		if (poll_for(a, tool_now_ns() + 100000))
+			goto out;
+		if (poll(&p, 1, 0) > 0)
+			break;
+	}
+	ret = 0;
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&live);
+	kvt_mem_free(&src);
+	kvp_layout_destroy(l);
+	return ret;
+}
+
+struct pulled {
+	uint64_t t_done, reads, bytes, wrong, early;
+};
+
+/* Starts run `req` on the producers and pulls it: bulk once every rank
+ * published its last step, or streamed from the start. */
+static int run(struct bench *b, kvp_agent *a, uint32_t h, uint32_t req,
+	       uint64_t pace, int stream, struct pulled *out)
+{
+	struct kvp_agent_stats s0, s1;
+	struct kvp_event ev[16];
+	uint32_t i, seq = b->ctl->seq + 1, pulled = 0;
+	int n, err;
+
+	kvp_agent_get_stats(a, &s0);
+	b->ctl->req = req;
+	b->ctl->pace_ns = pace;
+	b->ctl->t_start = tool_now_ns();
+	b->ctl->seq = seq;
+	if (stream) {
+		err = kvp_agent_pull_stream(a, h, req, b->ids[req]);
+		if (err)
+			return err;
+		pulled = 1;
+	}
+	for (;;) {
+		if (!pulled) {
+			for (i = 0; i < b->c->P && b->ctl->done[i] == seq; i++)
+				;
+			if (i == b->c->P) {
+				err = kvp_agent_pull_from(a, h, req,
+							  b->ids[req]);
+				if (err)
+					return err;
+				pulled = 1;
+			}
+		}
+		n = kvp_agent_poll(a, ev, 16);
+		if (n < 0)
+			return n;
+		for (i = 0; i < (uint32_t)n; i++) {
+			if (ev[i].type != KVP_EV_DONE)
+				return ev[i].status ? ev[i].status : -EPROTO;
+			out->t_done = tool_now_ns();
+			kvp_agent_get_stats(a, &s1);
+			out->reads = s1.reads - s0.reads;
+			out->bytes = s1.read_bytes - s0.read_bytes;
+			/* the producers' last publishes are in */
+			for (i = 0; i < b->c->P; i++)
+				while (b->ctl->done[i] != seq)
+					usleep(100);
+			return 0;
+		}
+	}
+}
+
+/* The last publish of the run just done, over the producer ranks. */
+static uint64_t last_publish(const struct bench *b)
+{
+	uint64_t last = 0;
+	uint32_t i;
+
+	for (i = 0; i < b->c->P; i++)
+		if (b->ctl->t_last[i] > last)
+			last = b->ctl->t_last[i];
+	return last;
+}
+
+/* Compares request req's local blocks with what the plan's READs of the
+ * producers' random images give. */
+static int verify(const struct bench *b, const kvp_plan *plan,
+		  const kvp_layout *dl, struct kvt_mem *mem, uint32_t req,
+		  struct pulled *o)
+{
+	struct kvt_mem exp = { 0 }, seen = { 0 }, prod[TOOL_MAX_RANKS];
+	struct kvt_mem *pp[TOOL_MAX_RANKS];
+	uint32_t maxw, maxs, i, r;
+	struct kvp_wr *wr;
+	struct kvp_sge *sge;
+	uint64_t bytes = 0, off;
+	int n, ret = -1;
+
+	memset(prod, 0, sizeof(prod));
+	kvp_plan_emit_bound(plan, 64, &maxw, &maxs);
+	wr = calloc(maxw + 1, sizeof(*wr));
+	sge = calloc(maxs + 1, sizeof(*sge));
+	if (!wr || !sge || kvt_mem_alloc(dl, &exp) ||
+	    kvt_mem_alloc(dl, &seen))
+		goto out;
+	for (r = 0; r < exp.nregions; r++) {
+		memcpy(exp.buf[r], mem->buf[r], exp.size[r]);
+		memset(seen.buf[r], 0, seen.size[r]);
+	}
+	for (i = 0; i < b->c->P; i++) {
+		kvp_layout *pl = build(b->c, 1, i);
+
+		if (!pl || kvt_mem_alloc(pl, &prod[i])) {
+			kvp_layout_destroy(pl);
+			goto out;
+		}
+		truth(&prod[i], i);
+		pp[i] = &prod[i];
+		kvp_layout_destroy(pl);
+	}
+	n = kvp_plan_emit(plan, b->ids[req], wr, maxw, sge, maxs, NULL);
+	if (n < 0 || kvt_execute(plan, wr, (uint32_t)n, sge, pp, &exp, &seen,
+				 &bytes))
+		goto out;
+	for (r = 0; r < exp.nregions; r++)
+		for (off = 0; off < exp.size[r]; off++)
+			if (seen.buf[r][off] &&
+			    mem->buf[r][off] != exp.buf[r][off]) {
+				o->wrong++;
+				o->early += mem->buf[r][off] == POISON;
+			}
+	ret = 0;
+out:
+	for (i = 0; i < TOOL_MAX_RANKS; i++)
+		kvt_mem_free(&prod[i]);
+	kvt_mem_free(&exp);
+	kvt_mem_free(&seen);
+	free(wr);
+	free(sge);
+	return ret;
+}
+
+static int consumer(void *arg, uint32_t rank)
+{
+	struct bench *b = arg;
+	const struct bcase *c = b->c;
+	struct kvp_agent_attr at;
+	struct kvt_mem mem = { 0 };
+	struct kvp_engine_info ei;
+	struct pulled alone = { 0 }, bulk = { 0 }, str = { 0 };
+	kvp_layout *dl = build(c, 0, rank);
+	kvp_agent *a = NULL;
+	uint64_t xfer, pace, writes = 0;
+	double exp_b, exp_s, tot_b, tot_s;
+	uint32_t h, i, layers;
+	int err, ret = 1;
+
+	alarm(600);
+	if (!dl || kvt_mem_alloc(dl, &mem))
+		goto out;
+	for (i = 0; i < mem.nregions; i++)
+		memset(mem.buf[i], 0x11, mem.size[i]);
+	memset(&at, 0, sizeof(at));
+	at.role = KVP_ROLE_CONSUMER;
+	at.layout = dl;
+	at.addr = b->addr;
+	at.max_ids = 64;
+	at.max_inflight = 4;
+	err = tool_agent_open(&at, &mem, &a);
+	if (!err)
+		err = tool_add_engine(a, b->addr, (uint16_t)b->port, c->P, &h);
+	if (!err)
+		err = kvp_agent_engine_info(a, h, &ei);
+	if (err) {
+		fprintf(stderr, "stream-bench: consumer: %s\n",
+			kvp_strerror(err));
+		goto out;
+	}
+	/* one layer's transfer, alone: the bulk pull of a request
+	 * published at once, over its layers */
+	err = run(b, a, h, 0, 0, 0, &alone);
+	if (err)
+		goto fail;
+	layers = c->layers + c->state_layers;
+	xfer = (alone.t_done - last_publish(b)) / layers;
+	pace = (uint64_t)(c->factor * (double)xfer);
+	err = run(b, a, h, 1, pace, 0, &bulk);
+	if (err)
+		goto fail;
+	exp_b = (double)(bulk.t_done - last_publish(b)) / 1e6;
+	tot_b = (double)(bulk.t_done - b->ctl->t_start) / 1e6;
+	err = run(b, a, h, 2, pace, 1, &str);
+	if (err)
+		goto fail;
+	exp_s = (double)(str.t_done - last_publish(b)) / 1e6;
+	tot_s = (double)(str.t_done - b->ctl->t_start) / 1e6;
+	for (i = 0; i < c->P; i++)
+		writes += b->ctl->writes[i];
+	if (verify(b, ei.plan, dl, &mem, 1, &bulk) ||
+	    verify(b, ei.plan, dl, &mem, 2, &str))
+		goto out;
+	printf("stream: case=%s layers=%u chunks=%u bytes=%llu reads_bulk=%llu "
+	       "reads_stream=%llu layer_xfer_ms=%.2f exposed_bulk_ms=%.2f "
+	       "exposed_stream_ms=%.2f ratio=%.3f total_bulk_ms=%.1f "
+	       "total_stream_ms=%.1f progress_msgs=%llu wrong_bytes=%llu "
+	       "early_bytes=%llu\n",
+	       c->name, layers, c->chunks, (unsigned long long)alone.bytes,
+	       (unsigned long long)bulk.reads, (unsigned long long)str.reads,
+	       xfer / 1e6, exp_b, exp_s, exp_b > 0 ? exp_s / exp_b : 0.0,
+	       tot_b, tot_s, (unsigned long long)writes,
+	       (unsigned long long)(bulk.wrong + str.wrong),
+	       (unsigned long long)(bulk.early + str.early));
+	ret = bulk.wrong + str.wrong ? 1 : 0;
+	goto out;
+fail:
+	fprintf(stderr, "stream-bench: %s: %s\n", c->name, kvp_strerror(err));
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvp_layout_destroy(dl);
+	return ret;
+}
+
+int main(int argc, char **argv)
+{
+	static const char P[] = "kvpull-stream-bench";
+	const char *only = NULL, *addr = NULL;
+	uint32_t port = 21800, i;
+	const struct tool_opt opts[] = {
+		{ "--case", TOOL_STR, &only, 0 },
+		{ "--addr", TOOL_STR, &addr, 0 },
+		{ "--port", TOOL_PORT, &port, 65535 - TOOL_MAX_RANKS },
+		{ NULL, TOOL_STR, NULL, 0 },
+	};
+	int bad, fail = 0, any = 0;
+
+	bad = tool_parse_args(argc, argv, P, opts);
+	if (bad == TOOL_ARGS_HELP)
+		printf("usage: %s [--case NAME] [--addr IP] [--port N]\n"
+		       "cases: dense-layerwise dense-chunked hybrid tp2to1 "
+		       "short link-bound\n",
+		       P);
+	if (bad)
+		return bad == TOOL_ARGS_BAD ? 2 : 0;
+	if (tool_default_addr(P, &addr))
+		return 2;
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	for (i = 0; i < NCASES; i++) {
+		struct bench *b;
+		struct tool_ranks prod;
+		kvp_layout *pl;
+
+		if (only && strcmp(only, cases[i].name))
+			continue;
+		any = 1;
+		b = mmap(NULL, sizeof(*b) + sizeof(struct ctl),
+			 PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
+			 0);
+		if (b == MAP_FAILED)
+			return 1;
+		memset(b, 0, sizeof(*b) + sizeof(struct ctl));
+		b->c = &cases[i];
+		b->addr = addr;
+		b->port = port + i * TOOL_MAX_RANKS;
+		b->ctl = (struct ctl *)(b + 1);
+		pl = build(b->c, 1, 0);
+		if (!pl)
+			return 1;
+		if (make_ids(b, pl)) {
+			fprintf(stderr, "%s: %s: the blocks do not fit\n", P,
+				b->c->name);
+			return 1;
+		}
+		kvp_layout_destroy(pl);
+		if (tool_start_producers(&prod, b->c->P, producer, b) ||
+		    tool_run_consumers(&prod, 1, consumer, b))
+			fail = 1;
+		if (tool_stop_producers(&prod, 0))
+			fail = 1;
+		munmap(b, sizeof(*b) + sizeof(struct ctl));
+	}
+	if (!any)
+		return tool_bad_arg(P, "--case: unknown case '%s'", only);
+	return fail;
+}
