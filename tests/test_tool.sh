@@ -169,6 +169,29 @@ run spec_and_tp 2 --local-spec "$tmp/local.spec" --model llama-3.1-8b \
 	--local-tp 2
 run extra_arg 2 --model llama-3.1-8b stray
 
+# --range: one part's READs; the parts of a partition add up to the whole
+# request's bytes (2 layers: 524288 bytes, 4 x 64 KiB per layer)
+run range_all 0 --model llama-3.1-8b --layers 2 --request 4 --brief --no-timing
+has range_all out "total: 4 READs (one descriptor per block per region: 16), 524288 bytes"
+run range_l0 0 --model llama-3.1-8b --layers 2 --request 4 --brief \
+	--no-timing --range 0:1
+has range_l0 out "total: 2 READs (one descriptor per block per region: 16), 262144 bytes"
+has range_l0 out "range: layers [0, 1), tokens (0, end]"
+run range_l1 0 --model llama-3.1-8b --layers 2 --request 4 --brief \
+	--no-timing --range 1:2
+has range_l1 out "262144 bytes"
+run range_t0 0 --model llama-3.1-8b --layers 2 --request 4 --brief \
+	--no-timing --range 0:2:0:32
+has range_t0 out "total: 4 READs (one descriptor per block per region: 16), 262144 bytes"
+has range_t0 out "range: layers [0, 2), tokens (0, 32]"
+run range_t1 0 --model llama-3.1-8b --layers 2 --request 4 --brief \
+	--no-timing --range 0:2:32:end
+has range_t1 out "262144 bytes"
+run range_bad 2 --model llama-3.1-8b --request 4 --range 0:x
+has range_bad err "--range 0:x: want L0:L1 or L0:L1:T0:T1 (numbers; T1 may be 'end')"
+run range_back 2 --model llama-3.1-8b --request 4 --range 2:1
+has range_back err "--range 2:1: layers [2, 1) or tokens (0, end] run backwards"
+
 # Which option and which rule: one message each, exactly.
 # exact NAME TEXT: $tmp/NAME.err is TEXT, then (for usage errors) the hint.
 exact() {

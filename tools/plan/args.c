@@ -123,6 +123,10 @@ static void usage(FILE *f)
 "                          each token group are not read (default 0)\n"
 "  --tokens T              sequence length (default: the remote blocks are\n"
 "                          full)\n"
+"  --range L0:L1[:T0:T1]   only the READs of model layers [L0, L1) and\n"
+"                          (T0, T1] of the tokens (default: all; T1 may\n"
+"                          be 'end'): what a streamed pull reads once a\n"
+"                          producer rank published that part\n"
 "  --local-ids LIST --remote-ids LIST\n"
 "                          explicit ids of one group, e.g. 4,9,10-13;\n"
 "                          repeat the option once per group, in group\n"
@@ -259,6 +263,7 @@ static const struct optdef optdefs[] = {
 	OPT_HAVE("request", A_U32, request, have_request),
 	OPT_HAVE("hit", A_U32, hit, have_hit),
 	OPT_HAVE("tokens", A_U64, tokens, have_tokens),
+	OPT("range", A_STR, range),
 	OPT("local-ids", A_IDS, lids),
 	OPT("remote-ids", A_IDS, rids),
 	OPT("json", A_TRUE, json),

@@ -106,7 +106,7 @@ void compute(struct opts *o, struct dump *d)
 	d->lkinds = view_kinds(o->loc.l);
 	d->rkinds = view_kinds(o->rem.l);
 	d->have_request = o->have_request || o->have_hit || o->have_tokens ||
-			  o->nlids || o->nrids;
+			  o->nlids || o->nrids || o->range;
 	if (d->have_request)
 		make_request(o, d->plan, d->pg, d->info.ngroups, &d->rq);
 }

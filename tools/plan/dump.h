@@ -61,6 +61,7 @@ struct opts {
 	uint64_t tokens;
 	struct idlist lids[MAX_GROUPS], rids[MAX_GROUPS];
 	uint32_t nlids, nrids;
+	const char *range; /* --range L0:L1[:T0:T1], or NULL */
 };
 
 /* Fills *o from the command line; --help prints the usage and exits 0. */
@@ -88,6 +89,8 @@ struct request {
 	uint64_t bytes_group[MAX_GROUPS];
 	int overlap;
 	uint32_t overlap_g[2], overlap_region;
+	int ranged;		   /* the READs are --range's only */
+	struct kvp_emit_range range;
 };
 
 /* Builds the ids of every group from the options, emits the request into

@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dump.h"
 
@@ -147,6 +148,86 @@ static uint32_t *iota(uint32_t first, uint32_t n)
 	return id;
 }
 
+/* --range: "L0:L1" or "L0:L1:T0:T1" (T1 "end": KVP_TOKENS_END). */
+static void parse_range(const char *s, struct kvp_emit_range *r)
+{
+	unsigned long long v[4] = { 0, 0, 0, KVP_TOKENS_END };
+	char *end;
+	const char *p = s;
+	int i;
+
+	memset(r, 0, sizeof(*r));
+	for (i = 0; i < 4 && *p; i++) {
+		if (i == 3 && !strncmp(p, "end", 3)) {
+			end = (char *)p + 3;
+		} else {
+			if (*p < '0' || *p > '9')
+				break;
+			errno = 0;
+			v[i] = strtoull(p, &end, 10);
+			if (errno || (i < 2 && v[i] > UINT32_MAX))
+				break;
+		}
+		p = end;
+		if (*p == ':' && i < 3)
+			p++;
+		else if (*p)
+			break;
+	}
+	if (*p || (i != 2 && i != 4))
+		usage_error("--range %s: want L0:L1 or L0:L1:T0:T1 (numbers; T1 may be 'end')",
+			    s);
+	r->layer0 = (uint32_t)v[0];
+	r->layer1 = (uint32_t)v[1];
+	r->tok0 = v[2];
+	r->tok1 = v[3];
+	if (r->layer0 > r->layer1 || r->tok0 > r->tok1) {
+		char t1[24] = "end";
+
+		if (r->tok1 != KVP_TOKENS_END)
+			snprintf(t1, sizeof(t1), "%llu", v[3]);
+		usage_error("--range %s: layers [%u, %u) or tokens (%llu, %s] run backwards",
+			    s, r->layer0, r->layer1, v[2], t1);
+	}
+}
+
+/* The READs of range r, every source in turn: in windows of all the room
+ * there is, so coalescing within each source is kvp_plan_emit()'s. */
+static int emit_range(const char *spec, const kvp_plan *plan,
+		      struct request *rq, uint32_t maxw, uint32_t maxs)
+{
+	struct kvp_plan_info info;
+	uint32_t s, nwr = 0, nsge = 0, k;
+	int n;
+
+	parse_range(spec, &rq->range);
+	rq->ranged = 1;
+	kvp_plan_get_info(plan, &info);
+	for (s = 0; s < info.nsrc; s++) {
+		struct kvp_emit_pos pos;
+
+		n = kvp_plan_emit_range_start(plan, rq->ids, s, &rq->range,
+					      &pos);
+		if (n)
+			return n;
+		while (!kvp_plan_emit_done(&pos)) {
+			n = kvp_plan_emit_range_window(
+				plan, rq->ids, &rq->range, &pos, rq->wr + nwr,
+				maxw - nwr, rq->sge + nsge, maxs - nsge, NULL);
+			if (n <= 0)
+				return n ? n : -ENOSPC;
+			/* sge_first counts from the window's first SGE */
+			for (k = 0; k < (uint32_t)n; k++) {
+				rq->wr[nwr + k].sge_first += nsge;
+			}
+			nsge = rq->wr[nwr + n - 1].sge_first +
+			       rq->wr[nwr + n - 1].nsge;
+			nwr += (uint32_t)n;
+		}
+	}
+	return (int)nwr;
+}
+
 void make_request(const struct opts *o, const kvp_plan *plan,
 		  const struct kvp_plan_group *pg, uint32_t ngroups,
 		  struct request *rq)
@@ -217,7 +298,11 @@ void make_request(const struct opts *o, const kvp_plan *plan,
 	kvp_plan_emit_bound(plan, maxids, &maxw, &maxs);
 	rq->wr = xcalloc(maxw, sizeof(*rq->wr));
 	rq->sge = xcalloc(maxs, sizeof(*rq->sge));
-	n = kvp_plan_emit(plan, rq->ids, rq->wr, maxw, rq->sge, maxs, NULL);
+	if (o->range)
+		n = emit_range(o->range, plan, rq, maxw, maxs);
+	else
+		n = kvp_plan_emit(plan, rq->ids, rq->wr, maxw, rq->sge, maxs,
+				  NULL);
 	if (n < 0)
 		die("cannot emit the request: %s%s", kvp_strerror(n),
 		    n == -EINVAL ? " (more local ids than the remote blocks cover, more tokens than the remote blocks hold, or state lists of unequal length)" :

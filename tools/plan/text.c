@@ -228,6 +228,15 @@ static void text_request(const struct dump *d)
 	printf("  total: %u READs (one descriptor per block per region: %" PRIu64
 	       "), %" PRIu64 " bytes (%s)\n",
 	       rq->nwr, rq->naive, rq->bytes, human(rq->bytes, h, sizeof(h)));
+	if (rq->ranged) {
+		printf("  range: layers [%u, %u), tokens (%" PRIu64 ", ",
+		       rq->range.layer0, rq->range.layer1, rq->range.tok0);
+		if (rq->range.tok1 == KVP_TOKENS_END)
+			printf("end]");
+		else
+			printf("%" PRIu64 "]", rq->range.tok1);
+		printf(": the READs and bytes above are this part's (one descriptor per block per region: the whole request's)\n");
+	}
 }
 
 void print_text(const struct dump *d)
