@@ -7,7 +7,9 @@
 # (llama-3.1-8b, TP 2 -> TP 1 unless options say otherwise) pulling a
 # synthetic KV cache with RDMA READs and verifying every byte, then the
 # hybrid nemotron-h-8b (attention and Mamba2 state pooled in shared
-# regions, two KV-cache groups) with its defaults. See scripts/README.md.
+# regions, two KV-cache groups) with its defaults, then a streamed pull
+# beside a bulk one while the producer simulates a paced prefill
+# (kvpull-stream-bench --case dense-layerwise). See scripts/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +22,11 @@ in one soft-RoCE VM (or on the host's RDMA device) two end-to-end demos:
   1. build/tools/kvpull-demo [kvpull-demo options]
      (default: llama-3.1-8b, prefill TP 2 -> decode TP 1, 8 requests)
   2. build/tools/kvpull-demo --model nemotron-h-8b   (hybrid, defaults)
-Each prints the two engines, the plan, the transfer and its verification.
+  3. build/tools/kvpull-stream-bench --case dense-layerwise
+Each demo prints the two engines, the plan, the transfer and its
+verification; the third, a streamed pull beside a bulk one during a paced
+prefill: exposed time of each (last publish to DONE), wrong and early
+bytes.
 
   --verbose, -v   also print the install and build output, the plan dump of
                   llama-3.1-70b (producer TP 8 -> consumer TP 2) and the VM
@@ -93,15 +99,19 @@ if [[ ${#demo_args[@]} -gt 0 ]]; then
 	demo+=$(printf ' %q' "${demo_args[@]}")
 fi
 hybrid="build/tools/kvpull-demo --model nemotron-h-8b"
-vm_flags=(--timeout 600 --files "$PWD/build/tools/kvpull-demo")
+stream="build/tools/kvpull-stream-bench --case dense-layerwise"
+vm_flags=(--timeout 600 --files "$PWD/build/tools/kvpull-demo"
+	--files "$PWD/build/tools/kvpull-stream-bench")
 ((verbose)) || vm_flags+=(--quiet)
 # A blank line between the demos' outputs; echo runs in the VM too.
 rc=0
-scripts/rxe-vm.sh "${vm_flags[@]}" -- "$demo" "echo; $hybrid" || rc=$?
+scripts/rxe-vm.sh "${vm_flags[@]}" -- "$demo" "echo; $hybrid" \
+	"echo; echo 'streamed pull beside bulk (llama-3.1-8b, 8 layers, prefill paced at 2 layer transfers a layer; exposed: last publish to DONE):'; $stream" ||
+	rc=$?
 if ((rc != 0)); then
 	echo "main: FAILED (scripts/rxe-vm.sh exit $rc; rerun with --verbose" \
 		"for the VM's console)" >&2
 	exit 1
 fi
 echo
-echo "main: OK in $((SECONDS - t_start)) s: 2 demos, every byte verified"
+echo "main: OK in $((SECONDS - t_start)) s: 2 demos and a streamed pull, every byte verified"
