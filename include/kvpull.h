@@ -1487,7 +1487,12 @@ KVP_API KVP_MUST_CHECK int kvp_agent_pull_from(kvp_agent *agent,
  *
  * The producer may publish before this call, or call kvp_agent_expect()
  * after it: a rank that learns of the request late sends what is
- * published so far at once. Same returns as kvp_agent_pull_from().
+ * published so far at once. A producer rank holds the requests followed
+ * before its kvp_agent_expect() as it holds early notifications (at most
+ * max_inflight / 8, at least 8, per consumer rank; max_inflight in all),
+ * and at most its max_inflight followed requests per consumer rank: a
+ * FOLLOW past those is dropped (stats.notes_dropped) and the request
+ * stalls (stall_ms). Same returns as kvp_agent_pull_from().
  *
  * GPU memory: DONE means the READs completed at this rank's NIC, as for a
  * bulk pull; on platforms where that does not make the bytes visible to a
