@@ -161,7 +161,11 @@ run bad_number 2 --model llama-3.1-8b --local-tp x
 has bad_number err "--local-tp: 'x' is not a number"
 run bad_model 2 --model no-such-model
 has bad_model err "unknown preset 'no-such-model'"
+has bad_model err "(presets: llama-3.1-8b, llama-3.1-70b,"
 run bad_layout 2 --model llama-3.1-8b --local-layout nhd
+has bad_layout err "--local-layout: unknown value 'nhd' (valid: flash_nhd, flash_hnd, flashinfer, packed)"
+run bad_conv 2 --model nemotron-h-8b --remote-conv-layout x
+has bad_conv err "--remote-conv-layout: unknown value 'x' (valid: ds, sd)"
 run bad_rank 2 --model llama-3.1-8b --local-tp 2 --rank 2
 run bad_ids 2 --model llama-3.1-8b --request 4 --local-ids 1,,2
 run bad_hit 2 --model llama-3.1-8b --request 4 --hit 5

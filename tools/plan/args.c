@@ -31,10 +31,16 @@ static uint32_t parse_name(const char *opt, const char *s,
 			   const char *const *names, uint32_t n)
 {
 	int i = tool_name_index(names, n, s);
+	char valid[256] = "";
+	size_t k = 0;
+	uint32_t j;
 
-	if (i < 0)
-		usage_error("%s: unknown value '%s'", opt, s);
-	return (uint32_t)i;
+	if (i >= 0)
+		return (uint32_t)i;
+	for (j = 0; j < n && k < sizeof(valid); j++)
+		k += (size_t)snprintf(valid + k, sizeof(valid) - k, "%s%s",
+				      j ? ", " : "", names[j]);
+	usage_error("%s: unknown value '%s' (valid: %s)", opt, s, valid);
 }
 
 /* "a,b-c,..." into a new list; ranges are inclusive. */
@@ -499,9 +505,19 @@ static void build_side(struct opts *o, struct side *s)
 		usage_error("no %s engine: give --model NAME or --%s-spec FILE",
 			    s->what, s->what);
 	err = kvp_model_preset(o->model, &s->m);
-	if (err)
-		usage_error("--model: unknown preset '%s' (see --help)",
-			    o->model);
+	if (err) {
+		char valid[512] = "";
+		const char *nm;
+		size_t k = 0;
+		uint32_t v;
+
+		for (v = 0; (nm = kvp_model_preset_name(v)) && k < sizeof(valid);
+		     v++)
+			k += (size_t)snprintf(valid + k, sizeof(valid) - k,
+					      "%s%s", v ? ", " : "", nm);
+		usage_error("--model: unknown preset '%s' (presets: %s)",
+			    o->model, valid);
+	}
 	if (o->have_layers)
 		s->m.layers = o->layers;
 	if (o->have_kv_heads)
