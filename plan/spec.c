@@ -508,8 +508,8 @@ static int model_build(struct parser *ps, const struct model_spec *s,
 {
 	struct kvp_engine_desc e = { 0 };
 	struct kvp_model m = { 0 };
-	uint32_t end = ps->line, i;
-	const char *key = NULL;
+	uint32_t end = ps->line, i, nmiss = 0, preset_keys;
+	const char *key = NULL, *miss[5];
 	char why[200] = "";
 	int err;
 
@@ -528,22 +528,34 @@ static int model_build(struct parser *ps, const struct model_spec *s,
 				    name);
 		ps->line = end;
 	} else {
-		if (!mkey_set(s, "dtype_bytes"))
-			return fail(ps, -EINVAL,
-				    "missing key 'dtype_bytes' (no model preset)");
-		if (!mkey_set(s, "layers") && !mkey_set(s, "state_layers"))
-			return fail(ps, -EINVAL,
-				    "missing key 'layers' (no model preset)");
-		if (!mkey_set(s, "mla_latent") &&
-		    (!mkey_set(s, "kv_heads") || !mkey_set(s, "head_dim")))
-			return fail(ps, -EINVAL,
-				    "missing key 'kv_heads' and 'head_dim', or 'mla_latent' (no model preset)");
 		strcpy(m.name, "custom");
 	}
+	/* Every missing key in one message. */
+	if (!mkey_set(s, "model")) {
+		if (!mkey_set(s, "dtype_bytes"))
+			miss[nmiss++] = "'dtype_bytes'";
+		if (!mkey_set(s, "layers") && !mkey_set(s, "state_layers"))
+			miss[nmiss++] = "'layers'";
+		if (!mkey_set(s, "mla_latent") &&
+		    (!mkey_set(s, "kv_heads") || !mkey_set(s, "head_dim")))
+			miss[nmiss++] = "'kv_heads' and 'head_dim', or 'mla_latent'";
+	}
+	preset_keys = nmiss;
 	if (!mkey_set(s, "block_tokens"))
-		return fail(ps, -EINVAL, "missing key 'block_tokens'");
+		miss[nmiss++] = "'block_tokens'";
 	if (!mkey_set(s, "num_blocks"))
-		return fail(ps, -EINVAL, "missing key 'num_blocks'");
+		miss[nmiss++] = "'num_blocks'";
+	if (nmiss) {
+		char list[200] = "";
+		size_t k = 0;
+
+		for (i = 0; i < nmiss && k < sizeof(list); i++)
+			k += (size_t)snprintf(list + k, sizeof(list) - k,
+					      "%s%s", i ? "; " : "", miss[i]);
+		return fail(ps, -EINVAL, "missing key%s %s%s",
+			    nmiss > 1 ? "s" : "", list,
+			    preset_keys ? " (no model preset)" : "");
+	}
 	e.tp_size = 1;
 	e.kv_layout = KVP_KV_FLASH_NHD;
 	e.conv_layout = KVP_CONV_DS;

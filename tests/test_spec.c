@@ -551,6 +551,11 @@ static const struct bad bad[] = {
 	{ "layers = 2\nhead_dim = 128\ndtype_bytes = 2\nblock_tokens = 16\n"
 	  "num_blocks = 8\n",
 	  -EINVAL, "line 5: ", "'kv_heads' and 'head_dim', or 'mla_latent'" },
+	/* every missing key at once */
+	{ "head_dim = 128\n", -EINVAL, "line 1: ",
+	  "missing keys 'dtype_bytes'; 'layers'; 'kv_heads' and 'head_dim', or 'mla_latent'; 'block_tokens'; 'num_blocks' (no model preset)" },
+	{ LLAMA "tp_size = 2\n", -EINVAL, "line 2: ",
+	  "missing keys 'block_tokens'; 'num_blocks'" },
 	{ LLAMA "tp_size = 3\nblock_tokens = 16\nnum_blocks = 8\n", -EINVAL,
 	  "line 2: ", "TP 3 does not divide and is not divided by 8 KV heads" },
 	{ LLAMA "block_tokens = 16\nkernel_block_tokens = 5\nnum_blocks = 8\n",
