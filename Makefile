@@ -129,7 +129,7 @@ $(BUILD)/tests/test_%: tests/test_%.c $(VERBS_PURE) $(BUILD)/config $(TESTLIB_OB
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Iplan -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libkvpull_plan.a -lcmocka
 
-$(BUILD)/tests/rdma_%: tests/rdma_%.c tests/rdma/harness.h $(BUILD)/config $(TESTLIB_OBJ) $(BUILD)/libkvpull.a
+$(BUILD)/tests/rdma_%: tests/rdma_%.c tests/rdma/harness.h tools/lib/defaults.h $(BUILD)/config $(TESTLIB_OBJ) $(BUILD)/libkvpull.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libkvpull.a $(VERBS_LIBS)
 
@@ -166,7 +166,7 @@ unit: $(UNIT_BIN) $(BUILD)/header-check fuzz-replay
 	if CC='$(CC)' sh tests/check_strerror.sh .; then pass=$$((pass+1)); else fail=$$((fail+1)); echo "FAILED: tests/check_strerror.sh"; fi; \
 	echo "unit programs: $$pass passed, $$fail failed"; test $$fail -eq 0
 
-check-tool: $(BUILD)/tools/kvpull-plan
+check-tool: $(BUILD)/tools/kvpull-plan $(BUILD)/tools/kvpull-demo
 	sh tests/test_tool.sh $(BUILD)/tools/kvpull-plan
 
 # Floors: no call cycle between the files of each directory here, as the

@@ -1079,6 +1079,16 @@ enum kvp_role {
 	KVP_ROLE_COUNT
 };
 
+/* What a consumer agent with default attributes plans with, before the
+ * device's clamps; kvpull-plan with default options dumps that plan.
+ * KVP_DEFAULT_MAX_SGE: kvp_agent_attr.max_sge 0, local SGEs per READ.
+ * KVP_DEFAULT_MAX_READ: bytes per READ at most with kvp_agent_attr.max_read
+ * 0 (2^31, IB's largest message, and kvp_plan_attr.max_len 0); the agent
+ * also stops at its port's max_msg_sz (8 MiB on soft-RoCE) and at the MR
+ * window of a region registered as several MRs. */
+#define KVP_DEFAULT_MAX_SGE 16
+#define KVP_DEFAULT_MAX_READ (1u << 31)
+
 struct kvp_agent_attr {
 	uint32_t role;	    /* enum kvp_role */
 	uint32_t comp_mask; /* must be 0 */
@@ -1111,7 +1121,7 @@ struct kvp_agent_attr {
 	 * the device's limits. */
 	uint32_t sq_depth;
 	/* Consumer: local scatter entries per READ (kvp_plan_attr.max_sge);
-	 * 0: 16. Clamped to the device's limits (max_send_sge, max_sge_rd).
+	 * 0: KVP_DEFAULT_MAX_SGE (16). Clamped to the device's limits (max_send_sge, max_sge_rd).
 	 * More entries mean longer READs where a remote-contiguous run lands
 	 * in scattered local pieces (TP N -> M HND: one head page per block),
 	 * so fewer work requests; on soft-RoCE, 16 moved llama-3.1-70b TP
@@ -1140,7 +1150,10 @@ struct kvp_agent_attr {
 	 * stopped polling), fails the producer engine it uses: its requests
 	 * not yet DONE are reported FAILED with -ETIMEDOUT, the engine goes
 	 * down (KVP_EV_ENGINE_DOWN, -ETIMEDOUT) and is reconnected on
-	 * demand. 0: 10000; at most 3,600,000. */
+	 * demand. A streamed pull (kvp_agent_pull_stream()) is bounded by
+	 * its progress instead: a producer rank that publishes nothing new
+	 * for stall_ms fails that request alone. 0: 10000; at most
+	 * 3,600,000. */
 	uint32_t stall_ms;
 	/* Producer: notification receive buffers per consumer rank, the
 	 * credit a consumer rank may spend before it must read how many the
@@ -1148,7 +1161,8 @@ struct kvp_agent_attr {
 	 * least 128; at most 65536; clamped to the device's limit. */
 	uint32_t rq_depth;
 	/* Consumer: bytes per READ at most (a slice, for fairness between
-	 * requests on a link). 0: the port's max_msg_sz, at most 2^31. */
+	 * requests on a link). 0: the port's max_msg_sz, at most
+	 * KVP_DEFAULT_MAX_READ (2^31). */
 	uint32_t max_read;
 	/* Consumer: RC queue pairs per producer rank read from; a request's
 	 * READs from a rank are striped over them (one QP allows only the
@@ -1482,8 +1496,12 @@ KVP_API KVP_MUST_CHECK int kvp_agent_pull_from(kvp_agent *agent,
  * published meanwhile are read as one range, so a lagging consumer posts
  * no more READs than a bulk pull. DONE comes once every byte landed, as
  * for a bulk pull; the producer then releases on the notifications, as
- * ever. A rank that publishes nothing new for stall_ms fails the engine
- * (KVP_REASON_STALL), as a bulk pull that makes no progress does.
+ * ever. A rank that publishes nothing new for stall_ms fails the request
+ * alone: no more of its READs go out, the posted ones complete, then
+ * FAILED (-ETIMEDOUT, KVP_REASON_STALL, its local ids) and its
+ * notifications, so that the producer releases it; the engine and its
+ * other requests go on. (A bulk pull's stall_ms runs from the pull and
+ * fails the engine: no data means no transport.)
  *
  * The producer may publish before this call, or call kvp_agent_expect()
  * after it: a rank that learns of the request late sends what is
@@ -1499,10 +1517,14 @@ KVP_API KVP_MUST_CHECK int kvp_agent_pull_from(kvp_agent *agent,
  * GPU kernel, the engine flushes (its usual post-transfer fence) before
  * use.
  *
- * This version streams on the first queue pair of each producer rank
- * (kvp_agent_attr.qps_per_peer is not used for it), and a streamed
- * request holds that queue pair's order until its last part: pulls queued
- * behind it on the same producer rank start after it. */
+ * Queue pairs: the FOLLOW and the progress record travel on each rank's
+ * first queue pair; the READs are striped over its qps_per_peer queue
+ * pairs as a bulk pull's are. A streamed request that waits for progress
+ * holds no queue pair: the READs of pulls queued after it (streamed or
+ * bulk) go out meanwhile, and their DONE events come when their data is
+ * in. Their notifications, however, go in pull order on each rank: a
+ * producer releases a request pulled after a streamed one once that one's
+ * data is in too. */
 KVP_API KVP_MUST_CHECK int kvp_agent_pull_stream(kvp_agent *agent,
 						 uint32_t engine,
 						 uint64_t req_id,
@@ -1535,7 +1557,8 @@ struct kvp_engine_info {
 	uint64_t pulls, done, failed;
 	uint64_t reads, read_bytes;
 	uint64_t transport_failures; /* ranks lost: errors, disconnects */
-	uint64_t stalls;	     /* stall_ms passed (-ETIMEDOUT) */
+	uint64_t stalls;	     /* stall_ms passed (-ETIMEDOUT): the engine
+				      * failed, or a streamed request */
 	uint64_t handshake_failures;
 	uint64_t reconnects;	     /* handshakes after the first */
 	uint64_t add_ns;	     /* last handshake: add or reconnect call
@@ -1726,7 +1749,8 @@ struct kvp_agent_stats {
 	/* Consumer, summed over engines (struct kvp_engine_info has them per
 	 * engine): */
 	uint64_t transport_failures; /* producer ranks lost */
-	uint64_t stalls;	     /* engines failed by stall_ms */
+	uint64_t stalls;	     /* stall_ms passed: engines failed, and
+				      * streamed requests */
 	uint64_t handshake_failures; /* engine handshakes that failed */
 	uint64_t reconnects;	     /* engine handshakes after the first */
 	uint64_t credit_waits;	     /* times notifications to a producer

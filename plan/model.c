@@ -251,13 +251,45 @@ __attribute__((format(printf, 3, 4))) static int bad(struct why *w,
 	return -EINVAL;
 }
 
-/* "TP 3 does not divide and is not divided by 8 KV heads": the rule of
- * kvp_shard_range(), checked by the caller. */
+/* The TP sizes kvp_shard_range() takes for `total`, as "1, 2, 4, 8, 16,
+ * 24, ...": its divisors (the first six, then "..." and the largest) and
+ * its multiples (two, then "..."), up to KVP_MAX_TP_SIZE. */
+static void tp_sizes(uint32_t total, char *buf, size_t n)
+{
+	uint32_t d, top = 0, shown = 0, lim = KVP_MAX_TP_SIZE;
+	size_t k = 0;
+
+	buf[0] = 0;
+	for (d = 1; d <= total && d <= lim; d++)
+		if (total % d == 0)
+			top = d;
+	for (d = 1; d <= top && k < n; d++) {
+		if (total % d)
+			continue;
+		if (++shown > 6 && d != top) {
+			if (shown == 7)
+				k += (size_t)snprintf(buf + k, n - k, ", ...");
+			continue;
+		}
+		k += (size_t)snprintf(buf + k, n - k, "%s%u", k ? ", " : "", d);
+	}
+	for (d = 2; d <= 3 && total <= lim / d && k < n; d++)
+		k += (size_t)snprintf(buf + k, n - k, ", %u", total * d);
+	if (total <= lim / 4 && k < n)
+		snprintf(buf + k, n - k, ", ...");
+}
+
+/* "TP 3 does not divide and is not divided by 8 KV heads; they allow TP 1,
+ * 2, 4, 8, 16, 24, ...": the rule of kvp_shard_range(), checked by the
+ * caller, and the sizes it takes. */
 static int tp_bad(struct why *w, uint32_t tp, uint32_t total, const char *what)
 {
+	char sizes[96];
+
+	tp_sizes(total, sizes, sizeof(sizes));
 	return bad(w, "tp_size",
-		   "TP %u does not divide and is not divided by %u %s", tp,
-		   total, what);
+		   "TP %u does not divide and is not divided by %u %s; they allow TP %s",
+		   tp, total, what, sizes);
 }
 
 static int state_geom(const struct kvp_model *m,

@@ -753,9 +753,11 @@ static int dims_val(struct parser *ps, const struct tok *v,
 	}
 }
 
-/* Names the most likely reason kvp_layout_add_field() refuses a field. */
+/* Names the most likely reason kvp_layout_add_field() refuses a field,
+ * with its numbers where it has some (in buf[n]). */
 static const char *field_why(const kvp_layout *l, uint32_t view,
-			     const struct kvp_field_desc *f)
+			     const struct kvp_field_desc *f, char *buf,
+			     size_t n)
 {
 	struct kvp_layout_info li;
 	struct kvp_view_desc vd;
@@ -782,11 +784,22 @@ static const char *field_why(const kvp_layout *l, uint32_t view,
 	if (f->shard_dim != KVP_NO_SHARD) {
 		if (f->shard_dim >= f->ndim)
 			return "shard names no dim";
+		if (!f->shard_total)
+			return "total must be at least 1";
 		if (kvp_shard_range(f->shard_total, li.tp_size, li.tp_rank,
-				    &start, &len))
-			return "total is neither a multiple nor a divisor of tp_size";
-		if (f->dim[f->shard_dim].size != len)
-			return "the sharded dim's size is not this rank's shard length";
+				    &start, &len)) {
+			snprintf(buf, n,
+				 "total %u is neither a multiple nor a divisor of tp_size %u",
+				 f->shard_total, li.tp_size);
+			return buf;
+		}
+		if (f->dim[f->shard_dim].size != len) {
+			snprintf(buf, n,
+				 "the sharded dim's size %u is not this rank's shard length %u (total %u over tp_size %u, rank %u)",
+				 f->dim[f->shard_dim].size, len, f->shard_total,
+				 li.tp_size, li.tp_rank);
+			return buf;
+		}
 	}
 	return "elem 0, a sharded token or aux axis, a sharded axis in two dims, a kind already in this group and layer, or an extent past the region";
 }
@@ -797,6 +810,7 @@ static int do_field(struct parser *ps, const struct tok *v, kvp_layout *l)
 	struct kvp_layout_info li;
 	const uint64_t zero = 0;
 	uint32_t view;
+	char why[160];
 	int err;
 
 	memset(&f, 0, sizeof(f));
@@ -829,7 +843,8 @@ static int do_field(struct parser *ps, const struct tok *v, kvp_layout *l)
 			    li.nviews);
 	err = kvp_layout_add_field(l, view, &f);
 	if (err)
-		return rejected(ps, err, "field", field_why(l, view, &f));
+		return rejected(ps, err, "field",
+				field_why(l, view, &f, why, sizeof(why)));
 	return 0;
 }
 

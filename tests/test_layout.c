@@ -782,15 +782,20 @@ static void test_build_rejects(void **state)
 
 	/* TP neither dividing nor divided by the KV heads */
 	e = e0, e.tp_size = 3;
-	build_rejected(&m0, &e, "TP 3 does not divide and is not divided by 8 KV heads");
+	build_rejected(&m0, &e, "TP 3 does not divide and is not divided by 8 KV heads; they allow TP 1, 2, 4, 8, 16, 24, ...");
 	e = e0, e.tp_size = 6, e.tp_rank = 5;
-	build_rejected(&m0, &e, "TP 6 does not divide and is not divided by 8 KV heads");
+	build_rejected(&m0, &e, "TP 6 does not divide and is not divided by 8 KV heads; they allow TP 1, 2, 4, 8, 16, 24, ...");
 	m = m0, m.kv_heads = 6, e = e0, e.tp_size = 4;
-	build_rejected(&m, &e, "TP 4 does not divide and is not divided by 6 KV heads");
+	build_rejected(&m, &e, "TP 4 does not divide and is not divided by 6 KV heads; they allow TP 1, 2, 3, 6, 12, 18, ...");
 	m = m0, m.kv_heads = 4, e = e0, e.tp_size = 6;
-	build_rejected(&m, &e, "TP 6 does not divide and is not divided by 4 KV heads");
+	build_rejected(&m, &e, "TP 6 does not divide and is not divided by 4 KV heads; they allow TP 1, 2, 4, 8, 12, ...");
 	m = m0, m.kv_heads = 3, e = e0, e.tp_size = 2;
-	build_rejected(&m, &e, "TP 2 does not divide and is not divided by 3 KV heads");
+	build_rejected(&m, &e, "TP 2 does not divide and is not divided by 3 KV heads; they allow TP 1, 3, 6, 9, ...");
+	/* the sizes listed stop at KVP_MAX_TP_SIZE */
+	m = m0, m.kv_heads = 1000, e = e0, e.tp_size = 3;
+	build_rejected(&m, &e, "TP 3 does not divide and is not divided by 1000 KV heads; they allow TP 1, 2, 4, 5, 8, 10, ..., 1000");
+	m = m0, m.kv_heads = 4096, m.head_dim = 8, e = e0, e.tp_size = 3;
+	build_rejected(&m, &e, "TP 3 does not divide and is not divided by 4096 KV heads; they allow TP 1, 2, 4, 8, 16, 32, ..., 1024");
 	/* kernel block size not dividing the block size */
 	e = e0, e.kernel_block_tokens = 12;
 	build_rejected(&m0, &e, "kernel block 12 does not divide the block size 16");
@@ -859,11 +864,11 @@ static void test_build_rejects(void **state)
 	assert_int_equal(kvp_model_preset("qwen3-next-80b-a3b", &m), 0);
 	m.ssm_groups = 12, e = e0, e.tp_size = 8;
 	build_rejected(&m, &e,
-		       "TP 8 does not divide and is not divided by 12 key heads (ssm_groups)");
+		       "TP 8 does not divide and is not divided by 12 key heads (ssm_groups); they allow TP 1, 2, 3, 4, 6, 12, 24, 36, ...");
 	assert_int_equal(kvp_model_preset("nemotron-h-8b", &m), 0);
 	m.ssm_heads = 96, e = e0, e.tp_size = 64;
 	build_rejected(&m, &e,
-		       "TP 64 does not divide and is not divided by 96 SSM heads (ssm_heads)");
+		       "TP 64 does not divide and is not divided by 96 SSM heads (ssm_heads); they allow TP 1, 2, 3, 4, 6, 8, ..., 96, 192, 288, ...");
 	m.ssm_heads = 128, m.mla_latent = 576;
 	build_rejected(&m, &e0,
 		       "a model with state layers cannot have MLA (mla_latent 576)");

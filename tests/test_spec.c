@@ -557,7 +557,7 @@ static const struct bad bad[] = {
 	{ LLAMA "tp_size = 2\n", -EINVAL, "line 2: ",
 	  "missing keys 'block_tokens'; 'num_blocks'" },
 	{ LLAMA "tp_size = 3\nblock_tokens = 16\nnum_blocks = 8\n", -EINVAL,
-	  "line 2: ", "TP 3 does not divide and is not divided by 8 KV heads" },
+	  "line 2: ", "TP 3 does not divide and is not divided by 8 KV heads; they allow TP 1, 2, 4, 8, 16, 24, ..." },
 	{ LLAMA "block_tokens = 16\nkernel_block_tokens = 5\nnum_blocks = 8\n",
 	  -EINVAL, "line 3: ", "kernel block 5 does not divide the block size 16" },
 	{ LLAMA "block_tokens = 16\nnum_blocks = 8\nengine tp_size=1\n",
@@ -736,6 +736,47 @@ static void test_field_without_dims(void **state)
 	}
 }
 
+/* A field whose shard the layout refuses: the numbers, exactly. */
+static void test_shard_numbers(void **state)
+{
+	static const struct {
+		const char *text, *want;
+	} c[] = {
+		{ VIEW "field view=0 kind=k elem=2 shard=1 total=8 "
+		       "dims=token:16:256,head:4:2\n",
+		  "line 5: field rejected: the sharded dim's size 4 is not this rank's shard length 8 (total 8 over tp_size 1, rank 0)" },
+		{ "engine tp_size=4 tp_rank=3\n"
+		  "group kind=full block_tokens=16\nregion size=64K\n"
+		  "view group=0 region=0 layer=0 num_blocks=4 stride=16K\n"
+		  "field view=0 kind=k elem=2 shard=1 total=8 "
+		  "dims=token:16:256,head:4:2\n",
+		  "line 5: field rejected: the sharded dim's size 4 is not this rank's shard length 2 (total 8 over tp_size 4, rank 3)" },
+		{ "engine tp_size=4\ngroup kind=full block_tokens=16\n"
+		  "region size=64K\n"
+		  "view group=0 region=0 layer=0 num_blocks=4 stride=16K\n"
+		  "field view=0 kind=k elem=2 shard=1 total=6 "
+		  "dims=token:16:256,head:2:2\n",
+		  "line 5: field rejected: total 6 is neither a multiple nor a divisor of tp_size 4" },
+		{ VIEW "field view=0 kind=k elem=2 shard=1 total=0 "
+		       "dims=token:16:256,head:4:2\n",
+		  "line 5: field rejected: total must be at least 1" },
+	};
+	size_t i;
+
+	(void)state;
+	for (i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		kvp_layout *out = SENTINEL;
+		char msg[256];
+
+		memset(msg, 'x', sizeof(msg));
+		assert_int_equal(kvp_layout_parse(c[i].text, strlen(c[i].text),
+						  &out, msg, sizeof(msg)),
+				 -EINVAL);
+		assert_string_equal(msg, c[i].want);
+		assert_ptr_equal(out, SENTINEL);
+	}
+}
+
 /* A model-form spec the builder refuses: the exact message, on the line of
  * the key to blame (the preset's line when the number is the preset's, the
  * last line when no key is). */
@@ -748,7 +789,7 @@ static void test_build_reasons(void **state)
 		{ "model = foo\nblock_tokens = 16\nnum_blocks = 8\n",
 		  "line 1: unknown preset 'foo'", -ENOENT },
 		{ LLAMA "tp_size = 3\nblock_tokens = 16\nnum_blocks = 8\n",
-		  "line 2: TP 3 does not divide and is not divided by 8 KV heads",
+		  "line 2: TP 3 does not divide and is not divided by 8 KV heads; they allow TP 1, 2, 4, 8, 16, 24, ...",
 		  -EINVAL },
 		{ LLAMA "block_tokens = 16\nkernel_block_tokens = 5\n"
 			"num_blocks = 8\n",
@@ -767,7 +808,7 @@ static void test_build_reasons(void **state)
 		/* the rule is the TP size's: its line */
 		{ "model = qwen3-next-80b-a3b\ntp_size = 64\nblock_tokens = 16\n"
 		  "num_blocks = 64\nssm_groups = 12\n",
-		  "line 2: TP 64 does not divide and is not divided by 12 key heads (ssm_groups)",
+		  "line 2: TP 64 does not divide and is not divided by 12 key heads (ssm_groups); they allow TP 1, 2, 3, 4, 6, 12, 24, 36, ...",
 		  -EINVAL },
 		{ "model = nemotron-h-8b\nblock_tokens = 16\nnum_blocks = 64\n"
 		  "sliding_layers = 2\n",
@@ -880,6 +921,7 @@ int main(void)
 		cmocka_unit_test(test_numbers),
 		cmocka_unit_test(test_rejections),
 		cmocka_unit_test(test_field_without_dims),
+		cmocka_unit_test(test_shard_numbers),
 		cmocka_unit_test(test_build_reasons),
 		cmocka_unit_test(test_bad_arguments),
 		cmocka_unit_test(test_unterminated),

@@ -126,17 +126,21 @@ fi
 
 # --- spec files: a model-form spec plans like the preset ----------------
 
+# (A spec's kv_layout defaults to flash_nhd, the engine's; the tool's
+# presets to flash_hnd, kvpull-demo's.)
 cat >"$tmp/local.spec" <<'EOF'
 # consumer: llama-3.1-8b, one GPU
 model = llama-3.1-8b
 block_tokens = 16
 num_blocks = 1024
+kv_layout = flash_hnd
 EOF
 cat >"$tmp/remote.spec" <<'EOF'
 model = llama-3.1-8b
 tp_size = 2
 block_tokens = 16
 num_blocks = 1024
+kv_layout = flash_hnd
 EOF
 run spec 0 --local-spec "$tmp/local.spec" --remote-spec "$tmp/remote.spec" \
 	--request 4 --json
@@ -167,7 +171,6 @@ has bad_layout err "--local-layout: unknown value 'nhd' (valid: flash_nhd, flash
 run bad_conv 2 --model nemotron-h-8b --remote-conv-layout x
 has bad_conv err "--remote-conv-layout: unknown value 'x' (valid: ds, sd)"
 run bad_rank 2 --model llama-3.1-8b --local-tp 2 --rank 2
-run bad_ids 2 --model llama-3.1-8b --request 4 --local-ids 1,,2
 run bad_hit 2 --model llama-3.1-8b --request 4 --hit 5
 run spec_and_tp 2 --local-spec "$tmp/local.spec" --model llama-3.1-8b \
 	--local-tp 2
@@ -227,9 +230,11 @@ run hdim0 2 --model llama-3.1-8b --head-dim 0
 exact hdim0 "kvpull-plan: --head-dim 0: head_dim must be at least 1"
 # Rules between numbers: the library's message, the side and the model.
 run no_layout 1 --model llama-3.1-8b --local-tp 3
-exact no_layout "kvpull-plan: --local-tp 3: TP 3 does not divide and is not divided by 8 KV heads (llama-3.1-8b)"
+exact no_layout "kvpull-plan: --local-tp 3: TP 3 does not divide and is not divided by 8 KV heads; they allow TP 1, 2, 4, 8, 16, 24, ... (llama-3.1-8b)"
 run no_layout_gdn 1 --model qwen3-next-80b-a3b --remote-tp 64 --kv-heads 3
-exact no_layout_gdn "kvpull-plan: --remote-tp 64: TP 64 does not divide and is not divided by 3 KV heads (qwen3-next-80b-a3b)"
+exact no_layout_gdn "kvpull-plan: --remote-tp 64: TP 64 does not divide and is not divided by 3 KV heads; they allow TP 1, 3, 6, 9, ... (qwen3-next-80b-a3b)"
+run no_layout_many 1 --model llama-3.1-8b --kv-heads 96 --remote-tp 5
+exact no_layout_many "kvpull-plan: --remote-tp 5: TP 5 does not divide and is not divided by 96 KV heads; they allow TP 1, 2, 3, 4, 6, 8, ..., 96, 192, 288, ... (llama-3.1-8b)"
 run no_layout_ssm 1 --model nemotron-h-8b --num-blocks 4
 exact no_layout_ssm "kvpull-plan: local layout: num_blocks 4 is below the 33 attention pages one state page spans (nemotron-h-8b)"
 run no_layout_size 1 --model llama-3.1-8b --head-dim 16777216
@@ -240,7 +245,7 @@ exact spec_preset "kvpull-plan: $tmp/foo.spec: line 3: unknown preset 'foo' (see
 printf 'model = llama-3.1-8b\ntp_size = 3\nblock_tokens = 16\nnum_blocks = 8\n' \
 	>"$tmp/tp3.spec"
 run spec_tp 1 --local-spec "$tmp/tp3.spec" --model llama-3.1-8b
-exact spec_tp "kvpull-plan: $tmp/tp3.spec: line 2: TP 3 does not divide and is not divided by 8 KV heads"
+exact spec_tp "kvpull-plan: $tmp/tp3.spec: line 2: TP 3 does not divide and is not divided by 8 KV heads; they allow TP 1, 2, 4, 8, 16, 24, ..."
 # Group kinds by name in the plan's reason.
 cat >"$tmp/full.spec" <<'SPEC'
 engine tp_size=1
@@ -252,6 +257,114 @@ SPEC
 sed 's/kind=full/kind=sliding/' "$tmp/full.spec" >"$tmp/sliding.spec"
 run kinds 1 --local-spec "$tmp/full.spec" --remote-spec "$tmp/sliding.spec"
 exact kinds "kvpull-plan: cannot plan: malformed or incompatible peer data: group 0 kind differs: local full, remote sliding"
+
+# The title line: what the plan was made with. By default an agent's
+# max_sge and READ cap (kvpull.h: KVP_DEFAULT_MAX_SGE, KVP_DEFAULT_MAX_READ)
+# and kvpull-demo's layout (tools/lib/defaults.h).
+# first NAME TEXT: the first line of $tmp/NAME.out is TEXT.
+first() {
+	if [ "$(sed -n 1p "$tmp/$1.out")" = "$2" ]; then ok; else
+		bad "$1: first line '$(sed -n 1p "$tmp/$1.out")', want '$2'"
+	fi
+}
+first llama "kvpull-plan: llama-3.1-8b, producer TP 2 (flash_hnd) -> consumer TP 1 rank 0 (flash_hnd); max_sge 16, READ cap 2 GiB: an agent's defaults"
+has llama out "       TP 1 rank 0, engine id 0, block 16 tokens (kernel 16), flash_hnd, 1024 blocks"
+has llama out "plan: consumer rank 0 of TP 1 pulling from TP 2, max_sge 16"
+run title_set 0 --model llama-3.1-8b --remote-tp 2 --local-tp 2 --rank 1 \
+	--max-sge 4 --max-read 1048576 --local-layout flash_nhd --no-timing
+first title_set "kvpull-plan: llama-3.1-8b, producer TP 2 (flash_hnd) -> consumer TP 2 rank 1 (flash_nhd); max_sge 4, READ cap 1 MiB (an agent's defaults: max_sge 16, READ cap 2 GiB)"
+first deepseek "kvpull-plan: deepseek-v3, producer TP 4 (MLA) -> consumer TP 2 rank 0 (MLA); max_sge 16, READ cap 2 GiB: an agent's defaults"
+run title_spec 0 --local-spec "$tmp/local.spec" --model llama-3.1-8b \
+	--remote-tp 2 --max-read 1000000 --no-timing
+first title_spec "kvpull-plan: producer llama-3.1-8b TP 2 (flash_hnd) -> consumer spec $tmp/local.spec, TP 1 rank 0; max_sge 16, READ cap 1000000 B (an agent's defaults: max_sge 16, READ cap 2 GiB)"
+has llama_json out '"title": "llama-3.1-8b, producer TP 2 (flash_hnd) -> consumer TP 1 rank 0 (flash_hnd); max_sge 16, READ cap 2 GiB: an agent'"'"'s defaults",'
+has llama_json out '"remote_tp": 2, "max_sge": 16, "max_len": 2147483648, "bytes": '
+run max_read 2 --model llama-3.1-8b --max-read 2147483649
+exact max_read "kvpull-plan: --max-read 2147483649: above 2147483648 (2^31, IB's largest message)"
+
+# The READs an agent with default attributes posts: tests/rdma_dump.c pulls
+# these three requests on soft-RoCE and checks that each DONE event reports
+# exactly these READs and bytes.
+dump="--model llama-3.1-8b --layers 2 --remote-tp 2 --num-blocks 64 --brief --no-timing"
+run dump_a 0 $dump --remote-ids 0-19 --local-ids 10-17,30,32-39,50-52
+has dump_a out "  total: 16 READs (one descriptor per block per region: 160), 2621440 bytes (2.50 MiB)"
+run dump_b 0 $dump --remote-ids 20-29 --local-ids 40-47 --tokens 150
+has dump_b out "  total: 8 READs (one descriptor per block per region: 64), 1048576 bytes (1.00 MiB)"
+run dump_c 0 $dump --remote-ids 30-39 --local-ids 0-9
+has dump_c out "  total: 8 READs (one descriptor per block per region: 80), 1310720 bytes (1.25 MiB)"
+
+# A bad id list: what is wrong, and at which character.
+ids() { # NAME LIST MESSAGE
+	run "$1" 2 --model llama-3.1-8b --request 4 --local-ids "$2"
+	exact "$1" "kvpull-plan: --local-ids $2: $3 (want ids and ranges a-b separated by commas, e.g. 4,9,10-13)"
+}
+ids ids_empty '1,,2' "character 3: empty entry"
+ids ids_lead ',1' "character 1: empty entry"
+ids ids_digit '1,x' "character 3: 'x' is not a digit"
+ids ids_back '5-3' "character 1: range 5-3 runs backwards"
+ids ids_open '1-' "character 1: range 1- has no end"
+ids ids_sep '1;2' "character 2: ';' after id 1 is not ',' or '-'"
+ids ids_dash '1-2-3' "character 4: '-' after range 1-2 is not ','"
+ids ids_comma '1,2,' "character 4: trailing comma"
+ids ids_big '99999999999' "character 1: id 99999999999 is above 4294967295"
+ids ids_long '0-16777216' "character 1: range 0-16777216 holds 16777217 ids, more than 16777216"
+run ids_none 2 --model llama-3.1-8b --request 4 --local-ids ''
+exact ids_none "kvpull-plan: --local-ids: empty id list (want ids and ranges a-b separated by commas, e.g. 4,9,10-13)"
+# An id out of range: the id, where it is, and the bound (out_of_range
+# below: the default local ids).
+run range_remote 1 --model llama-3.1-8b --num-blocks 8 --remote-ids 0-3,9 \
+	--local-ids 0-4
+exact range_remote "kvpull-plan: cannot emit the request: block id out of range: group 0: remote id 9 (entry 5 of --remote-ids) is not below 8, the remote engine's blocks in group 0"
+run range_state 1 --model nemotron-h-8b --remote-tp 2 --num-blocks 66 \
+	--request 3 --local-ids 40-42
+exact range_state "kvpull-plan: cannot emit the request: block id out of range: group 1: local id 2 (entry 3 of the default local ids) is not below 2, the local engine's state pages in group 1"
+run state_len 2 --model nemotron-h-8b --remote-tp 2 --request 2 \
+	--local-ids 40-41 --local-ids 0,1,2
+exact state_len "kvpull-plan: group 1 (state): 3 local ids and 2 remote ids: a state group pairs them one to one"
+# A spec field's shard: the numbers.
+cat >"$tmp/shard.spec" <<'SPEC'
+engine tp_size=4
+group kind=full block_tokens=16
+region size=64K
+view group=0 region=0 layer=0 num_blocks=4 stride=16K
+field view=0 kind=k elem=2 shard=1 total=8 dims=token:16:256,head:4:2
+SPEC
+run shard_len 1 --local-spec "$tmp/shard.spec" --remote-spec "$tmp/shard.spec"
+exact shard_len "kvpull-plan: $tmp/shard.spec: line 5: field rejected: the sharded dim's size 4 is not this rank's shard length 2 (total 8 over tp_size 4, rank 0)"
+sed 's/total=8/total=6/' "$tmp/shard.spec" >"$tmp/shard6.spec"
+run shard_total 1 --local-spec "$tmp/shard6.spec" --remote-spec "$tmp/shard6.spec"
+exact shard_total "kvpull-plan: $tmp/shard6.spec: line 5: field rejected: total 6 is neither a multiple nor a divisor of tp_size 4"
+
+# kvpull-demo (beside kvpull-plan; built by `make all`): the same defaults,
+# and the library's rule for a TP it refuses. --dry-run needs no RDMA.
+demo=$(dirname "$plan")/kvpull-demo
+if [ -x "$demo" ]; then
+	# drun NAME WANT_RC ARGS...: as run, for kvpull-demo --dry-run.
+	drun() {
+		name=$1 want=$2
+		shift 2
+		"$demo" --dry-run --addr 10.0.0.1 "$@" >"$tmp/$name.out" \
+			2>"$tmp/$name.err"
+		rc=$?
+		if [ "$rc" -eq "$want" ]; then ok; else
+			bad "$name: exit $rc, want $want (kvpull-demo $*)"
+		fi
+	}
+	"$demo" --help >"$tmp/demo_help.out" 2>&1
+	has demo_help out "  --max-sge S            local SGEs per READ [16, an agent's default]"
+	has demo_help out "  --prefill-layout L     flash_nhd|flash_hnd|flashinfer|packed [flash_hnd]"
+	has demo_help out "  --block B              block size in tokens, both engines [16]"
+	drun demo_dry 0
+	first demo_dry "== kvpull-demo: llama-3.1-8b, prefill TP 2 (flash_hnd) -> decode TP 1 (flash_hnd), 8 requests pulled with RDMA READs"
+	drun demo_tp 2 --decode-tp 3
+	exact demo_tp "kvpull-demo: cannot plan llama-3.1-8b: --decode-tp 3: TP 3 does not divide and is not divided by 8 KV heads; they allow TP 1, 2, 4, 8, 16, 24, ..."
+	drun demo_ptp 2 --prefill-tp 6
+	exact demo_ptp "kvpull-demo: cannot plan llama-3.1-8b: --prefill-tp 6: TP 6 does not divide and is not divided by 8 KV heads; they allow TP 1, 2, 4, 8, 16, 24, ..."
+	drun demo_blocks 2 --model nemotron-h-8b --num-blocks 4
+	exact demo_blocks "kvpull-demo: cannot plan nemotron-h-8b: prefill engine: num_blocks 4 is below the 33 attention pages one state page spans"
+else
+	bad "$demo not built (make check-tool builds it)"
+fi
 
 # --version, --list
 run version 0 --version
@@ -269,7 +382,7 @@ run svg 0 --model llama-3.1-70b --remote-tp 8 --local-tp 2 --brief \
 	--svg "$tmp/p.svg"
 has svg out "group 0: full"
 if grep -qF '>producer rank 3</text>' "$tmp/p.svg" &&
-	grep -qF 'head 3 of 8, layers 0-79: 40960 READs, 10.00 MiB' "$tmp/p.svg"; then
+	grep -qF 'head 3 of 8, layers 0-79: 160 READs, 10.00 MiB' "$tmp/p.svg"; then
 	ok
 else
 	bad "svg: no producer rank 3 row with its head, layers and READs"
@@ -284,7 +397,7 @@ has no_plan err "cannot plan: malformed or incompatible peer data: group 0: bloc
 run no_nest 0 --model llama-3.1-8b --local-block 16 --remote-block 7 --layers 1
 has no_nest out "period 112 tokens = 7 local : 16 remote"
 run out_of_range 1 --model llama-3.1-8b --num-blocks 4 --request 8
-has out_of_range err "block id out of range"
+exact out_of_range "kvpull-plan: cannot emit the request: block id out of range: group 0: local id 4 (entry 5 of the default local ids) is not below 4, the local engine's blocks in group 0"
 printf 'model = llama-3.1-8b\nlayrs = 2\n' >"$tmp/bad.spec"
 run bad_spec 1 --local-spec "$tmp/bad.spec" --model llama-3.1-8b
 exact bad_spec "kvpull-plan: $tmp/bad.spec: line 2: unknown key 'layrs'"

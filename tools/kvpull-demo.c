@@ -14,8 +14,10 @@
  * Defaults: llama-3.1-8b scaled to 4 layers and 192 blocks per region (so
  * that three engines' ranks fit a 512 MiB VM), prefill TP 2 -> decode TP 1,
  * 8 requests of 256 tokens, 16-token blocks, FLASH_HND on both sides,
- * decode block ids allocated in short runs. Hybrid models keep 2 attention
- * and 2 state layers, sliding-window models their share of sliding layers;
+ * decode block ids allocated in short runs, the consumer agent's default
+ * max_sge (tools/lib/defaults.h: what kvpull-plan shows by default).
+ * Hybrid models keep 2 attention and 2 state layers, sliding-window
+ * models their share of sliding layers;
  * the blocks per region grow when the batch needs more (a pooled state page
  * spans tens of attention pages). The address defaults to $KVP_ADDR0 (set
  * by scripts/rxe-vm.sh).
@@ -30,6 +32,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "defaults.h"
 #include "kvpull.h"
 #include "kvtest.h"
 #include "names.h"
@@ -87,15 +90,15 @@ static void usage(FILE *f)
 		"  --decode-tp D          [1]\n"
 		"  --requests N           requests in the batch (<= %d) [8]\n"
 		"  --tokens T             tokens per request [256]\n"
-		"  --block B              block size in tokens, both engines [16]\n"
+		"  --block B              block size in tokens, both engines [%u]\n"
 		"  --num-blocks N         blocks per region [%d, or what the batch\n"
 		"                         needs; hybrids set 2 state pages per\n"
 		"                         request aside]\n"
-		"  --prefill-layout L     flash_nhd|flash_hnd|flashinfer|packed [flash_hnd]\n"
-		"  --decode-layout L      same [flash_hnd]\n"
+		"  --prefill-layout L     flash_nhd|flash_hnd|flashinfer|packed [%s]\n"
+		"  --decode-layout L      same [%s]\n"
 		"  --ids MODE             decode block ids: runs (a fragmented\n"
 		"                         allocator), random or contiguous [runs]\n"
-		"  --max-sge S            local SGEs per READ [4]\n"
+		"  --max-sge S            local SGEs per READ [%u, an agent's default]\n"
 		"  --addr IP              RDMA-capable address [$KVP_ADDR0]\n"
 		"  --port N               first prefill rank's port [18700]\n"
 		"  --seed N               [1]\n"
@@ -105,10 +108,15 @@ static void usage(FILE *f)
 		"  --version              print the version and exit\n"
 		"Exit status: 0 every byte verified, 1 the transfer or the check\n"
 		"failed, 2 bad options or a batch that does not fit.\n",
-		MAX_REQ, DEFAULT_BLOCKS);
+		MAX_REQ, TOOL_DEFAULT_BLOCK_TOKENS, DEFAULT_BLOCKS,
+		tool_layout_names[TOOL_DEFAULT_KV_LAYOUT],
+		tool_layout_names[TOOL_DEFAULT_KV_LAYOUT], KVP_DEFAULT_MAX_SGE);
 }
 
-static kvp_layout *build(const struct opts *o, int prefill, uint32_t rank)
+/* Rank `rank` of the prefill or decode engine at TP `tp`; NULL on failure,
+ * with the library's reason in why[len] when why is not NULL. */
+static kvp_layout *build_tp(const struct opts *o, int prefill, uint32_t rank,
+			    uint32_t tp, char *why, size_t len)
 {
 	struct kvp_engine_desc e;
 	struct kvp_model m;
@@ -123,14 +131,41 @@ static kvp_layout *build(const struct opts *o, int prefill, uint32_t rank)
 	m.sliding_layers = o->sliding_layers;
 	memset(&e, 0, sizeof(e));
 	e.engine_id = prefill ? PREFILL_ENGINE : DECODE_ENGINE;
-	e.tp_size = prefill ? o->P : o->D;
+	e.tp_size = tp;
 	e.tp_rank = rank;
 	e.block_tokens = o->block;
 	e.num_blocks = o->nblocks;
 	e.kv_layout = prefill ? o->playout : o->dlayout;
-	if (kvp_layout_build(&m, &e, &l))
+	if (kvp_layout_build_msg(&m, &e, &l, why, why ? len : 0))
 		return NULL;
 	return l;
+}
+
+static kvp_layout *build(const struct opts *o, int prefill, uint32_t rank)
+{
+	return build_tp(o, prefill, rank, prefill ? o->P : o->D, NULL, 0);
+}
+
+/* Why rank 0 of an engine does not build: "--decode-tp 3: <the library's
+ * rule>" when the same engine builds at TP 1 (the TP is to blame), else
+ * "decode engine: <reason>". */
+static void build_why(const struct opts *o, int prefill, char *why,
+		      size_t len)
+{
+	const char *name = prefill ? "prefill" : "decode";
+	uint32_t tp = prefill ? o->P : o->D;
+	char msg[256] = "";
+	kvp_layout *l;
+
+	if (build_tp(o, prefill, 0, tp, msg, sizeof(msg)))
+		return; /* unreachable: it did not build before */
+	l = tp > 1 ? build_tp(o, prefill, 0, 1, NULL, 0) : NULL;
+	if (l)
+		snprintf(why, len, "--%s-tp %u: %s", name, tp, msg);
+	else
+		snprintf(why, len, "%s engine: %s", name,
+			 msg[0] ? msg : "out of memory");
+	kvp_layout_destroy(l);
 }
 
 /* The layer counts the demo keeps of preset `m` (options not given are
@@ -181,8 +216,7 @@ static int get_geom(const struct opts *o, struct geom *gm, char *why,
 	int ret = -1;
 
 	if (!pl || !dl) {
-		snprintf(why, len, "the engines do not build (more "
-				   "--num-blocks? fewer --prefill-tp/--decode-tp?)");
+		build_why(o, !pl, why, len);
 		goto out;
 	}
 	if (kvp_plan_compile(dl, pl, NULL, &plan, why, len))
@@ -851,9 +885,10 @@ int main(int argc, char **argv)
 	struct opts o = { .model = "llama-3.1-8b", .ids = "runs",
 			  .layers = UNSET, .state_layers = UNSET,
 			  .sliding_layers = UNSET, .P = 2, .D = 1, .nreq = 8,
-			  .tokens = 256, .block = 16, .nblocks = UNSET,
-			  .max_sge = 4, .playout = KVP_KV_FLASH_HND,
-			  .dlayout = KVP_KV_FLASH_HND, .port = 18700,
+			  .tokens = 256, .block = TOOL_DEFAULT_BLOCK_TOKENS,
+			  .nblocks = UNSET, .max_sge = KVP_DEFAULT_MAX_SGE,
+			  .playout = TOOL_DEFAULT_KV_LAYOUT,
+			  .dlayout = TOOL_DEFAULT_KV_LAYOUT, .port = 18700,
 			  .seed = 1 };
 	const struct tool_opt opts[] = {
 		{ "--model", TOOL_STR, &o.model, 0 },

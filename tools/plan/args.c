@@ -2,6 +2,7 @@
 /* kvpull-plan: the command line, and the two engines it describes. */
 #include <errno.h>
 #include <getopt.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,34 @@ static uint32_t parse_name(const char *opt, const char *s,
 	usage_error("%s: unknown value '%s' (valid: %s)", opt, s, valid);
 }
 
+/* A bad id list: what is wrong, at which character of it (from 1). */
+__attribute__((noreturn, format(printf, 4, 5))) static void
+bad_ids(const char *opt, const char *s, const char *at, const char *fmt, ...)
+{
+	char what[160];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	usage_error("%s %s: character %zu: %s (want ids and ranges a-b separated by commas, e.g. 4,9,10-13)",
+		    opt, s, (size_t)(at - s) + 1, what);
+}
+
+/* One id of a list at p (a digit): its value, *end past it. */
+static unsigned long long list_id(const char *opt, const char *s,
+				  const char *p, char **end)
+{
+	unsigned long long v;
+
+	errno = 0;
+	v = strtoull(p, end, 0);
+	if (errno || v > UINT32_MAX)
+		bad_ids(opt, s, p, "id %.*s is above %u", (int)(*end - p), p,
+			UINT32_MAX);
+	return v;
+}
+
 /* "a,b-c,..." into a new list; ranges are inclusive. */
 static void parse_ids(const char *opt, const char *s, struct idlist *out)
 {
@@ -50,23 +79,43 @@ static void parse_ids(const char *opt, const char *s, struct idlist *out)
 	uint32_t *id = xcalloc(cap, sizeof(*id));
 	const char *p = s;
 
+	if (!*s)
+		usage_error("%s: empty id list (want ids and ranges a-b separated by commas, e.g. 4,9,10-13)",
+			    opt);
 	while (*p) {
 		unsigned long long a, b;
+		const char *first = p;
+		int ranged = 0;
 		char *end;
 
+		if (*p == ',')
+			bad_ids(opt, s, p, "empty entry");
 		if (*p < '0' || *p > '9')
-			usage_error("%s: bad id list '%s'", opt, s);
-		errno = 0;
-		a = b = strtoull(p, &end, 0);
+			bad_ids(opt, s, p, "'%c' is not a digit", *p);
+		a = b = list_id(opt, s, p, &end);
 		if (*end == '-') {
+			ranged = 1;
 			p = end + 1;
+			if (!*p || *p == ',')
+				bad_ids(opt, s, first, "range %.*s has no end",
+					(int)(p - first), first);
 			if (*p < '0' || *p > '9')
-				usage_error("%s: bad id list '%s'", opt, s);
-			b = strtoull(p, &end, 0);
+				bad_ids(opt, s, p, "'%c' is not a digit", *p);
+			b = list_id(opt, s, p, &end);
+			if (b < a)
+				bad_ids(opt, s, first, "range %.*s runs backwards",
+					(int)(end - first), first);
+			if (b - a >= (1u << 24))
+				bad_ids(opt, s, first,
+					"range %.*s holds %llu ids, more than %u",
+					(int)(end - first), first, b - a + 1,
+					1u << 24);
 		}
-		if (errno || a > UINT32_MAX || b > UINT32_MAX || b < a ||
-		    (*end && *end != ',') || b - a >= (1u << 24))
-			usage_error("%s: bad id list '%s'", opt, s);
+		if (*end && *end != ',')
+			bad_ids(opt, s, end, "'%c' after %s %.*s is not %s",
+				*end, ranged ? "range" : "id",
+				(int)(end - first), first,
+				ranged ? "','" : "',' or '-'");
 		for (; a <= b; a++) {
 			if (n == cap) {
 				cap *= 2;
@@ -78,10 +127,8 @@ static void parse_ids(const char *opt, const char *s, struct idlist *out)
 		}
 		p = *end ? end + 1 : end;
 		if (*end && !*p)
-			usage_error("%s: bad id list '%s'", opt, s);
+			bad_ids(opt, s, end, "trailing comma");
 	}
-	if (!n)
-		usage_error("%s: empty id list", opt);
 	out->id = id;
 	out->n = n;
 }
@@ -111,7 +158,7 @@ static void usage(FILE *f)
 "  --local-block N --remote-block N    block size in tokens (default %u)\n"
 "  --local-kernel-block N --remote-kernel-block N\n"
 "                          attention kernel block size (default: block)\n"
-"  --local-layout L --remote-layout L  flash_nhd (default), flash_hnd,\n"
+"  --local-layout L --remote-layout L  flash_nhd, flash_hnd (default),\n"
 "                          flashinfer or packed\n"
 "  --local-conv-layout C --remote-conv-layout C\n"
 "                          conv state order of hybrid models: ds (default)\n"
@@ -119,9 +166,12 @@ static void usage(FILE *f)
 "  A side given by a spec file takes none of the preset options; its TP\n"
 "  size and rank come from the spec.\n"
 "\n"
-"Plan:\n"
-"  --max-sge N             local SGEs per READ (default 0: the library's\n"
-"                          default, 1)\n"
+"Plan (the defaults are a consumer agent's, kvp_agent_attr 0):\n"
+"  --max-sge N             local SGEs per READ (default %u); an agent\n"
+"                          clamps it to the device's max_sge_rd\n"
+"  --max-read N            bytes per READ at most (default %u: 2 GiB);\n"
+"                          an agent also stops at its port's max_msg_sz\n"
+"                          (8388608 on soft-RoCE)\n"
 "\n"
 "Request (any of these emits one request):\n"
 "  --request N             N remote blocks per group, ids 0..N-1\n"
@@ -156,7 +206,9 @@ static void usage(FILE *f)
 "  --version               " PROG " and the library version\n"
 "  --help                  this text\n"
 "\n"
-"The summary shows both engines (model numbers, TP, block sizes, layouts,\n"
+"The summary's title line says what the plan was made with: both engines'\n"
+"TP and KV layout, max_sge and the READ cap, and whether they are an\n"
+"agent's defaults. Then both engines (model numbers, TP, block sizes, layouts,\n"
 "groups, regions), then the plan: its sources (producer ranks read from),\n"
 "the producer ranks notified, its size and compile time; per group the\n"
 "block sizes and period, source ranks, one line per stream (source rank,\n"
@@ -172,7 +224,8 @@ static void usage(FILE *f)
 "or a file cannot be read, 2 for bad usage.\n"
 "\n"
 "Presets:",
-		DEFAULT_NUM_BLOCKS, DEFAULT_BLOCK);
+		DEFAULT_NUM_BLOCKS, DEFAULT_BLOCK, KVP_DEFAULT_MAX_SGE,
+		KVP_DEFAULT_MAX_READ);
 	for (i = 0, col = 8; kvp_model_preset_name(i); i++) {
 		const char *name = kvp_model_preset_name(i);
 
@@ -266,6 +319,7 @@ static const struct optdef optdefs[] = {
 	SIDES("local-conv-layout", "remote-conv-layout", A_CONV, e.conv_layout,
 	      have_conv),
 	OPT("max-sge", A_U32, max_sge),
+	OPT("max-read", A_U32, max_read),
 	OPT_HAVE("request", A_U32, request, have_request),
 	OPT_HAVE("hit", A_U32, hit, have_hit),
 	OPT_HAVE("tokens", A_U64, tokens, have_tokens),
@@ -530,6 +584,8 @@ static void build_side(struct opts *o, struct side *s)
 		s->e.tp_size = 1;
 	if (!s->have_block)
 		s->e.block_tokens = DEFAULT_BLOCK;
+	if (!s->have_layout)
+		s->e.kv_layout = TOOL_DEFAULT_KV_LAYOUT;
 	s->e.num_blocks = o->have_nblocks ? o->nblocks : DEFAULT_NUM_BLOCKS;
 	check_side(o, s);
 	err = kvp_layout_build_msg(&s->m, &s->e, &s->l, msg, sizeof(msg));
@@ -549,6 +605,9 @@ static void check_usage(struct opts *o)
 			  o->have_head_dim || o->have_dtype ||
 			  o->have_nblocks))
 		usage_error("model overrides need --model");
+	if (o->max_read > KVP_DEFAULT_MAX_READ)
+		usage_error("--max-read %u: above %u (2^31, IB's largest message)",
+			    o->max_read, KVP_DEFAULT_MAX_READ);
 }
 
 void build_sides(struct opts *o)

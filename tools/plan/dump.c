@@ -71,7 +71,7 @@ static int *ranks(const kvp_plan *plan, uint32_t n,
 
 void compute(struct opts *o, struct dump *d)
 {
-	struct kvp_plan_attr attr = { 0 };
+	struct kvp_plan_attr attr;
 	struct kvp_layout_info ri;
 	char msg[256] = "";
 	uint32_t i;
@@ -79,7 +79,8 @@ void compute(struct opts *o, struct dump *d)
 	int err;
 
 	d->o = o;
-	attr.max_sge = o->max_sge;
+	/* What an agent with these max_sge and max_read plans with. */
+	tool_plan_attr(&attr, o->max_sge, o->max_read);
 	t0 = now_us();
 	err = kvp_plan_compile(o->loc.l, o->rem.l, &attr, &d->plan, msg,
 			       sizeof(msg));
@@ -121,6 +122,67 @@ void free_dump(struct dump *d)
 	free(d->lkinds);
 	free(d->rkinds);
 	kvp_plan_destroy(d->plan);
+}
+
+/* "2 GiB", "1 MiB", "4 KiB" when exact, else "1000000 B". */
+static const char *cap_text(uint32_t b, char *buf, size_t n)
+{
+	static const char *const unit[] = { "B", "KiB", "MiB", "GiB" };
+	uint32_t u = 0;
+
+	while (u < 3 && b && !(b & 1023)) {
+		b >>= 10;
+		u++;
+	}
+	snprintf(buf, n, "%u %s", b, unit[u]);
+	return buf;
+}
+
+/* "TP 2 (flash_hnd)", "llama-3.1-8b TP 1 rank 0 (flash_hnd)" (`named`),
+ * "TP 2 (MLA)", "spec FILE, TP 2". */
+static void side_title(const struct side *s, int rank, int named, char *buf,
+		       size_t n)
+{
+	struct kvp_layout_info li;
+	char r[32] = "";
+
+	kvp_layout_get_info(s->l, &li);
+	if (rank)
+		snprintf(r, sizeof(r), " rank %u", li.tp_rank);
+	if (s->spec)
+		snprintf(buf, n, "spec %s, TP %u%s", s->spec, li.tp_size, r);
+	else
+		snprintf(buf, n, "%s%sTP %u%s (%s)", named ? s->m.name : "",
+			 named ? " " : "", li.tp_size, r,
+			 s->m.mla_latent ?
+				 "MLA" :
+				 TOOL_NAME(tool_layout_names, s->e.kv_layout));
+}
+
+void plan_title(const struct dump *d, int tail, char *buf, size_t len)
+{
+	const struct opts *o = d->o;
+	char p[300], c[300], cap[32], dcap[32];
+	int spec = o->loc.spec || o->rem.spec;
+	size_t k;
+
+	/* The model once when both sides are the preset's. */
+	side_title(&o->rem, 0, spec, p, sizeof(p));
+	side_title(&o->loc, 1, spec, c, sizeof(c));
+	k = (size_t)snprintf(buf, len, "%s%sproducer %s -> consumer %s; max_sge %u, READ cap %s",
+			     spec ? "" : o->model, spec ? "" : ", ", p, c,
+			     d->info.max_sge,
+			     cap_text(d->info.max_len, cap, sizeof(cap)));
+	if (!tail || k >= len)
+		return;
+	if (d->info.max_sge == KVP_DEFAULT_MAX_SGE &&
+	    d->info.max_len == KVP_DEFAULT_MAX_READ)
+		snprintf(buf + k, len - k, ": an agent's defaults");
+	else
+		snprintf(buf + k, len - k,
+			 " (an agent's defaults: max_sge %u, READ cap %s)",
+			 KVP_DEFAULT_MAX_SGE,
+			 cap_text(KVP_DEFAULT_MAX_READ, dcap, sizeof(dcap)));
 }
 
 /* kvp_plan_get_group() sets every bit past 64 sources; the streams then say

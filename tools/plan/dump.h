@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "defaults.h"
 #include "kvpull.h"
 #include "names.h"
 
@@ -24,7 +25,7 @@
 #define KVP_SCHEMA KVP_DATADIR "/kvpull-plan.schema.json"
 #define MAX_GROUPS 64
 #define DEFAULT_NUM_BLOCKS 1024
-#define DEFAULT_BLOCK 16
+#define DEFAULT_BLOCK TOOL_DEFAULT_BLOCK_TOKENS
 
 #define PLURAL(n) ((n) == 1 ? "" : "s")
 
@@ -51,7 +52,7 @@ struct opts {
 	const char *model;
 	int have_layers, have_kv_heads, have_head_dim, have_dtype, have_nblocks;
 	uint32_t layers, kv_heads, head_dim, dtype, nblocks;
-	uint32_t max_sge;
+	uint32_t max_sge, max_read; /* 0: an agent's defaults (defaults.h) */
 	int json, brief, timing;
 	const char *svg; /* --svg FILE, or NULL */
 	int have_svg_request;
@@ -121,6 +122,10 @@ struct dump {
 /* Compiles the plan of o's two layouts and fills *d (zeroed by the caller). */
 void compute(struct opts *o, struct dump *d);
 void free_dump(struct dump *d);
+/* The title line: both engines (TP, layout), max_sge and the READ cap
+ * the plan was made with; with `tail`, whether they are an agent's
+ * defaults. */
+void plan_title(const struct dump *d, int tail, char *buf, size_t len);
 /* Whether source index s serves group g. */
 int serves(const struct dump *d, uint32_t g, uint32_t s);
 uint32_t view_layer(const kvp_layout *l, uint32_t view);

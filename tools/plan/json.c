@@ -332,7 +332,7 @@ static void json_side(struct jw *j, const char *key, const struct side *s)
 static const struct jmember info_members[] = {
 	JM(T, ngroups), JM(T, nsrc), JM(T, nnotify), JM(T, nstreams),
 	JM(T, npieces), JM(T, local_tp), JM(T, local_rank), JM(T, remote_tp),
-	JM(T, max_sge), JM(T, bytes),
+	JM(T, max_sge), JM(T, max_len), JM(T, bytes),
 };
 #undef T
 
@@ -474,10 +474,13 @@ static void json_request(struct jw *j, const struct dump *d)
 void print_json(const struct dump *d)
 {
 	struct jw j;
+	char title[768];
 
 	memset(&j, 0, sizeof(j));
+	plan_title(d, 1, title, sizeof(title));
 	j_open(&j, NULL, '{', 0);
 	j_u64(&j, "version", 1);
+	j_str(&j, "title", title);
 	json_side(&j, "local", &d->o->loc);
 	json_side(&j, "remote", &d->o->rem);
 	json_plan(&j, d);

@@ -228,6 +228,47 @@ static int emit_range(const char *spec, const kvp_plan *plan,
 	return (int)nwr;
 }
 
+/* An id list's origin, for messages: "--remote-ids" (the g-th given),
+ * "--request 8", "the default local ids". */
+static const char *ids_origin(const struct opts *o, int local, uint32_t g,
+			      char *buf, size_t n)
+{
+	if (local ? g < o->nlids : g < o->nrids)
+		snprintf(buf, n, "--%s-ids", local ? "local" : "remote");
+	else if (local)
+		snprintf(buf, n, "the default local ids");
+	else
+		snprintf(buf, n, "--request %u", o->request);
+	return buf;
+}
+
+/* kvp_plan_emit()'s -ERANGE, said before it: the first id of group g not
+ * below the group's block count, where it is in its list, and the bound. */
+static void check_range(const struct opts *o, const struct kvp_plan_group *pg,
+			const struct kvp_ids *id, uint32_t g)
+{
+	char from[48];
+	uint32_t i, k;
+
+	for (k = 0; k < 2; k++) {
+		const uint32_t *v = k ? id->remote : id->local;
+		uint32_t n = k ? id->nremote : id->nlocal;
+		uint32_t bound = k ? pg->remote_blocks : pg->local_blocks;
+
+		for (i = 0; i < n; i++)
+			if (v[i] >= bound)
+				die("cannot emit the request: %s: group %u: %s id %u (entry %u of %s) is not below %u, the %s engine's %s in group %u",
+				    kvp_strerror(-ERANGE), g,
+				    k ? "remote" : "local", v[i], i + 1,
+				    ids_origin(o, !k, g, from, sizeof(from)),
+				    bound, k ? "remote" : "local",
+				    pg->kind == KVP_GROUP_STATE ?
+					    "state pages" :
+					    "blocks",
+				    g);
+	}
+}
+
 void make_request(const struct opts *o, const kvp_plan *plan,
 		  const struct kvp_plan_group *pg, uint32_t ngroups,
 		  struct request *rq)
@@ -290,6 +331,11 @@ void make_request(const struct opts *o, const kvp_plan *plan,
 		    id->nlocal > rq->need[g].lend)
 			usage_error("group %u: %u local ids, but the sequence spans %u local blocks",
 				    g, id->nlocal, rq->need[g].lend);
+		if (pg[g].kind == KVP_GROUP_STATE &&
+		    id->nlocal != id->nremote)
+			usage_error("group %u (state): %u local ids and %u remote ids: a state group pairs them one to one",
+				    g, id->nlocal, id->nremote);
+		check_range(o, &pg[g], id, g);
 		if (id->nlocal > maxids)
 			maxids = id->nlocal;
 		if (id->nremote > maxids)

@@ -214,16 +214,6 @@ static const char *layers_text(const struct arrow *x, char *buf, size_t n)
 	return buf;
 }
 
-static void side_text(const struct side *s, const char *role, uint32_t tp,
-		      char *buf, size_t n)
-{
-	if (s->spec)
-		snprintf(buf, n, "%s: spec %s, TP %u", role, s->spec, tp);
-	else
-		snprintf(buf, n, "%s: %s, TP %u, blocks of %u", role,
-			 s->m.name, tp, s->e.block_tokens);
-}
-
 /* One band: the group header and a row per source serving it. */
 static int band(FILE *f, const struct dump *d, uint32_t g, int y,
 		const struct arrow *a, int cons_y0, uint32_t req)
@@ -332,7 +322,7 @@ void write_svg(const struct dump *d)
 	uint32_t g, s, p, nidle = 0;
 	struct arrow *a;
 	char *read_from;
-	char t1[160], t2[160];
+	char title[768];
 	int y, h = TOP, cons_y0, cons_h;
 	FILE *f;
 
@@ -361,14 +351,20 @@ void write_svg(const struct dump *d)
 		die("--svg %s: %s", o->svg, strerror(errno));
 	fprintf(f,
 		"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-		"<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n"
-		"<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\" fill=\"#333\"/></marker></defs>\n"
-		"<rect width=\"100%%\" height=\"100%%\" fill=\"#ffffff\"/>\n",
+		"<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n",
 		SVG_W, h, SVG_W, h);
-	side_text(&o->rem, "producer", d->remote_tp, t1, sizeof(t1));
-	side_text(&o->loc, "consumer", d->info.local_tp, t2, sizeof(t2));
-	text(f, 20, 26, "font-size=\"18\" font-weight=\"bold\"", "start",
-	     "%s  ->  %s, rank %u", t1, t2, d->info.local_rank);
+	/* The document's title says whether these are an agent's defaults;
+	 * the heading, what the plan was made with. */
+	plan_title(d, 1, title, sizeof(title));
+	fputs("<title>", f);
+	xml_text(f, title);
+	fputs("</title>\n", f);
+	fprintf(f,
+		"<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\"><path d=\"M0,0 L10,5 L0,10 z\" fill=\"#333\"/></marker></defs>\n"
+		"<rect width=\"100%%\" height=\"100%%\" fill=\"#ffffff\"/>\n");
+	plan_title(d, 0, title, sizeof(title));
+	text(f, 20, 26, "font-size=\"16\" font-weight=\"bold\"", "start",
+	     "%s", title);
 	text(f, 20, 48, "font-size=\"13\" fill=\"#444\"", "start",
 	     "READs and bytes per request of %u remote blocks per group (ids 0-%u); %u producer rank%s read from",
 	     req, req - 1, d->info.nsrc, PLURAL(d->info.nsrc));

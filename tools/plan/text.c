@@ -243,8 +243,10 @@ void print_text(const struct dump *d)
 {
 	const struct kvp_plan_info *in = &d->info;
 	uint32_t g, s;
-	char h[32];
+	char h[32], title[768];
 
+	plan_title(d, 1, title, sizeof(title));
+	printf(PROG ": %s\n\n", title);
 	text_side(&d->o->loc);
 	text_side(&d->o->rem);
 	printf("\nplan: consumer rank %u of TP %u pulling from TP %u, max_sge %u\n",
