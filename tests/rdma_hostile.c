@@ -995,7 +995,9 @@ static int case_short_keys(const struct rt_env *env, struct ctx *x)
 #define H_COSTLY H_PER_SOURCE /* all from the second address */
 #define H_COSTLY_S 3.0
 #define H_COSTLY_JOIN_S 2.0
-#define H_COSTLY_POLL_MS 100.0
+/* The issue's bound is for a release build (the plain VM stage checks
+ * it: 32-54 ms measured); sanitized code is slower, by up to 3x here. */
+#define H_COSTLY_POLL_MS (RT_SANITIZED ? 300.0 : 100.0)
 struct costly {
 	uint16_t port;
 	const char *src;

@@ -15,10 +15,19 @@
  * Cases: dense layer-wise, chunked, chunks layer-wise with block sizes
  * that do not nest (a consumer block straddles chunk boundaries), a
  * Mamba2 hybrid (state complete with the last chunk), TP 2 -> 1, a
- * consumer that follows before the producer's kvp_agent_expect(), and
- * one that pulls after part of the prefill is published.
+ * consumer that follows before the producer's kvp_agent_expect(), one
+ * that pulls after part of the prefill is published; both queue pairs of
+ * a rank (a send queue of 8); requests computed in reverse order (no
+ * request waits behind another); a stall that fails one request alone; a
+ * producer that dies at layer 2 (every request FAILED with its ids,
+ * nothing else written); a consumer that dies mid-stream (the producer
+ * publishes on, its requests expire); a consumer that polls nothing until
+ * the prefill is over (one progress per source, no more READs than bulk).
  *
  *   rdma_stream [filter]
+ *
+ * KVP_QUICK_CASES=1 runs only the cases marked quick (scripts/test.sh's
+ * ASan stage; the plain stage runs them all).
  */
 #include "rdma/harness.h"
 
@@ -32,6 +41,20 @@ struct scase {
 	uint32_t pace_us;   /* the producer's "compute" per step */
 	int late_expect;    /* expect after the consumers pulled */
 	int late_pull;	    /* consumers pull after part is published */
+	uint32_t sq_depth;  /* consumer's send queue: small, the streamed
+			     * READs must go over both queue pairs */
+	int reverse;	    /* the producer computes the requests one after
+			     * another, the last first: its DONE must come
+			     * first (no request waits behind another) */
+	int stall;	    /* the producer stops publishing request 0
+			     * halfway: it alone fails (KVP_REASON_STALL) */
+	uint32_t die_at;    /* producer rank 0 exits after this many steps:
+			     * every request fails with its local ids */
+	int cons_die;	    /* the consumer exits mid-stream: the producer
+			     * publishes on and its requests expire */
+	int lag;	    /* the consumer polls nothing from its pull until
+			     * every producer rank published its last step
+			     * (and 100 ms more): progress coalesces */
 };
 
 #define RC(n, m, l, p, d, pb, db, nr, t)                                    \
@@ -55,7 +78,7 @@ static const struct scase cases[] = {
 		  .model = "nemotron-h-8b", .layers = 1, .state_layers = 2,
 		  .P = 1, .D = 1, .pblock = 16, .dblock = 16, .pblocks = 144,
 		  .dblocks = 144, .nreq = 2, .tokens = 64, .kill_rank = -1,
-		  .max_inflight = 8, .seed = 5 },
+		  .max_inflight = 8, .seed = 5, .quick = 1 },
 	  .mode = 2, .chunk = 40, .pace_us = 2000 },
 	{ RC("llama 1->1 follow before expect", "llama-3.1-8b", 2, 1, 1, 16,
 	     16, 2, 64),
@@ -63,7 +86,36 @@ static const struct scase cases[] = {
 	{ RC("llama 1->1 pull after part is published", "llama-3.1-8b", 4, 1,
 	     1, 16, 16, 2, 64),
 	  .mode = 0, .pace_us = 20000, .late_pull = 1 },
+	{ RC("llama 2->1 over both queue pairs (send queue of 8)",
+	     "llama-3.1-8b", 4, 2, 1, 16, 16, 2, 130),
+	  .mode = 0, .pace_us = 3000, .sq_depth = 8, .rc.quick = 1 },
+	{ RC("llama 1->1 the last request computed first", "llama-3.1-8b", 4,
+	     1, 1, 16, 16, 3, 100),
+	  .mode = 0, .pace_us = 3000, .reverse = 1, .rc.quick = 1 },
+	{ RC("llama 1->1 one request stalls, the other goes on",
+	     "llama-3.1-8b", 4, 1, 1, 16, 16, 2, 100),
+	  .mode = 2, .chunk = 40, .pace_us = 3000, .stall = 1,
+	  .rc.quick = 1 },
+	{ RC("llama 1->1 producer dies at layer 2", "llama-3.1-8b", 6, 1, 1,
+	     16, 16, 2, 100),
+	  .mode = 0, .pace_us = 3000, .die_at = 2, .rc.quick = 1 },
+	{ RC("llama 1->1 consumer dies mid-stream", "llama-3.1-8b", 6, 1, 1,
+	     16, 16, 2, 100),
+	  .mode = 0, .pace_us = 5000, .cons_die = 1, .late_expect = 1,
+	  .rc.quick = 1 },
+	{ RC("llama 2->1 lagging consumer", "llama-3.1-8b", 6, 2, 1, 16, 16,
+	     2, 100),
+	  .mode = 2, .chunk = 25, .pace_us = 1000, .lag = 1 },
 };
+
+/* The consumer's stall_ms in the stall case, and the producer's deadline
+ * when the consumer dies (counted from its late kvp_agent_expect()): a
+ * producer step, writing the step's patterns, takes up to ~100 ms plain
+ * and several times that under a sanitizer. */
+#define STALL_MS (RT_SANITIZED ? 2500u : 1000u)
+#define EXPIRE_MS (RT_SANITIZED ? 8000u : 3000u)
+static int published[2] = { -1, -1 }; /* lag: a byte per producer rank
+				       * once it published its last step */
 
 static struct kvp_progress prog(uint64_t all, uint64_t cur, uint32_t l)
 {
@@ -120,8 +172,12 @@ static int producer(const struct scase *sc, const struct rt_env *env,
 	struct kvp_event ev[16];
 	kvp_layout *l = rt_layout(tc, 1, rank);
 	kvp_agent *a = NULL;
-	uint32_t i, k, q, n, layers, released = 0;
+	uint32_t i, k, q, n, ph, layers, released = 0, gone = 0;
+	uint64_t t_go = 0, t_done = 0;
 	uint64_t t_end = rt_now_ns() + 60000000000ull;
+	uint64_t deadline = sc->cons_die ?
+				    (uint64_t)EXPIRE_MS * 1000000ull :
+				    60000000000ull;
 	int ret = 1, err;
 	char who[64], c;
 
@@ -150,7 +206,7 @@ static int producer(const struct scase *sc, const struct rt_env *env,
 		RT_FAIL("publish before expect was not -ENOENT");
 	for (i = 0; !sc->late_expect && i < tc->nreq; i++) {
 		err = kvp_agent_expect(a, RT_CONS_ENGINE, rq[i].id,
-				       rt_now_ns() + 60000000000ull);
+				       rt_now_ns() + deadline);
 		if (err)
 			RT_FAIL("expect: %s", kvp_strerror(err));
 	}
@@ -173,50 +229,79 @@ static int producer(const struct scase *sc, const struct rt_env *env,
 			RT_FAIL("poll");
 		for (i = 0; i < tc->nreq; i++) {
 			err = kvp_agent_expect(a, RT_CONS_ENGINE, rq[i].id,
-					       rt_now_ns() + 60000000000ull);
+					       rt_now_ns() + deadline);
 			if (err)
 				RT_FAIL("late expect: %s", kvp_strerror(err));
 		}
 	}
 	layers = kvt_layers(l);
 	n = schedule(sc, layers, s);
-	for (k = 0; k < n; k++) {
-		/* write what the step publishes, then publish it */
-		for (i = 0; i < tc->nreq; i++)
-			for (q = 0; q < layers; q++)
-				kvt_fill_producer_part(l, &mem, rq[i].ids, q,
-						       q + 1, kvt_ready(&pub, q),
-						       kvt_ready(&s[k], q));
-		for (i = 0; i < tc->nreq; i++) {
-			err = kvp_agent_publish(a, RT_CONS_ENGINE, rq[i].id,
-						&s[k]);
-			if (err)
-				RT_FAIL("publish step %u: %s", k,
-					kvp_strerror(err));
+	t_go = rt_now_ns();
+	/* reverse: one phase per request, the last first; else one phase
+	 * for all */
+	for (ph = 0; ph < (sc->reverse ? tc->nreq : 1); ph++) {
+		uint32_t i0 = sc->reverse ? tc->nreq - 1 - ph : 0;
+		uint32_t i1 = sc->reverse ? i0 + 1 : tc->nreq;
+
+		pub = prog(0, 0, 0);
+		for (k = 0; k < n; k++) {
+			if (sc->die_at && k == sc->die_at && rank == 0) {
+				/* the consumers read what is published */
+				spin(a, 20000);
+				_exit(0); /* no close: the process dies */
+			}
+			/* write what the step publishes, then publish it
+			 * (stall: request 0 stops halfway) */
+			for (i = i0; i < i1; i++)
+				for (q = 0; q < layers; q++)
+					if (!(sc->stall && !i && k >= n / 2))
+						kvt_fill_producer_part(
+							l, &mem, rq[i].ids, q,
+							q + 1, kvt_ready(&pub, q),
+							kvt_ready(&s[k], q));
+			for (i = i0; i < i1; i++) {
+				if (sc->stall && !i && k >= n / 2)
+					continue;
+				err = kvp_agent_publish(a, RT_CONS_ENGINE,
+							rq[i].id, &s[k]);
+				if (err)
+					RT_FAIL("publish step %u: %s", k,
+						kvp_strerror(err));
+			}
+			pub = s[k];
+			/* going backwards is refused (the request is not
+			 * complete yet: still expected) */
+			if (k == 1 && !i0 &&
+			    kvp_agent_publish(a, RT_CONS_ENGINE, rq[0].id,
+					      &s[0]) != -ERANGE)
+				RT_FAIL("a progress going backwards was not -ERANGE");
+			if (spin(a, sc->pace_us))
+				RT_FAIL("poll");
 		}
-		pub = s[k];
-		/* going backwards is refused (the request is not complete
-		 * yet: still expected) */
-		if (k == 1 && kvp_agent_publish(a, RT_CONS_ENGINE, rq[0].id,
-						&s[0]) != -ERANGE)
-			RT_FAIL("a progress going backwards was not -ERANGE");
-		if (spin(a, sc->pace_us))
-			RT_FAIL("poll");
 	}
-	while (released < tc->nreq) {
+	t_done = rt_now_ns();
+	if (sc->lag && write(published[1], "p", 1) != 1)
+		RT_FAIL("published pipe");
+	/* every request released (the consumer died: expired, and its
+	 * ranks reported) */
+	while (released < tc->nreq || (sc->cons_die && !gone)) {
 		int m = kvp_agent_poll(a, ev, 16);
 
 		if (m < 0)
 			RT_FAIL("poll: %s", kvp_strerror(m));
 		for (i = 0; i < (uint32_t)m; i++) {
-			if (ev[i].type == KVP_EV_RELEASED)
+			if (ev[i].type == (sc->cons_die ? KVP_EV_EXPIRED :
+							  KVP_EV_RELEASED))
 				released++;
-			else if (ev[i].type != KVP_EV_DISCONNECTED)
+			else if (ev[i].type == KVP_EV_DISCONNECTED)
+				gone++;
+			else
 				RT_FAIL("event %u (%s)", ev[i].type,
 					kvp_strerror(ev[i].status));
 		}
 		if (rt_now_ns() > t_end)
-			RT_FAIL("%u of %u released", released, tc->nreq);
+			RT_FAIL("%u of %u %s", released, tc->nreq,
+				sc->cons_die ? "expired" : "released");
 	}
 	kvp_agent_get_stats(a, &st);
 	if (!st.follows || !st.progress_writes)
@@ -225,8 +310,9 @@ static int producer(const struct scase *sc, const struct rt_env *env,
 			(unsigned long long)st.progress_writes);
 	if (env->verbose)
 		fprintf(stderr,
-			"  [%s] %u steps, %llu publishes, %llu follows, %llu progress writes\n",
-			who, n, (unsigned long long)st.publishes,
+			"  [%s] %u steps in %.1f ms, %llu publishes, %llu follows, %llu progress writes\n",
+			who, n, (t_done - t_go) / 1e6,
+			(unsigned long long)st.publishes,
 			(unsigned long long)st.follows,
 			(unsigned long long)st.progress_writes);
 	for (;;) {
@@ -245,26 +331,52 @@ out:
 	return ret;
 }
 
+/* The READs a bulk pull of ids takes with this plan (what the agent
+ * emits), or -errno. */
+static int bulk_reads(const kvp_plan *plan, const struct kvp_ids *ids)
+{
+	uint32_t nw, ns;
+	struct kvp_wr *wr;
+	struct kvp_sge *sge;
+	int n;
+
+	kvp_plan_emit_bound(plan, RT_MAX_IDS, &nw, &ns);
+	wr = calloc(nw + 1, sizeof(*wr));
+	sge = calloc(ns + 1, sizeof(*sge));
+	n = wr && sge ? kvp_plan_emit(plan, ids, wr, nw, sge, ns, NULL) :
+			-ENOMEM;
+	free(wr);
+	free(sge);
+	return n;
+}
+
 static int consumer(const struct scase *sc, const struct rt_env *env,
 		    const struct rt_req *rq, uint32_t rank, int go_fd)
 {
 	const struct rt_case *tc = &sc->rc;
 	struct kvp_peer peers[RT_MAX_RANKS] = { { 0 } };
 	struct kvp_agent_attr at;
-	struct kvt_mem mem = { 0 }, exp = { 0 };
+	struct kvt_mem mem = { 0 }, exp = { 0 }, need = { 0 }, junk = { 0 };
 	struct kvp_agent_stats st;
+	struct kvp_engine_info info;
+	struct kvp_layout_info li;
 	struct kvp_event ev[16];
 	kvp_layout *l = rt_layout(tc, 0, rank), *r0 = rt_layout(tc, 1, 0);
 	kvp_agent *a = NULL;
-	uint32_t i, h = 0, up = 0, done = 0;
+	uint32_t i, g, r, h = 0, up = 0, done = 0, failed = 0, down = 0;
+	uint32_t reads[RT_MAX_REQ] = { 0 };
+	uint8_t bad[RT_MAX_REQ] = { 0 };
+	uint64_t o;
 	uint64_t t_end = rt_now_ns() + 60000000000ull;
 	int ret = 1, err, m;
 	char who[64];
 
 	snprintf(who, sizeof(who), "%s D%u", tc->name, rank);
 	alarm(90);
-	if (!l || !r0 || kvt_mem_alloc(l, &mem))
+	if (!l || !r0 || kvt_mem_alloc(l, &mem) || kvt_mem_alloc(l, &need) ||
+	    kvt_mem_alloc(l, &junk))
 		RT_FAIL("layout or memory");
+	kvp_layout_get_info(l, &li);
 	kvt_fill_background(&mem, 7 + rank);
 	if (rt_copy_mem(&exp, &mem))
 		RT_FAIL("memory");
@@ -274,6 +386,8 @@ static int consumer(const struct scase *sc, const struct rt_env *env,
 	at.addr = env->addr0;
 	at.max_ids = RT_MAX_IDS;
 	at.max_inflight = 8;
+	at.sq_depth = sc->sq_depth;
+	at.stall_ms = sc->stall ? STALL_MS : 0;
 	err = kvp_agent_open(&at, &a);
 	if (!err)
 		err = rt_register(tc, a, &mem);
@@ -313,29 +427,126 @@ static int consumer(const struct scase *sc, const struct rt_env *env,
 	for (i = 0; go_fd >= 0 && i < tc->P; i++)
 		if (write(go_fd, "g", 1) != 1)
 			RT_FAIL("go pipe");
-	while (done < tc->nreq) {
+	for (i = 0; sc->lag && i < tc->P; i++) {
+		/* nothing polled meanwhile */
+		struct pollfd p = { .fd = published[0], .events = POLLIN };
+		char c;
+
+		if (poll(&p, 1, 60000) <= 0 || read(published[0], &c, 1) != 1)
+			RT_FAIL("producers never published their last step");
+		if (i + 1 == tc->P)
+			usleep(100000); /* their last records land */
+	}
+	while (sc->cons_die) {
+		/* dies once it follows the prefill */
+		if (spin(a, 100))
+			RT_FAIL("poll");
+		kvp_agent_get_stats(a, &st);
+		if (st.progress_seen >= 2)
+			_exit(0); /* no close: the process dies */
+		if (rt_now_ns() > t_end)
+			RT_FAIL("no progress seen");
+	}
+	while (done + failed < tc->nreq || (sc->die_at && !down)) {
 		m = kvp_agent_poll(a, ev, 16);
 		if (m < 0)
 			RT_FAIL("poll: %s", kvp_strerror(m));
 		for (i = 0; i < (uint32_t)m; i++) {
-			if (ev[i].type != KVP_EV_DONE)
+			int want_fail;
+
+			if (ev[i].type == KVP_EV_ENGINE_DOWN && sc->die_at) {
+				down++;
+				continue;
+			}
+			if (ev[i].type == KVP_EV_DISCONNECTED && sc->die_at)
+				continue;
+			for (r = 0; r < tc->nreq && rq[r].id != ev[i].req_id;
+			     r++)
+				;
+			want_fail = sc->die_at || (sc->stall && r == 0);
+			if (r == tc->nreq ||
+			    ev[i].type != (want_fail ? KVP_EV_FAILED :
+						       KVP_EV_DONE))
 				RT_FAIL("event %u: %s (%s)", ev[i].type,
 					kvp_strerror(ev[i].status),
 					kvp_reason_str(ev[i].reason));
-			done++;
+			if (want_fail) {
+				/* the request's local ids, to recompute */
+				if (!ev[i].ids || ev[i].ngroups != li.ngroups)
+					RT_FAIL("FAILED without its ids");
+				for (g = 0; g < li.ngroups; g++)
+					if (ev[i].ids[g].nlocal !=
+						    rq[r].ids[g].nlocal ||
+					    memcmp(ev[i].ids[g].local,
+						   rq[r].ids[g].local,
+						   rq[r].ids[g].nlocal * 4))
+						RT_FAIL("FAILED: group %u's ids differ",
+							g);
+				if (sc->stall &&
+				    (ev[i].reason != KVP_REASON_STALL ||
+				     ev[i].status != -ETIMEDOUT))
+					RT_FAIL("stalled request: %s (%s)",
+						kvp_strerror(ev[i].status),
+						kvp_reason_str(ev[i].reason));
+				bad[r] = 1;
+				failed++;
+			} else {
+				if (!done && sc->reverse &&
+				    r != tc->nreq - 1)
+					RT_FAIL("request %u done first, not the last computed",
+						r);
+				reads[r] = ev[i].reads;
+				done++;
+			}
 		}
 		if (rt_now_ns() > t_end)
-			RT_FAIL("%u of %u done", done, tc->nreq);
+			RT_FAIL("%u of %u done, %u failed", done, tc->nreq,
+				failed);
 	}
 	kvp_agent_get_stats(a, &st);
-	for (i = 0; i < tc->nreq; i++)
-		kvt_expect_consumer(l, r0, &exp, NULL, rq[i].ids);
+	/* a stall fails its request, not the engine */
+	if (sc->stall && (kvp_agent_engine_info(a, h, &info) ||
+			  info.state != KVP_ENGINE_UP || st.stalls != 1))
+		RT_FAIL("after the stall: engine state %u, %llu stalls",
+			info.state, (unsigned long long)st.stalls);
+	for (i = 0; i < tc->nreq; i++) {
+		if (!bad[i]) {
+			kvt_expect_consumer(l, r0, &exp, NULL, rq[i].ids);
+			continue;
+		}
+		/* a failed request's blocks may hold anything; nothing
+		 * else may change */
+		kvt_expect_consumer(l, r0, &junk, &need, rq[i].ids);
+		for (g = 0; g < mem.nregions; g++)
+			for (o = 0; o < mem.size[g]; o++)
+				if (need.buf[g][o])
+					exp.buf[g][o] = mem.buf[g][o];
+	}
 	if (kvt_mem_compare(&mem, &exp, who))
 		RT_FAIL("consumer memory differs (poison: a READ came early)");
 	/* it followed the prefill: more than the last progress */
-	if (!sc->late_pull && st.progress_seen < 2 * tc->P)
+	if (!sc->late_pull && !sc->lag && !sc->die_at &&
+	    st.progress_seen < 2 * tc->P)
 		RT_FAIL("%llu progresses seen",
 			(unsigned long long)st.progress_seen);
+	if (sc->sq_depth && !st.striped)
+		RT_FAIL("no streamed request went over both queue pairs");
+	if (sc->lag) {
+		/* lagging: the progress of each source read about once, and
+		 * no more READs than a bulk pull */
+		if (st.progress_seen > 2ull * tc->P * tc->nreq)
+			RT_FAIL("lagging: %llu progresses seen",
+				(unsigned long long)st.progress_seen);
+		if (kvp_agent_engine_info(a, h, &info) || !info.plan)
+			RT_FAIL("engine info");
+		for (i = 0; i < tc->nreq; i++) {
+			int nb = bulk_reads(info.plan, rq[i].ids);
+
+			if (nb <= 0 || reads[i] > (uint32_t)nb)
+				RT_FAIL("lagging: request %u took %u READs, bulk %d",
+					i, reads[i], nb);
+		}
+	}
 	if (env->verbose)
 		fprintf(stderr, "  [%s] %llu progresses seen, %llu READs\n",
 			who, (unsigned long long)st.progress_seen,
@@ -345,6 +556,8 @@ out:
 	kvp_agent_close(a);
 	kvt_mem_free(&mem);
 	kvt_mem_free(&exp);
+	kvt_mem_free(&need);
+	kvt_mem_free(&junk);
 	kvp_layout_destroy(l);
 	kvp_layout_destroy(r0);
 	return ret;
@@ -362,6 +575,8 @@ static int run(const struct scase *sc, const struct rt_env *env)
 
 	memset(rq, 0, sizeof(rq));
 	if (rt_make_requests(tc, rq) || pipe(rdy) || pipe(stop) || pipe(go))
+		return -1;
+	if (sc->lag && pipe(published))
 		return -1;
 	fflush(NULL);
 	for (i = 0; i < tc->P; i++) {
@@ -411,6 +626,11 @@ out:
 	if (stop[1] >= 0)
 		close(stop[1]);
 	close(go[1]);
+	if (published[0] >= 0) {
+		close(published[0]);
+		close(published[1]);
+		published[0] = published[1] = -1;
+	}
 	return ret;
 }
 
@@ -419,12 +639,16 @@ int main(int argc, char **argv)
 	struct rt_env env;
 	uint32_t i, pass = 0, fail = 0;
 
+	const char *qe = getenv("KVP_QUICK_CASES");
+	int quick = qe && !strcmp(qe, "1");
+
 	if (rt_start(&env, 21400))
 		return 1;
 	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		double t0 = rt_now();
 
-		if (argc > 1 && !strstr(cases[i].rc.name, argv[1]))
+		if ((argc > 1 && !strstr(cases[i].rc.name, argv[1])) ||
+		    (quick && !cases[i].rc.quick))
 			continue;
 		rt_report(cases[i].rc.name, !run(&cases[i], &env), t0, &pass,
 			  &fail);

@@ -16,7 +16,9 @@
 #define DEF_INFLIGHT 64
 #define DEF_PEERS 64
 #define DEF_SQ 512
-#define DEF_SGE 16 /* see kvp_agent_attr.max_sge */
+#define DEF_SGE KVP_DEFAULT_MAX_SGE /* see kvp_agent_attr.max_sge */
+/* max_read 0: limits.c's cap, which kvpull.h publishes. */
+_Static_assert(KVP_MAX_WR_LEN == KVP_DEFAULT_MAX_READ, "READ cap");
 #define DEF_HANDSHAKE_MS 10000
 #define DEF_STALL_MS 10000
 #define DEF_QPS 2
@@ -505,7 +507,7 @@ static uint64_t mem_bytes(const kvp_agent *a)
 			if (e->sprog) /* streaming, once up */
 				m += (uint64_t)e->pc->pi.nsrc *
 				     (a->max_inflight * sizeof(*e->sprog) +
-				      sizeof(*e->src_conn));
+				      sizeof(*e->src_note));
 		}
 	}
 	for (i = 0; i < a->nconns; i++) {

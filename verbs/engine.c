@@ -71,8 +71,8 @@ static void eng_detach(struct kvp_eng *e)
 	e->stripes = NULL;
 	free(e->sprog);
 	e->sprog = NULL;
-	free(e->src_conn);
-	e->src_conn = NULL;
+	free(e->src_note);
+	e->src_note = NULL;
 	carried_drop(e);
 }
 
@@ -462,19 +462,19 @@ static int eng_up(kvp_agent *a, struct kvp_eng *e)
 		conns++;
 	}
 	/* A stripe per request slot and source, its streaming state, and
-	 * each source's first queue pair (where it streams). */
+	 * each source's notify index (its queue pairs). */
 	e->stripes = calloc((size_t)a->max_inflight *
 				    (e->pc->pi.nsrc ? e->pc->pi.nsrc : 1),
 			    sizeof(*e->stripes));
 	e->sprog = calloc((size_t)a->max_inflight *
 				  (e->pc->pi.nsrc ? e->pc->pi.nsrc : 1),
 			  sizeof(*e->sprog));
-	e->src_conn = calloc(e->pc->pi.nsrc + 1, sizeof(*e->src_conn));
-	if (!e->stripes || !e->sprog || !e->src_conn)
+	e->src_note = calloc(e->pc->pi.nsrc + 1, sizeof(*e->src_note));
+	if (!e->stripes || !e->sprog || !e->src_note)
 		return -ENOMEM;
 	for (k = 0; k < e->pc->pi.nnotify; k++)
 		if (e->pc->note_src[k] != NO_SRC)
-			e->src_conn[e->pc->note_src[k]] = e->note_conn[k * e->nq];
+			e->src_note[e->pc->note_src[k]] = k;
 	carried_drop(e);
 	a->nconnecting--;
 	e->state = KVP_ENGINE_UP;
@@ -820,7 +820,7 @@ int kvp_agent_engine_info(const kvp_agent *a, uint32_t engine,
 		table += (uint64_t)a->max_inflight *
 			 (e->pc->pi.nsrc ? e->pc->pi.nsrc : 1) *
 			 (sizeof(*e->stripes) + sizeof(*e->sprog)) +
-		         (uint64_t)e->pc->pi.nsrc * sizeof(*e->src_conn);
+		         (uint64_t)e->pc->pi.nsrc * sizeof(*e->src_note);
 	for (r = 0; e->rank_conn && r < e->n * e->nq; r++) {
 		const struct kvp_conn *c;
 		struct kvp_layout_info li;

@@ -374,11 +374,14 @@ enum conn_state {
  * only, the notification once all of the rank's data is in. */
 #define CH_READS 1u  /* has READs whose data is not in yet */
 #define CH_FOLLOW 2u /* streaming: its FOLLOW is not posted yet */
+#define CH_CLOSED 4u /* its READs are all posted (chunks after c_post:
+		      * passed a streamed chunk that waits for progress) */
 struct kvp_chunk {
 	uint32_t slot;	   /* request slot */
 	uint32_t flags;
 	uint32_t posted;   /* READs posted */
 	uint32_t stripe;   /* index in the engine's stripes, or NO_STRIPE */
+	uint32_t lnext;	   /* the chunk closed after it (the close FIFO) */
 };
 #define NO_STRIPE UINT32_MAX
 
@@ -482,6 +485,10 @@ struct kvp_conn {
 		int32_t status;	      /* why it died */
 		uint32_t drains;      /* drain markers still expected */
 		uint32_t gen;
+		/* Chunks closed by a signalled last READ (or marker) whose
+		 * completion is still out, in posting order, linked through
+		 * kvp_chunk.lnext: completions arrive in that order. */
+		uint32_t l_head, l_tail, nlast;
 		uint64_t drain_deadline;
 	} __attribute__((aligned(KVP_CACHELINE)));
 
@@ -579,6 +586,8 @@ struct kvp_req {
 	uint32_t next_free;
 	uint32_t stream;   /* pulled in streaming mode */
 	uint32_t uses;	   /* the slot's pulls: picks its progress record */
+	uint32_t reason;   /* FAILED: enum kvp_reason when the request
+			    * failed alone (a streamed pull's stall) */
 	uint32_t *ids;		/* ngroups * max_ids local, then remote ids */
 	struct kvp_ids *gids;	/* per group, lists into ids */
 };
@@ -625,11 +634,19 @@ struct kvp_eng {
 				 * connections, nq entries each */
 	struct kvp_stripe *stripes; /* max_inflight x nsrc, once up */
 	struct kvp_sprog *sprog;    /* the same, for streamed requests */
-	uint32_t *src_conn;	    /* per source: its first queue pair */
+	uint32_t *src_note;	    /* per source: its notify index (its
+				     * queue pairs: note_conn[k * nq + q]) */
 	uint32_t plan_cached;
 	struct kvp_why why;	/* why it went down (cleared at each start) */
 	struct kvp_engine_info st;
 };
+
+/* The connection index of source s's queue pair 0 (where its FOLLOWs,
+ * notifications and progress records go). */
+static inline uint32_t kvp__src_conn(const struct kvp_eng *e, uint32_t s)
+{
+	return e->note_conn[(size_t)e->src_note[s] * e->nq];
+}
 
 /* Producer: one request in the table, keyed by (consumer engine, req_id).
  * EARLY: notifications arrived before kvp_agent_expect(); EXPECTED: held

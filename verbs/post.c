@@ -9,6 +9,12 @@
  * sq_depth work requests per agent, whatever max_ids, the plan or the
  * number of engines.
  *
+ * Chunks are posted in queue order, except that a streamed chunk waiting
+ * for progress is passed (it holds no queue pair: the chunks after it
+ * post meanwhile); chunks whose READs are all posted are "closed", and
+ * their last READs complete in the order they were closed (the close
+ * FIFO). Notifications go in queue order.
+ *
  * Send queue accounting: a WR occupies the SQ until a later signalled WR of
  * the same QP completes (RC completes in order). A chunk's last READ is
  * signalled (WK_LAST: that rank's data is in), and one WR in every
@@ -86,6 +92,7 @@ static void chunks_fail(kvp_agent *a, struct kvp_conn *c)
 			kvp__req_note_done(a, r);
 	}
 	c->c_head = c->c_data = c->c_note = c->c_post = c->c_tail;
+	c->nlast = 0;
 }
 
 /* The consumer side's conn_ops.drained: every WR posted on c has
@@ -109,14 +116,30 @@ const struct kvp_conn_ops kvp__consumer_ops = {
 
 /* ---- completions -------------------------------------------------------- */
 
-/* Chunk c_data onwards: the first that still has READs out is the one
- * whose last READ just completed (each posts its WK_LAST in order). */
+/* The close FIFO (struct kvp_conn.l_head): chunk i's last READ (or
+ * marker) is chained. */
+static inline void close_push(kvp_agent *a, struct kvp_conn *c, uint32_t i)
+{
+	if (c->nlast++)
+		c->chunks[c->l_tail & a->chunk_mask].lnext = i;
+	else
+		c->l_head = i;
+	c->l_tail = i;
+}
+
+/* A WK_LAST completed: the oldest chunk in the close FIFO is in (a queue
+ * pair completes in order). Chunks usually close in queue order; a
+ * streamed one that waits for progress lets later ones pass it. */
 static void chunk_data_in(kvp_agent *a, struct kvp_conn *c)
 {
-	chunks_retire(a, c);
-	if (kvp_unlikely(c->c_data == c->c_post))
-		return; /* unreachable: a WK_LAST per chunk with READs */
-	chunk_in(a, c, &c->chunks[c->c_data & a->chunk_mask], 0);
+	struct kvp_chunk *ck;
+
+	if (kvp_unlikely(!c->nlast))
+		return; /* unreachable: a WK_LAST per closed chunk */
+	ck = &c->chunks[c->l_head & a->chunk_mask];
+	if (--c->nlast)
+		c->l_head = ck->lnext;
+	chunk_in(a, c, ck, 0);
 	chunks_retire(a, c);
 }
 
@@ -486,7 +509,7 @@ static int stream_flush(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
 			k += n;
 			ck->posted += (uint32_t)n;
 			if (n)
-				st->qmask |= 1u;
+				st->qmask |= 1u << c->q;
 			if (!kvp_plan_emit_done(&st->pos))
 				return INT32_MAX; /* the window is full */
 		}
@@ -507,6 +530,13 @@ fail:
 	return -EPROTO;
 }
 
+/* Whether chunk ck needs no more posting: its READs are all posted (or
+ * in), or it had none. */
+static inline int chunk_closed(const struct kvp_chunk *ck)
+{
+	return (ck->flags & (CH_READS | CH_CLOSED)) != CH_READS;
+}
+
 void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 {
 	struct chain ch = { a->swr, NULL, a->ssge, 0, 0, 0, a->dirty, 0, 0 };
@@ -514,12 +544,16 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 	const kvp_plan *plan = e->pc ? e->pc->plan : NULL;
 	const uint32_t mask = a->chunk_mask;
 	struct ibv_send_wr *bad;
-	uint32_t room;
+	uint32_t room, i;
 	int err, k;
 
 	if (kvp_unlikely(c->state != CS_READY))
 		return;
 	room = c->sq_cap - c->outstanding;
+	/* Chunks from c_post on, in order; one that cannot post now (a
+	 * streamed chunk waiting for progress or credit) is passed, the
+	 * ones after it go on. c_post: the first chunk not closed. */
+	i = c->c_post;
 	while (ch.n < room) {
 		struct kvp_chunk *ck;
 		struct kvp_stripe *st;
@@ -541,11 +575,16 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 				continue;
 			}
 		}
-		if (c->c_post == c->c_tail)
-			break;
-		ck = &c->chunks[c->c_post & mask];
-		if (!(ck->flags & CH_READS)) {
+		while (c->c_post != c->c_tail &&
+		       chunk_closed(&c->chunks[c->c_post & mask]))
 			c->c_post++;
+		if (i - c->c_post > c->c_tail - c->c_post)
+			i = c->c_post; /* c_post passed i */
+		if (i == c->c_tail)
+			break;
+		ck = &c->chunks[i & mask];
+		if (chunk_closed(ck)) {
+			i++;
 			continue;
 		}
 		st = &e->stripes[ck->stripe];
@@ -554,15 +593,22 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 			/* streamed: FOLLOW first, then its ranges as the
 			 * producer rank publishes them */
 			if (ck->flags & CH_FOLLOW) {
-				if (!post_follow(a, c, &ch, ck, room - ch.n))
-					break;
+				if (!post_follow(a, c, &ch, ck, room - ch.n)) {
+					if (room - ch.n < 3)
+						break; /* no room */
+					i++; /* waits for credit */
+				}
 				continue;
 			}
 			k = stream_flush(a, c, &ch, plan, ck, st, room);
 			if (k < 0)
 				return; /* the connection failed */
-			if (k == INT32_MAX)
-				break; /* the window is full, or it waits */
+			if (k == INT32_MAX) {
+				if (ch.n == room)
+					break; /* the window is full */
+				i++; /* waits for progress */
+				continue;
+			}
 		} else if (!kvp_plan_emit_done(&st->pos)) {
 			k = post_window(a, c, &ch, plan, &a->reqs[ck->slot], st,
 					NULL, room - ch.n);
@@ -581,19 +627,29 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 		/* The stripe is emitted (by this queue pair or another). */
 		if (k) {
 			chain_signal(&ch, c, WK_LAST);
+			close_push(a, c, i);
 		} else if (ck->posted) {
 			if (ch.n == room)
 				break; /* the marker needs room */
 			post_marker(c, &ch);
+			close_push(a, c, i);
 		} else {
 			/* Nothing went through this queue pair. */
-			c->c_post++;
+			ck->flags |= CH_CLOSED;
 			chunk_in(a, c, ck, 0);
 			chunks_retire(a, c);
+			i++;
 			continue;
 		}
-		c->c_post++;
+		ck->flags |= CH_CLOSED;
+		i++;
 	}
+	while (c->c_post != c->c_tail &&
+	       chunk_closed(&c->chunks[c->c_post & mask]))
+		c->c_post++;
+	/* Chunks passed while a streamed one waited may be in already. */
+	if (c->c_data != c->c_post)
+		chunks_retire(a, c);
 	if (c->c_post != c->c_tail)
 		a->st.queued++;
 	if (!ch.n)

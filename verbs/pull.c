@@ -107,7 +107,7 @@ static void stream_source(kvp_agent *a, struct kvp_eng *e, struct kvp_req *r,
 			  uint32_t slot, uint32_t s, uint32_t nsrc)
 {
 	struct kvp_sprog *sp = &e->sprog[slot * nsrc + s];
-	uint32_t ci = e->src_conn[s] - a->nprod;
+	uint32_t ci = kvp__src_conn(e, s) - a->nprod;
 	uint8_t *rec = a->ptab + ((size_t)ci * 2 * a->max_inflight + 2 * slot +
 				  (r->uses & 1)) * KVP_PROG_REC;
 
@@ -210,6 +210,7 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 	r->pending = 1; /* held until every chunk is queued */
 	r->stream = (uint32_t)stream;
 	r->uses++;
+	r->reason = 0;
 	if (kvp_likely(!stream)) {
 		/* the stall FIFO: a streamed pull's bound is its progress */
 		a->pq[a->pq_tail & a->pq_mask] = slot;
@@ -240,7 +241,7 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 						 &st->pos) &&
 			    !kvp_plan_emit_done(&st->pos)) {
 				sidx = slot * nsrc + s;
-				st->left = stream ? 1 : e->nq;
+				st->left = e->nq;
 				st->status = 0;
 				st->qmask = 0;
 				r->pending++;
@@ -248,11 +249,10 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 					stream_source(a, e, r, slot, s, nsrc);
 			}
 		}
-		/* The first queue pair always (the notification); the
-		 * others only when there is something to read (a streamed
-		 * pull: the first only). */
-		for (q = 0; q < (sidx != NO_STRIPE && !stream ? e->nq : 1);
-		     q++) {
+		/* The first queue pair always (the notification, and a
+		 * streamed pull's FOLLOW); the others only when there is
+		 * something to read. */
+		for (q = 0; q < (sidx != NO_STRIPE ? e->nq : 1); q++) {
 			struct kvp_conn *c;
 			struct kvp_chunk *ch;
 
@@ -264,7 +264,7 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 			ch->posted = 0;
 			ch->stripe = sidx;
 			ch->flags = sidx != NO_STRIPE ? CH_READS : 0;
-			if (stream && sidx != NO_STRIPE)
+			if (stream && sidx != NO_STRIPE && !q)
 				ch->flags |= CH_FOLLOW;
 		}
 	}
@@ -369,7 +369,7 @@ static void stall(kvp_agent *a, struct kvp_eng *e)
 static int stream_read(kvp_agent *a, struct kvp_eng *e, const struct kvp_req *r,
 		       uint32_t slot, struct kvp_sprog *sp, uint32_t s)
 {
-	const uint32_t ci = e->src_conn[s] - a->nprod;
+	const uint32_t ci = kvp__src_conn(e, s) - a->nprod;
 	const uint8_t *rec = a->ptab + ((size_t)ci * 2 * a->max_inflight +
 					2 * slot + (r->uses & 1)) *
 					       KVP_PROG_REC;
@@ -401,6 +401,53 @@ static int stream_read(kvp_agent *a, struct kvp_eng *e, const struct kvp_req *r,
 	}
 }
 
+/* Flushes source s's queue pairs, the first first: new progress, or a
+ * stream stopped. */
+static void stream_flush_src(kvp_agent *a, struct kvp_eng *e, uint32_t s)
+{
+	const uint32_t *nc = &e->note_conn[(size_t)e->src_note[s] * e->nq];
+	uint32_t q;
+
+	for (q = 0; q < e->nq && e->state == KVP_ENGINE_UP; q++)
+		if (nc[q] != NO_CONN)
+			kvp__conn_flush(a, &a->conns[nc[q]]);
+}
+
+/* A source of streamed request r (slot) published nothing for stall_ms:
+ * the request fails alone (the engine and its other requests go on). No
+ * more of its READs go out from any source; what is posted completes,
+ * then FAILED follows and the notifications, as ever, so that the
+ * producer releases it. */
+static void stream_stall(kvp_agent *a, struct kvp_eng *e, struct kvp_req *r,
+			 uint32_t slot)
+{
+	const uint32_t nsrc = e->pc->pi.nsrc;
+	uint32_t s;
+
+	e->st.stalls++;
+	a->st.stalls++;
+	r->reason = KVP_REASON_STALL;
+	for (s = 0; s < nsrc; s++) {
+		struct kvp_sprog *sp = &e->sprog[slot * nsrc + s];
+		struct kvp_stripe *st = &e->stripes[slot * nsrc + s];
+
+		if (!sp->active || sp->posted.tokens_all == KVP_TOKENS_END)
+			continue; /* nothing to read, or all of it is out */
+		if (!st->status)
+			st->status = -ETIMEDOUT;
+		sp->seen.tokens_all = sp->seen.tokens_cur = KVP_TOKENS_END;
+		sp->seen.layers_cur = 0;
+		sp->posted = sp->seen;
+		sp->nr = sp->ri = 0;
+		memset(&st->pos, 0, sizeof(st->pos)); /* zeroed: finished */
+	}
+	/* Every source is stopped before any flush can finish the
+	 * request. */
+	for (s = 0; s < nsrc && e->state == KVP_ENGINE_UP; s++)
+		if (e->sprog[slot * nsrc + s].active)
+			stream_flush_src(a, e, s);
+}
+
 void kvp__stream_scan(kvp_agent *a, uint64_t now)
 {
 	uint32_t i, n = 0, s;
@@ -416,9 +463,8 @@ void kvp__stream_scan(kvp_agent *a, uint64_t now)
 			continue; /* finished: off the list */
 		a->sreq[n++] = slot;
 		nsrc = e->pc->pi.nsrc;
-		for (s = 0; s < nsrc; s++) {
+		for (s = 0; s < nsrc && e->state == KVP_ENGINE_UP; s++) {
 			struct kvp_sprog *sp = &e->sprog[slot * nsrc + s];
-			struct kvp_conn *c = &a->conns[e->src_conn[s]];
 			int k;
 
 			if (!sp->active ||
@@ -428,22 +474,24 @@ void kvp__stream_scan(kvp_agent *a, uint64_t now)
 			if (k > 0) {
 				sp->t_last = now;
 				a->st.progress_seen++;
-				kvp__conn_flush(a, c);
+				stream_flush_src(a, e, s);
 			} else if (k < 0) {
+				/* A producer rank that lies about its
+				 * progress: its engine is not trusted. */
 				kvp__why(&e->why, -EPROTO, KVP_REASON_MALFORMED,
 					 "producer rank %u: its progress went backwards",
-					 c->rank);
+					 a->conns[kvp__src_conn(e, s)].rank);
 				kvp__engine_fail(a, e, -EPROTO);
-				break;
+			} else if (sp->ri < sp->nr ||
+				   memcmp(&sp->posted, &sp->seen,
+					  sizeof(sp->seen)) ||
+				   !kvp_plan_emit_done(
+					   &e->stripes[slot * nsrc + s].pos)) {
+				/* What it published is not all posted yet:
+				 * we are behind, not the producer rank. */
+				sp->t_last = now;
 			} else if (now - sp->t_last >= a->stall_ns) {
-				e->st.stalls++;
-				a->st.stalls++;
-				kvp__why(&e->why, -ETIMEDOUT, KVP_REASON_STALL,
-					 "producer rank %u published nothing for stall_ms (%llu ms)",
-					 c->rank,
-					 (unsigned long long)(a->stall_ns /
-							      1000000ull));
-				kvp__engine_fail(a, e, -ETIMEDOUT);
+				stream_stall(a, e, r, slot);
 				break;
 			}
 		}

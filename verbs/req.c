@@ -105,7 +105,9 @@ static void req_finish(kvp_agent *a, struct kvp_req *r)
 		/* The engine's reason when it went down for it; else the
 		 * errno's. */
 		kvp__why_errno(&w, r->status);
-		ev.reason = e->why.reason ? e->why.reason : w.reason;
+		ev.reason = r->reason	      ? r->reason :
+			    e->why.reason ? e->why.reason :
+					    w.reason;
 		ev.peer_reason = e->why.peer_reason;
 		a->st.failed++;
 		e->st.failed++;
