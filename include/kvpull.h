@@ -1190,6 +1190,12 @@ struct kvp_agent_attr {
 	 * overlapping MRs (see kvp_agent_register()); a smaller value than
 	 * the device's only tests that path. At least KVP_MR_MIN. */
 	uint64_t max_mr;
+	/* Consumer: 1: a streamed pull (kvp_agent_pull_stream()) reports
+	 * KVP_EV_ARRIVED as its leading model layers land (each producer
+	 * rank's READs of a part end with a signalled one, one more
+	 * completion per part and queue pair). 0: no such events; other
+	 * values: -EINVAL. */
+	uint32_t stream_events;
 };
 
 #define KVP_MR_MIN (1ull << 16)
@@ -1494,7 +1500,9 @@ KVP_API KVP_MUST_CHECK int kvp_agent_pull_from(kvp_agent *agent,
  * out as soon as that rank publishes it (kvp_agent_publish()), from the
  * same plan (kvp_plan_emit_range_*()), never a byte before. Several parts
  * published meanwhile are read as one range, so a lagging consumer posts
- * no more READs than a bulk pull. DONE comes once every byte landed, as
+ * no more READs than a bulk pull. With kvp_agent_attr.stream_events,
+ * KVP_EV_ARRIVED reports the leading model layers that landed, as they
+ * do. DONE comes once every byte landed, as
  * for a bulk pull; the producer then releases on the notifications, as
  * ever. A rank that publishes nothing new for stall_ms fails the request
  * alone: no more of its READs go out, the posted ones complete, then
@@ -1658,6 +1666,8 @@ enum kvp_event_type {
 	KVP_EV_ENGINE_DOWN,  /* consumer: a producer engine's handshake
 			      * failed, or it lost a rank and its requests
 			      * failed; status says why */
+	KVP_EV_ARRIVED,	     /* consumer: layers [0, layers) of a streamed
+			      * request landed (stream_events) */
 };
 
 struct kvp_event {
@@ -1685,6 +1695,13 @@ struct kvp_event {
 			       * enum kvp_reason (0: none recorded) */
 	uint32_t peer_reason; /* with KVP_REASON_PEER_REFUSED: the
 			       * producer's reason */
+	/* ARRIVED: every byte of model layers [0, layers) of the request,
+	 * at every token, from every producer rank, has landed in the local
+	 * blocks (the READs completed, as for DONE): an engine may start on
+	 * those layers. Reported as that count grows, below the request's
+	 * last layer (DONE ends it); several may come as one. A chunked
+	 * prefill completes a layer only with its last chunk. */
+	uint32_t layers;
 };
 
 /* Drives the agent without blocking: completions (polled in arrays), queued
@@ -1777,6 +1794,7 @@ struct kvp_agent_stats {
 				   * followers (at most one in flight each:
 				   * publishes meanwhile coalesce) */
 	uint64_t progress_seen;	  /* consumer: new progresses read */
+	uint64_t arrivals;	  /* consumer: KVP_EV_ARRIVED reported */
 	uint64_t mem_bytes; /* what the agent allocated for its peers and its
 			     * data path: connection slots, queues, request
 			     * slots, posting window, plans and engine tables;

@@ -52,6 +52,13 @@ struct scase {
 			     * every request fails with its local ids */
 	int cons_die;	    /* the consumer exits mid-stream: the producer
 			     * publishes on and its requests expire */
+	int events;	    /* stream_events: every KVP_EV_ARRIVED grows,
+			     * comes before DONE, and finds the request's
+			     * bytes of those layers already exact (soft-RoCE
+			     * on loopback often lands a READ within its post,
+			     * so this cannot tell a mark-based event from
+			     * one sent at post time: the order is by
+			     * construction, see verbs/post.c) */
 	int lag;	    /* the consumer polls nothing from its pull until
 			     * every producer rank published its last step
 			     * (and 100 ms more): progress coalesces */
@@ -64,9 +71,9 @@ struct scase {
 		.kill_rank = -1, .max_inflight = 8, .seed = 5 }
 
 static const struct scase cases[] = {
-	{ RC("llama 1->1 layer by layer", "llama-3.1-8b", 4, 1, 1, 16, 16, 2,
-	     100),
-	  .mode = 0, .pace_us = 3000 },
+	{ RC("llama 1->1 layer by layer, arrival events", "llama-3.1-8b", 4,
+	     1, 1, 16, 16, 2, 100),
+	  .mode = 0, .pace_us = 3000, .events = 1 },
 	{ RC("llama 1->1 chunked (40-token chunks)", "llama-3.1-8b", 2, 1, 1,
 	     16, 16, 2, 150),
 	  .mode = 1, .chunk = 40, .pace_us = 3000 },
@@ -86,9 +93,10 @@ static const struct scase cases[] = {
 	{ RC("llama 1->1 pull after part is published", "llama-3.1-8b", 4, 1,
 	     1, 16, 16, 2, 64),
 	  .mode = 0, .pace_us = 20000, .late_pull = 1 },
-	{ RC("llama 2->1 over both queue pairs (send queue of 8)",
+	{ RC("llama 2->1 over both queue pairs (send queue of 8), arrival events",
 	     "llama-3.1-8b", 4, 2, 1, 16, 16, 2, 130),
-	  .mode = 0, .pace_us = 3000, .sq_depth = 8, .rc.quick = 1 },
+	  .mode = 0, .pace_us = 3000, .sq_depth = 8, .events = 1,
+	  .rc.quick = 1 },
 	{ RC("llama 1->1 the last request computed first", "llama-3.1-8b", 4,
 	     1, 1, 16, 16, 3, 100),
 	  .mode = 0, .pace_us = 3000, .reverse = 1, .rc.quick = 1 },
@@ -331,6 +339,34 @@ out:
 	return ret;
 }
 
+/* Whether the request's bytes (marked in need) of model layers [0, n)
+ * hold what exp says, in every local block of ids: 0, or -1. */
+static int layers_exact(const kvp_layout *l, const struct kvt_mem *mem,
+			const struct kvt_mem *exp, const struct kvt_mem *need,
+			const struct kvp_ids *ids, uint32_t n)
+{
+	struct kvp_layout_info li;
+	struct kvp_view_desc v;
+	uint32_t i, j;
+	uint64_t o, off;
+
+	kvp_layout_get_info(l, &li);
+	for (i = 0; i < li.nviews; i++) {
+		if (kvp_layout_get_view(l, i, &v) || v.layer >= n)
+			continue;
+		for (j = 0; j < ids[v.group].nlocal; j++) {
+			off = v.offset + (uint64_t)ids[v.group].local[j] * v.stride;
+			for (o = off; o < off + v.stride &&
+				      o < mem->size[v.region]; o++)
+				if (need->buf[v.region][o] &&
+				    mem->buf[v.region][o] !=
+					    exp->buf[v.region][o])
+					return -1;
+		}
+	}
+	return 0;
+}
+
 /* The READs a bulk pull of ids takes with this plan (what the agent
  * emits), or -errno. */
 static int bulk_reads(const kvp_plan *plan, const struct kvp_ids *ids)
@@ -364,8 +400,10 @@ static int consumer(const struct scase *sc, const struct rt_env *env,
 	kvp_layout *l = rt_layout(tc, 0, rank), *r0 = rt_layout(tc, 1, 0);
 	kvp_agent *a = NULL;
 	uint32_t i, g, r, h = 0, up = 0, done = 0, failed = 0, down = 0;
-	uint32_t reads[RT_MAX_REQ] = { 0 };
+	uint32_t reads[RT_MAX_REQ] = { 0 }, arrived[RT_MAX_REQ] = { 0 };
+	uint32_t narrived = 0;
 	uint8_t bad[RT_MAX_REQ] = { 0 };
+	struct kvt_mem needr[3] = { { 0 } };
 	uint64_t o;
 	uint64_t t_end = rt_now_ns() + 60000000000ull;
 	int ret = 1, err, m;
@@ -388,6 +426,17 @@ static int consumer(const struct scase *sc, const struct rt_env *env,
 	at.max_inflight = 8;
 	at.sq_depth = sc->sq_depth;
 	at.stall_ms = sc->stall ? STALL_MS : 0;
+	at.stream_events = (uint32_t)sc->events;
+	if (sc->events) {
+		/* what each layer must hold when it is said to be in */
+		if (tc->nreq > 3)
+			RT_FAIL("events: at most 3 requests");
+		for (i = 0; i < tc->nreq; i++) {
+			if (kvt_mem_alloc(l, &needr[i]))
+				RT_FAIL("memory");
+			kvt_expect_consumer(l, r0, &exp, &needr[i], rq[i].ids);
+		}
+	}
 	err = kvp_agent_open(&at, &a);
 	if (!err)
 		err = rt_register(tc, a, &mem);
@@ -463,6 +512,21 @@ static int consumer(const struct scase *sc, const struct rt_env *env,
 			for (r = 0; r < tc->nreq && rq[r].id != ev[i].req_id;
 			     r++)
 				;
+			if (ev[i].type == KVP_EV_ARRIVED && sc->events &&
+			    r < tc->nreq) {
+				if (reads[r] || ev[i].layers <= arrived[r] ||
+				    ev[i].layers >= kvt_layers(l))
+					RT_FAIL("request %u: ARRIVED %u after %u%s",
+						r, ev[i].layers, arrived[r],
+						reads[r] ? " and DONE" : "");
+				if (layers_exact(l, &mem, &exp, &needr[r],
+						 rq[r].ids, ev[i].layers))
+					RT_FAIL("request %u: ARRIVED %u before its bytes",
+						r, ev[i].layers);
+				arrived[r] = ev[i].layers;
+				narrived++;
+				continue;
+			}
 			want_fail = sc->die_at || (sc->stall && r == 0);
 			if (r == tc->nreq ||
 			    ev[i].type != (want_fail ? KVP_EV_FAILED :
@@ -531,6 +595,9 @@ static int consumer(const struct scase *sc, const struct rt_env *env,
 			(unsigned long long)st.progress_seen);
 	if (sc->sq_depth && !st.striped)
 		RT_FAIL("no streamed request went over both queue pairs");
+	if (sc->events && (!narrived || st.arrivals != narrived))
+		RT_FAIL("%u ARRIVED events (stats: %llu)", narrived,
+			(unsigned long long)st.arrivals);
 	if (sc->lag) {
 		/* lagging: the progress of each source read about once, and
 		 * no more READs than a bulk pull */
@@ -548,9 +615,10 @@ static int consumer(const struct scase *sc, const struct rt_env *env,
 		}
 	}
 	if (env->verbose)
-		fprintf(stderr, "  [%s] %llu progresses seen, %llu READs\n",
+		fprintf(stderr,
+			"  [%s] %llu progresses seen, %llu READs, %u ARRIVED\n",
 			who, (unsigned long long)st.progress_seen,
-			(unsigned long long)st.reads);
+			(unsigned long long)st.reads, narrived);
 	ret = 0;
 out:
 	kvp_agent_close(a);
@@ -558,6 +626,8 @@ out:
 	kvt_mem_free(&exp);
 	kvt_mem_free(&need);
 	kvt_mem_free(&junk);
+	for (i = 0; i < 3; i++)
+		kvt_mem_free(&needr[i]);
 	kvp_layout_destroy(l);
 	kvp_layout_destroy(r0);
 	return ret;

@@ -22,7 +22,7 @@ _Static_assert(KVP_MAX_WR_LEN == KVP_DEFAULT_MAX_READ, "READ cap");
 #define DEF_HANDSHAKE_MS 10000
 #define DEF_STALL_MS 10000
 #define DEF_QPS 2
-#define MAX_QPS 8
+#define MAX_QPS KVP_MAX_QPS
 #define CM_INTERVAL_NS 1000000ull    /* rdma_cm channel check, busy polling */
 #define CQ_BATCHES 8
 #define CM_BUDGET 16 /* rdma_cm events per poll */
@@ -151,7 +151,8 @@ static int open_sides(kvp_agent *a)
 	if (a->producer)
 		a->ev_cap += a->max_inflight + 2 * a->max_peers + 8;
 	if (a->consumer)
-		a->ev_cap += a->max_inflight + 4 * a->max_peers + 8;
+		a->ev_cap += a->max_inflight + 4 * a->max_peers + 8 +
+			     (a->stream_events ? 2 * a->max_inflight : 0);
 	a->evq = calloc(a->ev_cap, sizeof(*a->evq));
 	a->conns = kvp__conns_alloc(a->nconns);
 	if (!a->evq || !a->conns)
@@ -268,6 +269,7 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	a->max_read = attr->max_read;
 	a->tos = attr->tos;
 	a->plan_flags = attr->plan_flags;
+	a->stream_events = attr->stream_events;
 	a->max_mr = attr->max_mr;
 	a->qps = attr->qps_per_peer ? attr->qps_per_peer : DEF_QPS;
 	a->stall_ns = (uint64_t)(attr->stall_ms ? attr->stall_ms :
@@ -277,7 +279,7 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	    a->max_peers > (a->producer && a->consumer ? 0x7fffu : 0xffffu) ||
 	    a->max_ids > (1u << 24) || attr->handshake_ms > 3600000 ||
 	    attr->stall_ms > 3600000 || attr->rq_depth > KVP_CREDIT_MAX ||
-	    attr->tos > 256 || a->qps > MAX_QPS ||
+	    attr->tos > 256 || a->qps > MAX_QPS || attr->stream_events > 1 ||
 	    (attr->plan_flags & ~(uint32_t)KVP_PLAN_NO_COALESCE) ||
 	    (attr->max_mr && attr->max_mr < KVP_MR_MIN) ||
 	    !attr->secret != !attr->secret_len ||
@@ -518,6 +520,8 @@ static uint64_t mem_bytes(const kvp_agent *a)
 			m += (uint64_t)a->rq_depth * KVP_NOTE_LEN;
 		if (c->chunks)
 			m += (uint64_t)(a->chunk_mask + 1) * sizeof(*c->chunks);
+		if (c->marks)
+			m += (uint64_t)(a->sq_depth + 1) * sizeof(*c->marks);
 	}
 	return m;
 }
@@ -598,6 +602,7 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 	case WK_LAST:
 	case WK_CREDIT:
 	case WK_FOLLOW:
+	case WK_SMARK:
 		kvp__send_wc(a, c, wc);
 		break;
 	case WK_DRAIN_SQ:

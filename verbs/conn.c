@@ -320,6 +320,9 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	free(c->rkeys);
 	free(c->chunks);
 	c->chunks = NULL;
+	free(c->marks);
+	c->marks = NULL;
+	c->m_head = c->m_tail = 0;
 	c->outstanding = c->c_head = c->c_post = c->c_tail = 0;
 	c->c_data = c->c_note = 0;
 	c->notes_posted = c->credit_seen = c->ctr_raddr = 0;

@@ -409,7 +409,11 @@ static int conn_data_alloc(kvp_agent *a, struct kvp_conn *c)
 	c->chunks = calloc(a->chunk_mask + 1, sizeof(*c->chunks));
 	c->rreg = calloc(pi.nregions + 1, sizeof(*c->rreg));
 	c->rkeys = calloc(nkeys + 1, sizeof(*c->rkeys));
-	if (!c->chunks || !c->rreg || !c->rkeys)
+	/* A mark is a signalled WR: at most a send queue's worth. */
+	if (a->stream_events)
+		c->marks = calloc(a->sq_depth + 1, sizeof(*c->marks));
+	if (!c->chunks || !c->rreg || !c->rkeys ||
+	    (a->stream_events && !c->marks))
 		return -ENOMEM; /* freed with the connection */
 	c->nrkeys = (uint32_t)nkeys;
 	for (i = 0, nkeys = 0; i < pi.nregions; i++) {
@@ -832,6 +836,9 @@ int kvp_agent_engine_info(const kvp_agent *a, uint32_t engine,
 		if (c->chunks)
 			table += (uint64_t)(a->chunk_mask + 1) *
 				 sizeof(*c->chunks);
+		if (c->marks)
+			table += (uint64_t)(a->sq_depth + 1) *
+				 sizeof(*c->marks);
 		if (c->rreg && e->ref) {
 			kvp_layout_get_info(e->ref, &li);
 			table += (uint64_t)li.nregions * sizeof(*c->rreg) +

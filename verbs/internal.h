@@ -167,7 +167,10 @@ enum wr_kind {
 	WK_BYE,	       /* our BYE (kvp_agent_close()) */
 	WK_PROGRESS,   /* producer: WRITE of a follower's progress record */
 	WK_FOLLOW,     /* consumer: FOLLOW (or TABLE) message to a producer */
+	WK_SMARK,      /* consumer: ends a flush's READs of a streamed
+			* stripe (the mark FIFO); retires */
 };
+#define KVP_MAX_QPS 8 /* kvp_agent_attr.qps_per_peer at most */
 
 static inline uint64_t kvp__wrid(uint32_t kind, uint32_t gen, uint32_t conn,
 				 uint32_t value)
@@ -404,8 +407,14 @@ struct kvp_sprog {
 	uint32_t nr, ri;   /* ranges; the next to start (pos walks ri - 1) */
 	uint64_t t_last;   /* when seen last grew (the stall bound) */
 	uint32_t active;   /* the request streams from this source */
-	uint32_t pad;
+	/* Arrival (stream_events): leading layers whose READs are all
+	 * posted (KVP_LC_ALL: every layer), and per queue pair the marks
+	 * (signalled WRs ending a flush's READs of this stripe, or its
+	 * close) in flight and the value of the last one completed. */
+	uint32_t emitted_lc;
+	uint32_t mout[KVP_MAX_QPS], mdone[KVP_MAX_QPS];
 };
+#define KVP_LC_ALL UINT32_MAX
 
 /* A region's memory as work requests address it: struct kvp_emit_map
  * (kvpull.h), byte `off` at addr + off under key[off >> shift]. One MR:
@@ -559,6 +568,9 @@ struct kvp_conn {
 	uint32_t prog_out;	  /* progress WRITEs in flight */
 	int prog_dirty;		  /* a follower waits for send queue room */
 	int table_sent;		  /* consumer: our TABLE is posted */
+	uint64_t *marks;	  /* consumer, stream_events: the mark FIFO,
+				   * sq_cap entries: stripe << 32 | value */
+	uint32_t m_head, m_tail;
 	uint64_t probe_at;	  /* the next probe; probing: its deadline */
 } __attribute__((aligned(KVP_CACHELINE)));
 #define NO_SRC UINT32_MAX
@@ -588,6 +600,7 @@ struct kvp_req {
 	uint32_t uses;	   /* the slot's pulls: picks its progress record */
 	uint32_t reason;   /* FAILED: enum kvp_reason when the request
 			    * failed alone (a streamed pull's stall) */
+	uint32_t arrived;  /* ARRIVED: layers reported */
 	uint32_t *ids;		/* ngroups * max_ids local, then remote ids */
 	struct kvp_ids *gids;	/* per group, lists into ids */
 };
@@ -705,6 +718,7 @@ struct kvp_agent {
 	uint32_t max_ids, max_inflight, max_peers, sq_depth, max_sge;
 	uint32_t max_read;	 /* the attribute: bytes per READ, 0: none */
 	uint32_t plan_flags;	 /* the attribute: kvp_plan_attr.flags */
+	uint32_t stream_events;	 /* the attribute */
 	uint64_t max_mr;	 /* the attribute: bytes per MR, 0: device's */
 	uint32_t tos;		 /* the attribute: 0, or the ToS + 1 */
 	uint32_t qps;		 /* consumer: queue pairs per producer rank */
@@ -991,6 +1005,10 @@ KVP_HIDDEN uint32_t kvp__inflight_find(const kvp_agent *a, uint32_t eng,
 KVP_HIDDEN void kvp__req_data_in(kvp_agent *a, struct kvp_req *r, int err);
 /* One of its notifications completed or was dropped. */
 KVP_HIDDEN void kvp__req_note_done(kvp_agent *a, struct kvp_req *r);
+/* A streamed request's layers [0, layers) landed: KVP_EV_ARRIVED (when
+ * the event queue has room to spare: a later one says more). */
+KVP_HIDDEN void kvp__req_arrived(kvp_agent *a, struct kvp_req *r,
+				 uint32_t layers);
 /* Hands a DONE or FAILED event to the user: what its slot becomes. */
 KVP_HIDDEN void kvp__req_delivered(kvp_agent *a, struct kvp_event *ev);
 /* FAILED slots lend their ids until the next poll: then they go. */

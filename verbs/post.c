@@ -93,6 +93,7 @@ static void chunks_fail(kvp_agent *a, struct kvp_conn *c)
 	}
 	c->c_head = c->c_data = c->c_note = c->c_post = c->c_tail;
 	c->nlast = 0;
+	c->m_head = c->m_tail;
 }
 
 /* The consumer side's conn_ops.drained: every WR posted on c has
@@ -139,8 +140,53 @@ static void chunk_data_in(kvp_agent *a, struct kvp_conn *c)
 	ck = &c->chunks[c->l_head & a->chunk_mask];
 	if (--c->nlast)
 		c->l_head = ck->lnext;
+	if (a->stream_events && a->reqs[ck->slot].stream) {
+		struct kvp_sprog *sp = &a->engs[c->eng].sprog[ck->stripe];
+
+		sp->mout[c->q]--;
+		sp->mdone[c->q] = KVP_LC_ALL;
+	}
 	chunk_in(a, c, ck, 0);
 	chunks_retire(a, c);
+}
+
+/* Layers [0, n) of a streamed request landed: the least, over its
+ * sources, of what each queue pair's completed marks vouch for (a queue
+ * pair with no mark in flight has nothing of the request in flight). */
+static void stream_arrival(kvp_agent *a, struct kvp_eng *e, uint32_t slot)
+{
+	const uint32_t nsrc = e->pc->pi.nsrc;
+	struct kvp_req *r = &a->reqs[slot];
+	uint32_t s, q, n = KVP_LC_ALL;
+
+	for (s = 0; s < nsrc; s++) {
+		const struct kvp_sprog *sp = &e->sprog[slot * nsrc + s];
+
+		if (!sp->active)
+			continue;
+		for (q = 0; q < e->nq; q++) {
+			uint32_t v = sp->mout[q] ? sp->mdone[q] : sp->emitted_lc;
+
+			if (v < n)
+				n = v;
+		}
+	}
+	if (n != KVP_LC_ALL && n > r->arrived)
+		kvp__req_arrived(a, r, n);
+}
+
+/* A mark completed (WK_SMARK): the stripe's READs before it on this
+ * queue pair landed. */
+static void mark_in(kvp_agent *a, struct kvp_conn *c)
+{
+	struct kvp_eng *e = &a->engs[c->eng];
+	uint64_t m = c->marks[c->m_head++ % (a->sq_depth + 1)];
+	uint32_t stripe = (uint32_t)(m >> 32);
+	struct kvp_sprog *sp = &e->sprog[stripe];
+
+	sp->mout[c->q]--;
+	sp->mdone[c->q] = (uint32_t)m;
+	stream_arrival(a, e, stripe / e->pc->pi.nsrc);
 }
 
 void kvp__send_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
@@ -158,6 +204,9 @@ void kvp__send_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 	switch (kind) {
 	case WK_LAST:
 		chunk_data_in(a, c);
+		return;
+	case WK_SMARK:
+		mark_in(a, c);
 		return;
 	case WK_NOTE:
 		/* Notifications complete in order. */
@@ -457,6 +506,28 @@ static int post_follow(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
 	return 1;
 }
 
+/* The leading model layers progress p completes at every token
+ * (KVP_LC_ALL: all of them). */
+static inline uint32_t lc_of(const struct kvp_progress *p)
+{
+	if (p->tokens_all == KVP_TOKENS_END)
+		return KVP_LC_ALL;
+	if (p->tokens_cur == KVP_TOKENS_END)
+		return p->layers_cur;
+	return 0;
+}
+
+/* stream_events: the chain's last WR, the stripe's last READ of this
+ * flush, is signalled as a mark vouching for layers [0, lc). */
+static void mark_push(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
+		      uint32_t stripe, uint32_t lc)
+{
+	chain_signal(ch, c, WK_SMARK);
+	c->marks[c->m_tail++ % (a->sq_depth + 1)] =
+		(uint64_t)stripe << 32 | lc;
+	a->engs[c->eng].sprog[stripe].mout[c->q]++;
+}
+
 /* A streamed stripe whose position is done: on to its next range, or the
  * ranges of progress seen since. 1 when pos has READs again; 0 when it
  * waits for progress, or (sp->posted at KVP_TOKENS_END and every range
@@ -475,8 +546,10 @@ static int stream_next(const kvp_plan *plan, struct kvp_req *r,
 			if (!kvp_plan_emit_done(&st->pos))
 				return 1;
 		}
-		if (!memcmp(&sp->posted, &sp->seen, sizeof(sp->seen)))
+		if (!memcmp(&sp->posted, &sp->seen, sizeof(sp->seen))) {
+			sp->emitted_lc = lc_of(&sp->posted);
 			return 0;
+		}
 		n = kvp_progress_ranges(&sp->posted, &sp->seen, sp->rr);
 		if (n < 0)
 			return -EPROTO; /* unreachable: checked when read */
@@ -511,7 +584,7 @@ static int stream_flush(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
 			if (n)
 				st->qmask |= 1u << c->q;
 			if (!kvp_plan_emit_done(&st->pos))
-				return INT32_MAX; /* the window is full */
+				goto wait; /* the window is full */
 		}
 		n = stream_next(plan, r, st, sp, s);
 		if (n < 0)
@@ -520,14 +593,27 @@ static int stream_flush(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
 			break;
 	}
 	if (sp->posted.tokens_all != KVP_TOKENS_END)
-		return INT32_MAX; /* waits for progress */
+		goto wait; /* waits for progress */
 	/* Emitted: the chunk closes as a bulk one (its last READ, or a
 	 * marker when none went out in this flush). */
 	return k;
+wait:
+	if (a->stream_events && k)
+		mark_push(a, c, ch, ck->stripe, sp->emitted_lc);
+	return INT32_MAX;
 fail:
 	chain_reset(ch);
 	kvp__conn_fail(a, c, -EPROTO);
 	return -EPROTO;
+}
+
+/* stream_events: a streamed chunk's close is a mark too (of every
+ * layer), counted until its WK_LAST completes (chunk_data_in()). */
+static inline void close_mark(kvp_agent *a, const struct kvp_conn *c,
+			      const struct kvp_chunk *ck)
+{
+	if (a->stream_events && a->reqs[ck->slot].stream)
+		a->engs[c->eng].sprog[ck->stripe].mout[c->q]++;
 }
 
 /* Whether chunk ck needs no more posting: its READs are all posted (or
@@ -628,11 +714,13 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 		if (k) {
 			chain_signal(&ch, c, WK_LAST);
 			close_push(a, c, i);
+			close_mark(a, c, ck);
 		} else if (ck->posted) {
 			if (ch.n == room)
 				break; /* the marker needs room */
 			post_marker(c, &ch);
 			close_push(a, c, i);
+			close_mark(a, c, ck);
 		} else {
 			/* Nothing went through this queue pair. */
 			ck->flags |= CH_CLOSED;

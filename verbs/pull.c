@@ -211,6 +211,7 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 	r->stream = (uint32_t)stream;
 	r->uses++;
 	r->reason = 0;
+	r->arrived = 0;
 	if (kvp_likely(!stream)) {
 		/* the stall FIFO: a streamed pull's bound is its progress */
 		a->pq[a->pq_tail & a->pq_mask] = slot;

@@ -123,6 +123,26 @@ void kvp__req_data_in(kvp_agent *a, struct kvp_req *r, int err)
 		req_finish(a, r);
 }
 
+void kvp__req_arrived(kvp_agent *a, struct kvp_req *r, uint32_t layers)
+{
+	struct kvp_eng *e = &a->engs[r->eng];
+	struct kvp_event ev;
+
+	/* Never at the cost of DONE's room: a later one says more. */
+	if (r->state != RQ_ACTIVE || r->reason || r->status ||
+	    kvp__ev_room(a) <= (int)(a->ev_cap / 2))
+		return; /* failing (a stall, an error), or no room */
+	r->arrived = layers;
+	memset(&ev, 0, sizeof(ev));
+	ev.type = KVP_EV_ARRIVED;
+	ev.req_id = r->req_id;
+	ev.engine = kvp__engine_handle(a, e);
+	ev.engine_id = e->engine_id;
+	ev.layers = layers;
+	a->st.arrivals++;
+	kvp__ev_push(a, &ev);
+}
+
 void kvp__req_note_done(kvp_agent *a, struct kvp_req *r)
 {
 	r->notes--;
