@@ -99,14 +99,16 @@ if [[ ${#demo_args[@]} -gt 0 ]]; then
 	demo+=$(printf ' %q' "${demo_args[@]}")
 fi
 hybrid="build/tools/kvpull-demo --model nemotron-h-8b"
-stream="build/tools/kvpull-stream-bench --case dense-layerwise"
+stream="build/tools/kvpull-stream-bench --case dense-layerwise --runs 1"
 vm_flags=(--timeout 600 --files "$PWD/build/tools/kvpull-demo"
 	--files "$PWD/build/tools/kvpull-stream-bench")
 ((verbose)) || vm_flags+=(--quiet)
 # A blank line between the demos' outputs; echo runs in the VM too.
 rc=0
-scripts/rxe-vm.sh "${vm_flags[@]}" -- "$demo" "echo; $hybrid" \
-	"echo; echo 'streamed pull beside bulk (llama-3.1-8b, 8 layers, prefill paced at 2 layer transfers a layer; exposed: last publish to DONE):'; $stream" ||
+# The streamed pull's three requests of 32 layers take ~350 MB in the VM.
+KVP_VM_MEM=${KVP_VM_MEM:-2048} scripts/rxe-vm.sh "${vm_flags[@]}" -- \
+	"$demo" "echo; $hybrid" \
+	"echo; echo 'streamed pull beside bulk (llama-3.1-8b, 32 layers, prefill paced at 2 layer transfers a layer; exposed: last publish to DONE):'; $stream" ||
 	rc=$?
 if ((rc != 0)); then
 	echo "main: FAILED (scripts/rxe-vm.sh exit $rc; rerun with --verbose" \

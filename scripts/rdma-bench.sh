@@ -182,7 +182,7 @@ stream() {
 	local only=${2:-}
 	bash scripts/install-deps.sh
 	make -s BUILD=build build/tools/kvpull-stream-bench
-	KVP_VM_MEM=${KVP_VM_MEM:-1024} exec scripts/rxe-vm.sh --devices 1 \
+	KVP_VM_MEM=${KVP_VM_MEM:-2048} exec scripts/rxe-vm.sh --devices 1 \
 		--timeout 900 --files "$PWD/build/tools/kvpull-stream-bench" -- \
 		"build/tools/kvpull-stream-bench ${only:+--case $only}"
 }

@@ -4,7 +4,7 @@
  * bulk pull (kvp_agent_pull_from() once the prefill is done), while the
  * producer simulates a prefill at a set pace. Public API only.
  *
- *   kvpull-stream-bench [--case NAME] [--addr IP] [--port N]
+ *   kvpull-stream-bench [--case NAME] [--runs N] [--addr IP] [--port N]
  *
  * Each case forks its producer ranks and one consumer rank (rank 0 of its
  * engine). A producer rank's memory starts as poison (0xee); its "prefill"
@@ -12,8 +12,10 @@
  * blocks of the layers the step completes; chunk boundaries fall on block
  * boundaries) only when the step's time comes, then publishes the step
  * (kvp_agent_publish()). The consumer pulls three requests, one at a time:
- *   - alone: the prefill published at once, then a bulk pull; its time
- *     over the layers is layer_xfer_ms, one layer's transfer;
+ *   - alone: layer 0 published at every token, alone, and pulled
+ *     streamed (stream_events): from that publish (the last rank's) to
+ *     KVP_EV_ARRIVED is layer_xfer_ms, one layer's transfer measured
+ *     alone; then the rest is published;
  *   - bulk: paced prefill, the pull once the last step is published;
  *   - stream: paced prefill, the streamed pull issued before it starts.
  * The compute per layer is the case's factor times layer_xfer_ms. Each
@@ -26,17 +28,26 @@
  *     ratio=Z/Y total_bulk_ms=T1 total_stream_ms=T2 progress_msgs=M
  *     wrong_bytes=W early_bytes=E
  *
+ * Each of the three pulls runs N times (--runs, 3 by default), over
+ * producer memory poisoned again and consumer memory cleared before each
+ * run: the line gives the medians of the times (ratio: of the medians),
+ * the largest READ and progress counts, and wrong and early bytes summed
+ * over the runs; each run's times go to stderr. Under emulation one
+ * run's figures scatter by tens of percent.
+ *
  * exposed: from the last publish (of any producer rank) to DONE; total:
  * from the start of the prefill to DONE; progress_msgs: progress records
  * the producer ranks wrote for the streamed request, per consumer rank.
  * scripts/rdma-bench.sh --stream runs every case in one soft-RoCE VM boot.
  */
+#define _GNU_SOURCE /* ppoll */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kvpull.h"
@@ -49,6 +60,7 @@
 #define NREQ 3 /* alone, bulk, stream */
 #define MAXG 4
 #define MAXSTEPS 256
+#define MAXRUNS 9 /* --runs at most */
 
 struct bcase {
 	const char *name, *model;
@@ -60,12 +72,13 @@ struct bcase {
 };
 
 static const struct bcase cases[] = {
-	{ "dense-layerwise", "llama-3.1-8b", 8, 0, 1, 512, 1, 2.0 },
-	{ "dense-chunked", "llama-3.1-8b", 8, 0, 1, 512, 4, 2.0 },
+	/* all 32 layers of llama-3.1-8b: 4 KiB per token and layer */
+	{ "dense-layerwise", "llama-3.1-8b", 32, 0, 1, 256, 1, 2.0 },
+	{ "dense-chunked", "llama-3.1-8b", 32, 0, 1, 256, 4, 2.0 },
 	{ "hybrid", "nemotron-h-8b", 2, 2, 1, 256, 1, 2.0 },
-	{ "tp2to1", "llama-3.1-8b", 8, 0, 2, 512, 1, 2.0 },
-	{ "short", "llama-3.1-8b", 8, 0, 1, 16, 1, 2.0 },
-	{ "link-bound", "llama-3.1-8b", 8, 0, 1, 512, 1, 0.5 },
+	{ "tp2to1", "llama-3.1-8b", 32, 0, 2, 256, 1, 2.0 },
+	{ "short", "llama-3.1-8b", 32, 0, 1, 16, 1, 2.0 },
+	{ "link-bound", "llama-3.1-8b", 32, 0, 1, 256, 1, 0.5 },
 };
 #define NCASES (sizeof(cases) / sizeof(cases[0]))
 
@@ -75,6 +88,10 @@ struct ctl {
 	volatile uint32_t seq;	    /* a run: bumped by the consumer */
 	volatile uint32_t req;	    /* its request */
 	volatile uint64_t pace_ns;  /* compute per layer; 0: all at once */
+	volatile uint32_t alone;    /* the run measures one layer alone */
+	volatile uint32_t rest;	    /* alone: publish the rest (= seq) */
+	volatile uint64_t t_first[TOOL_MAX_RANKS]; /* alone: layer 0's
+						    * publish */
 	volatile uint64_t t_start;  /* the prefill's start */
 	volatile uint32_t done[TOOL_MAX_RANKS];	  /* the last run done */
 	volatile uint64_t t_last[TOOL_MAX_RANKS]; /* its last publish */
@@ -86,6 +103,7 @@ struct bench {
 	const char *addr;
 	uint32_t port;
 	struct ctl *ctl;
+	uint32_t runs;	   /* of each of the three pulls: medians */
 	struct kvp_ids ids[NREQ][MAXG];
 	uint32_t lid[NREQ][MAXG][64], rid[NREQ][MAXG][64];
 };
@@ -191,7 +209,7 @@ static uint64_t page_extent(const kvp_layout *l, uint32_t view)
 
 /* Writes what layers [l0, l1) hold of tokens [t0, t1) of request `ids`:
  * whole blocks (t0, t1 fall on block boundaries, or at the end), state
- * pages with the last chunk. */
+ * pages with the last chunk; poison instead when src is NULL. */
 static void write_part(const kvp_layout *l, struct kvt_mem *live,
 		       const struct kvt_mem *src, const struct kvp_ids *ids,
 		       uint32_t l0, uint32_t l1, uint64_t t0, uint64_t t1)
@@ -218,27 +236,70 @@ static void write_part(const kvp_layout *l, struct kvt_mem *live,
 				    t1 != KVP_TOKENS_END :
 				    b0 < t0 || b0 >= t1)
 				continue;
-			memcpy(live->buf[v.region] + off,
-			       src->buf[v.region] + off, ext);
+			if (src)
+				memcpy(live->buf[v.region] + off,
+				       src->buf[v.region] + off, ext);
+			else /* poison again, for the next run */
+				memset(live->buf[v.region] + off, POISON, ext);
 		}
 	}
+}
+
+/* Drives agent a until `until`, asleep on its fds in between (ppoll: ns
+ * timeouts): a producer's "compute" leaves the CPU to the consumer, as a
+ * GPU's would in a deployment. Under emulation the ranks and soft-RoCE's
+ * own work share 2 vCPUs, so a spinning producer would slow the
+ * transfer it overlaps. */
+/* One sleep on agent a's fds: until it has work, its own next timer
+ * (within 100 us while a request streams in: the progress record raises
+ * no completion), or `until`. 0, or -1. */
+static int agent_nap(kvp_agent *a, uint64_t until)
+{
+	struct pollfd w[KVP_AGENT_FDS];
+	int fds[KVP_AGENT_FDS], i, k;
+	uint64_t now, wake;
+	struct timespec ts;
+
+	if (kvp_agent_fds(a, fds, KVP_AGENT_FDS) != KVP_AGENT_FDS)
+		return -1;
+	k = kvp_agent_arm(a, &wake);
+	if (k)
+		return k < 0 ? -1 : 0; /* completions wait: poll first */
+	now = tool_now_ns();
+	if (wake > until)
+		wake = until;
+	if (wake <= now)
+		return 0;
+	ts.tv_sec = (time_t)((wake - now) / 1000000000ull);
+	ts.tv_nsec = (long)((wake - now) % 1000000000ull);
+	for (i = 0; i < KVP_AGENT_FDS; i++) {
+		w[i].fd = fds[i];
+		w[i].events = POLLIN;
+		w[i].revents = 0;
+	}
+	(void)ppoll(w, KVP_AGENT_FDS, &ts, NULL);
+	return 0;
 }
 
 static int poll_for(kvp_agent *a, uint64_t until)
 {
 	struct kvp_event ev[16];
 
-	do {
+	for (;;) {
 		if (kvp_agent_poll(a, ev, 16) < 0)
 			return -1;
-	} while (tool_now_ns() < until);
-	return 0;
+		if (tool_now_ns() >= until)
+			return 0;
+		if (agent_nap(a, until))
+			return -1;
+	}
 }
 
-/* One paced prefill of request k (pace 0: everything at once). */
+/* One paced prefill of request `id` (its blocks: request index id %
+ * NREQ; pace 0: everything at once), over poison written first. */
 static int prefill(struct bench *b, kvp_agent *a, const kvp_layout *l,
 		   struct kvt_mem *live, const struct kvt_mem *src,
-		   uint32_t rank, uint32_t k, uint64_t pace)
+		   uint32_t rank, uint32_t id, uint64_t pace)
 {
 	const struct bcase *c = b->c;
 	struct kvp_progress s[MAXSTEPS], pub = { 0, 0, 0, 0 };
@@ -246,6 +307,7 @@ static int prefill(struct bench *b, kvp_agent *a, const kvp_layout *l,
 	uint64_t chunk = (c->tokens / c->chunks + 15) / 16 * 16, t0, t1;
 	uint64_t step_ns, next;
 	struct kvp_agent_stats st0, st1;
+	const uint32_t k = id % NREQ;
 
 	/* the steps: layer by layer in each chunk */
 	for (t0 = 0; t0 < c->tokens; t0 = t1) {
@@ -255,7 +317,28 @@ static int prefill(struct bench *b, kvp_agent *a, const kvp_layout *l,
 		s[n++] = (struct kvp_progress){ t1, t1, 0, 0 };
 	}
 	step_ns = pace * layers * chunk / c->tokens / (n / c->chunks);
+	write_part(l, live, NULL, b->ids[k], 0, layers, 0, KVP_TOKENS_END);
 	kvp_agent_get_stats(a, &st0);
+	if (b->ctl->alone) {
+		/* layer 0 at every token, alone; the rest once the consumer
+		 * saw it land */
+		uint32_t seq = b->ctl->seq;
+
+		write_part(l, live, src, b->ids[k], 0, 1, 0, KVP_TOKENS_END);
+		if (kvp_agent_publish(a, CONSUMER_ENGINE, id,
+				      &(struct kvp_progress){
+					      0, KVP_TOKENS_END, 1, 0 }))
+			return -1;
+		b->ctl->t_first[rank] = tool_now_ns();
+		while (b->ctl->rest != seq)
+			if (poll_for(a, tool_now_ns() + 200000))
+				return -1;
+		write_part(l, live, src, b->ids[k], 1, layers, 0,
+			   KVP_TOKENS_END);
+		n = 0;
+		s[n++] = (struct kvp_progress){ KVP_TOKENS_END,
+						 KVP_TOKENS_END, 0, 0 };
+	}
 	next = tool_now_ns();
 	for (i = 0; i < n; i++) {
 		next += pace ? step_ns : 0;
@@ -265,7 +348,7 @@ static int prefill(struct bench *b, kvp_agent *a, const kvp_layout *l,
 		/* the step's "compute" */
 		if (pace && poll_for(a, next))
 			return -1;
-		if (kvp_agent_publish(a, CONSUMER_ENGINE, k, &s[i]))
+		if (kvp_agent_publish(a, CONSUMER_ENGINE, id, &s[i]))
 			return -1;
 		pub = s[i];
 	}
@@ -281,6 +364,7 @@ static int producer(void *arg, uint32_t rank, int ready_fd, int stop_fd)
 	struct kvt_mem live = { 0 }, src = { 0 };
 	kvp_layout *l = build(b->c, 1, rank);
 	kvp_agent *a = NULL;
+	struct kvp_event ev[16];
 	uint32_t seen = 0, k;
 	int ret = 1;
 
@@ -293,7 +377,7 @@ static int producer(void *arg, uint32_t rank, int ready_fd, int stop_fd)
 	if (tool_producer_open(l, b->addr, (uint16_t)(b->port + rank), 16,
 			       &live, &a))
 		goto out;
-	for (k = 0; k < NREQ; k++)
+	for (k = 0; k < NREQ * b->runs; k++)
 		if (kvp_agent_expect(a, CONSUMER_ENGINE, k,
 				     tool_now_ns() + 600000000000ull))
 			goto out;
@@ -309,7 +393,10 @@ static int producer(void *arg, uint32_t rank, int ready_fd, int stop_fd)
 				goto out;
 			b->ctl->done[rank] = seen;
 		}
-		if (poll_for(a, tool_now_ns() + 100000))
+		/* between runs: asleep on the agent (1 ms at most: the next
+		 * run is a counter in shared memory, not an fd) */
+		if (kvp_agent_poll(a, ev, 16) < 0 ||
+		    tool_agent_sleep(a, stop_fd, 1))
 			goto out;
 		if (poll(&p, 1, 0) > 0)
 			break;
@@ -325,6 +412,8 @@ out:
 
 struct pulled {
 	uint64_t t_done, reads, bytes, wrong, early;
+	uint64_t t_arrived; /* alone: KVP_EV_ARRIVED of layer 0 */
+	uint64_t t_seen;    /* KVP_BENCH_TRACE: the last new progress */
 };
 
 /* Starts run `req` on the producers and pulls it: bulk once every rank
@@ -332,18 +421,22 @@ struct pulled {
 static int run(struct bench *b, kvp_agent *a, uint32_t h, uint32_t req,
 	       uint64_t pace, int stream, struct pulled *out)
 {
+	const int alone = stream == 2; /* one layer's transfer, alone */
 	struct kvp_agent_stats s0, s1;
 	struct kvp_event ev[16];
 	uint32_t i, seq = b->ctl->seq + 1, pulled = 0;
+	uint64_t seen_n = 0;
 	int n, err;
 
 	kvp_agent_get_stats(a, &s0);
 	b->ctl->req = req;
 	b->ctl->pace_ns = pace;
+	b->ctl->alone = (uint32_t)alone;
+	out->t_arrived = 0;
 	b->ctl->t_start = tool_now_ns();
 	b->ctl->seq = seq;
 	if (stream) {
-		err = kvp_agent_pull_stream(a, h, req, b->ids[req]);
+		err = kvp_agent_pull_stream(a, h, req, b->ids[req % NREQ]);
 		if (err)
 			return err;
 		pulled = 1;
@@ -354,7 +447,7 @@ static int run(struct bench *b, kvp_agent *a, uint32_t h, uint32_t req,
 				;
 			if (i == b->c->P) {
 				err = kvp_agent_pull_from(a, h, req,
-							  b->ids[req]);
+							  b->ids[req % NREQ]);
 				if (err)
 					return err;
 				pulled = 1;
@@ -363,9 +456,30 @@ static int run(struct bench *b, kvp_agent *a, uint32_t h, uint32_t req,
 		n = kvp_agent_poll(a, ev, 16);
 		if (n < 0)
 			return n;
+		/* KVP_BENCH_TRACE: when the streamed pull last saw new
+		 * progress (the rest of exposed_stream_ms is the READs) */
+		if (getenv("KVP_BENCH_TRACE") && stream == 1) {
+			struct kvp_agent_stats st;
+
+			kvp_agent_get_stats(a, &st);
+			if (st.progress_seen != seen_n) {
+				seen_n = st.progress_seen;
+				out->t_seen = tool_now_ns();
+			}
+		}
 		for (i = 0; i < (uint32_t)n; i++) {
+			if (ev[i].type == KVP_EV_ARRIVED) {
+				/* alone: layer 0 landed; the rest may go */
+				if (alone && !out->t_arrived) {
+					out->t_arrived = tool_now_ns();
+					b->ctl->rest = seq;
+				}
+				continue;
+			}
 			if (ev[i].type != KVP_EV_DONE)
 				return ev[i].status ? ev[i].status : -EPROTO;
+			if (alone && !out->t_arrived)
+				return -EPROTO; /* DONE before ARRIVED */
 			out->t_done = tool_now_ns();
 			kvp_agent_get_stats(a, &s1);
 			out->reads = s1.reads - s0.reads;
@@ -377,6 +491,18 @@ static int run(struct bench *b, kvp_agent *a, uint32_t h, uint32_t req,
 			return 0;
 		}
 	}
+}
+
+/* Layer 0's publish of the alone run just done: the last of the ranks'. */
+static uint64_t first_publish(const struct bench *b)
+{
+	uint64_t last = 0;
+	uint32_t i;
+
+	for (i = 0; i < b->c->P; i++)
+		if (b->ctl->t_first[i] > last)
+			last = b->ctl->t_first[i];
+	return last;
 }
 
 /* The last publish of the run just done, over the producer ranks. */
@@ -449,6 +575,21 @@ out:
 	return ret;
 }
 
+/* The median of n values (sorted in place; the upper one of two). */
+static double median(double *v, uint32_t n)
+{
+	uint32_t i, j;
+
+	for (i = 1; i < n; i++)
+		for (j = i; j && v[j - 1] > v[j]; j--) {
+			double t = v[j];
+
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+	return v[n / 2];
+}
+
 static int consumer(void *arg, uint32_t rank)
 {
 	struct bench *b = arg;
@@ -459,9 +600,12 @@ static int consumer(void *arg, uint32_t rank)
 	struct pulled alone = { 0 }, bulk = { 0 }, str = { 0 };
 	kvp_layout *dl = build(c, 0, rank);
 	kvp_agent *a = NULL;
-	uint64_t xfer, pace, writes = 0;
-	double exp_b, exp_s, tot_b, tot_s;
-	uint32_t h, i, layers;
+	uint64_t xfer, pace, writes = 0, w, reads_b = 0, reads_s = 0;
+	uint64_t wrong = 0, early = 0;
+	/* per run: layer_xfer, exposed bulk, exposed stream, total bulk,
+	 * total stream (ms) */
+	double m[5][MAXRUNS], med[5];
+	uint32_t h, i, r, layers;
 	int err, ret = 1;
 
 	alarm(600);
@@ -475,6 +619,7 @@ static int consumer(void *arg, uint32_t rank)
 	at.addr = b->addr;
 	at.max_ids = 64;
 	at.max_inflight = 4;
+	at.stream_events = 1; /* layer_xfer: ARRIVED of a layer alone */
 	err = tool_agent_open(&at, &mem, &a);
 	if (!err)
 		err = tool_add_engine(a, b->addr, (uint16_t)b->port, c->P, &h);
@@ -485,41 +630,67 @@ static int consumer(void *arg, uint32_t rank)
 			kvp_strerror(err));
 		goto out;
 	}
-	/* one layer's transfer, alone: the bulk pull of a request
-	 * published at once, over its layers */
-	err = run(b, a, h, 0, 0, 0, &alone);
-	if (err)
-		goto fail;
 	layers = c->layers + c->state_layers;
-	xfer = (alone.t_done - last_publish(b)) / layers;
-	pace = (uint64_t)(c->factor * (double)xfer);
-	err = run(b, a, h, 1, pace, 0, &bulk);
-	if (err)
-		goto fail;
-	exp_b = (double)(bulk.t_done - last_publish(b)) / 1e6;
-	tot_b = (double)(bulk.t_done - b->ctl->t_start) / 1e6;
-	err = run(b, a, h, 2, pace, 1, &str);
-	if (err)
-		goto fail;
-	exp_s = (double)(str.t_done - last_publish(b)) / 1e6;
-	tot_s = (double)(str.t_done - b->ctl->t_start) / 1e6;
-	for (i = 0; i < c->P; i++)
-		writes += b->ctl->writes[i];
-	if (verify(b, ei.plan, dl, &mem, 1, &bulk) ||
-	    verify(b, ei.plan, dl, &mem, 2, &str))
-		goto out;
+	for (r = 0; r < b->runs; r++) {
+		/* each run over fresh memory: a missed READ shows */
+		for (i = 0; i < mem.nregions; i++)
+			memset(mem.buf[i], 0x11, mem.size[i]);
+		/* one layer's transfer, alone: the bulk pull of a request
+		 * published at once, over its layers */
+		err = run(b, a, h, NREQ * r, 0, 2, &alone);
+		if (err)
+			goto fail;
+		xfer = alone.t_arrived - first_publish(b);
+		pace = (uint64_t)(c->factor * (double)xfer);
+		err = run(b, a, h, NREQ * r + 1, pace, 0, &bulk);
+		if (err)
+			goto fail;
+		m[0][r] = (double)xfer / 1e6;
+		m[1][r] = (double)(bulk.t_done - last_publish(b)) / 1e6;
+		m[3][r] = (double)(bulk.t_done - b->ctl->t_start) / 1e6;
+		err = run(b, a, h, NREQ * r + 2, pace, 1, &str);
+		if (err)
+			goto fail;
+		m[2][r] = (double)(str.t_done - last_publish(b)) / 1e6;
+		if (getenv("KVP_BENCH_TRACE"))
+			fprintf(stderr, "  trace: last progress seen %.2f ms after the last publish, DONE %.2f ms after that\n",
+				((double)str.t_seen - (double)last_publish(b)) / 1e6,
+				((double)str.t_done - (double)str.t_seen) / 1e6);
+		m[4][r] = (double)(str.t_done - b->ctl->t_start) / 1e6;
+		for (i = 0, w = 0; i < c->P; i++)
+			w += b->ctl->writes[i];
+		if (w > writes)
+			writes = w;
+		if (bulk.reads > reads_b)
+			reads_b = bulk.reads;
+		if (str.reads > reads_s)
+			reads_s = str.reads;
+		if (verify(b, ei.plan, dl, &mem, 1, &bulk) ||
+		    verify(b, ei.plan, dl, &mem, 2, &str))
+			goto out;
+		wrong += bulk.wrong + str.wrong;
+		early += bulk.early + str.early;
+		bulk.wrong = bulk.early = str.wrong = str.early = 0;
+	}
+	for (i = 0; i < 5; i++)
+		med[i] = median(m[i], b->runs);
 	printf("stream: case=%s layers=%u chunks=%u bytes=%llu reads_bulk=%llu "
 	       "reads_stream=%llu layer_xfer_ms=%.2f exposed_bulk_ms=%.2f "
 	       "exposed_stream_ms=%.2f ratio=%.3f total_bulk_ms=%.1f "
 	       "total_stream_ms=%.1f progress_msgs=%llu wrong_bytes=%llu "
 	       "early_bytes=%llu\n",
 	       c->name, layers, c->chunks, (unsigned long long)alone.bytes,
-	       (unsigned long long)bulk.reads, (unsigned long long)str.reads,
-	       xfer / 1e6, exp_b, exp_s, exp_b > 0 ? exp_s / exp_b : 0.0,
-	       tot_b, tot_s, (unsigned long long)writes,
-	       (unsigned long long)(bulk.wrong + str.wrong),
-	       (unsigned long long)(bulk.early + str.early));
-	ret = bulk.wrong + str.wrong ? 1 : 0;
+	       (unsigned long long)reads_b, (unsigned long long)reads_s,
+	       med[0], med[1], med[2], med[1] > 0 ? med[2] / med[1] : 0.0,
+	       med[3], med[4], (unsigned long long)writes,
+	       (unsigned long long)wrong, (unsigned long long)early);
+	if (b->runs > 1)
+		for (r = 0; r < b->runs; r++)
+			fprintf(stderr,
+				"  run %u: layer_xfer_ms=%.2f exposed_bulk_ms=%.2f exposed_stream_ms=%.2f total_bulk_ms=%.1f total_stream_ms=%.1f\n",
+				r + 1, m[0][r], m[1][r], m[2][r], m[3][r],
+				m[4][r]);
+	ret = wrong ? 1 : 0;
 	goto out;
 fail:
 	fprintf(stderr, "stream-bench: %s: %s\n", c->name, kvp_strerror(err));
@@ -534,9 +705,10 @@ int main(int argc, char **argv)
 {
 	static const char P[] = "kvpull-stream-bench";
 	const char *only = NULL, *addr = NULL;
-	uint32_t port = 21800, i;
+	uint32_t port = 21800, i, runs = 3;
 	const struct tool_opt opts[] = {
 		{ "--case", TOOL_STR, &only, 0 },
+		{ "--runs", TOOL_U32, &runs, MAXRUNS },
 		{ "--addr", TOOL_STR, &addr, 0 },
 		{ "--port", TOOL_PORT, &port, 65535 - TOOL_MAX_RANKS },
 		{ NULL, TOOL_STR, NULL, 0 },
@@ -545,12 +717,15 @@ int main(int argc, char **argv)
 
 	bad = tool_parse_args(argc, argv, P, opts);
 	if (bad == TOOL_ARGS_HELP)
-		printf("usage: %s [--case NAME] [--addr IP] [--port N]\n"
+		printf("usage: %s [--case NAME] [--runs N] [--addr IP] [--port N]\n"
 		       "cases: dense-layerwise dense-chunked hybrid tp2to1 "
-		       "short link-bound\n",
-		       P);
+		       "short link-bound\n"
+		       "--runs: each pull N times (1-%u), medians printed [3]\n",
+		       P, MAXRUNS);
 	if (bad)
 		return bad == TOOL_ARGS_BAD ? 2 : 0;
+	if (!runs)
+		return tool_bad_arg(P, "--runs: 0: at least 1");
 	if (tool_default_addr(P, &addr))
 		return 2;
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -572,6 +747,7 @@ int main(int argc, char **argv)
 		b->addr = addr;
 		b->port = port + i * TOOL_MAX_RANKS;
 		b->ctl = (struct ctl *)(b + 1);
+		b->runs = runs;
 		pl = build(b->c, 1, 0);
 		if (!pl)
 			return 1;
