@@ -1586,6 +1586,21 @@ KVP_API KVP_MUST_CHECK int kvp_agent_engine_info(const kvp_agent *agent,
 						 uint32_t engine,
 						 struct kvp_engine_info *info);
 
+/* Consumer: a copy of producer rank `rank`'s layout as engine `engine`
+ * described it at its last handshake (in-band or carried metadata, with
+ * its regions' addresses and keys), to check or debug a transfer: e.g.
+ * kvp_plan_compile(local, *out, ...) and kvp_plan_emit() say which remote
+ * bytes each local byte of a request comes from (kvpull-plan does the same
+ * from spec files). engine 0: kvp_agent_connect()'s. The caller destroys
+ * it (kvp_layout_destroy()). Returns 0; -EINVAL (NULLs, not a consumer);
+ * -ENOENT for an unknown handle; -ERANGE when rank is not below the
+ * engine's TP size; -EAGAIN while the engine is not up; -ENOMEM. On
+ * failure *out is untouched. */
+KVP_API KVP_MUST_CHECK int kvp_agent_engine_layout(const kvp_agent *agent,
+						   uint32_t engine,
+						   uint32_t rank,
+						   kvp_layout **out);
+
 /* Producer: consumer engine `consumer_engine` will pull request `req_id`;
  * its blocks must stay untouched until RELEASED (every consumer rank that
  * must notify this producer rank did) or EXPIRED (`deadline_ns`,

@@ -17,6 +17,9 @@
  *     agent's own plan (kvp_agent_plan(), whose max_sge must be the
  *     default: soft-RoCE allows 32 SGEs per READ, and its 8 MiB
  *     max_msg_sz is above every READ here, 256 KiB at most).
+ * The producer ranks' layouts, fetched from the agent
+ * (kvp_agent_engine_layout()), match what each rank built (compat hash),
+ * and a plan compiled from rank 0's emits the same READs.
  * Every byte is then checked against the producers' patterns.
  *
  *   rdma_dump
@@ -112,7 +115,7 @@ static int dump_consumer(const struct rt_env *env, const struct rt_req *rq)
 	struct kvt_mem mem = { 0 }, exp = { 0 };
 	struct kvp_event ev[16];
 	kvp_layout *l = rt_layout(&dc, 0, 0), *r0 = rt_layout(&dc, 1, 0);
-	kvp_plan *ref = NULL;
+	kvp_plan *ref = NULL, *fromagent = NULL;
 	const kvp_plan *ap;
 	kvp_agent *a = NULL;
 	uint32_t i, k, r, dev;
@@ -162,9 +165,46 @@ static int dump_consumer(const struct rt_env *env, const struct rt_req *rq)
 			"default plan: max_sge %u, %u sources, %u streams, "
 			"READ cap %u", pi.max_sge, pi.nsrc, pi.nstreams,
 			ri.max_sge, ri.nsrc, ri.nstreams, ri.max_len);
+	/* The producer ranks' layouts, from the agent (in-band metadata):
+	 * what each rank built, and a plan compiled from rank 0's emits what
+	 * the default plan emits. */
+	for (r = 0; r < dc.P; r++) {
+		kvp_layout *got = NULL, *built = rt_layout(&dc, 1, r);
+
+		err = kvp_agent_engine_layout(a, 0, r, &got);
+		if (err || !built ||
+		    kvp_layout_compat_hash(got) != kvp_layout_compat_hash(built))
+			RT_FAIL("rank %u's layout from the agent: %s", r,
+				err ? kvp_strerror(err) : "differs");
+		if (!r) {
+			tool_plan_attr(&pa, 0, 0);
+			err = kvp_plan_compile(l, got, &pa, &fromagent, msg,
+					       sizeof(msg));
+		}
+		kvp_layout_destroy(got);
+		kvp_layout_destroy(built);
+		if (err)
+			RT_FAIL("plan from the agent's layout: %s: %s",
+				kvp_strerror(err), msg);
+	}
+	{
+		kvp_layout *got = NULL;
+
+		if (kvp_agent_engine_layout(a, 0, dc.P, &got) != -ERANGE ||
+		    kvp_agent_engine_layout(a, 0x7777, 0, &got) != -ENOENT ||
+		    got)
+			RT_FAIL("kvp_agent_engine_layout(): a rank past the TP "
+				"size or an unknown handle was not refused");
+	}
 	end = rt_now() + 60;
 	for (i = 0; i < NREQ; i++) {
 		const struct kvp_ids *ids = rq[i].ids;
+		uint64_t b3 = 0;
+
+		if (emit_count(fromagent, ids, &b3) != (int)want[i].reads ||
+		    b3 != want[i].bytes)
+			RT_FAIL("request %u: the plan from the agent's layout "
+				"emits another READ list", i);
 
 		b1 = b2 = 0;
 		n1 = emit_count(ref, ids, &b1);
@@ -231,6 +271,7 @@ static int dump_consumer(const struct rt_env *env, const struct rt_req *rq)
 out:
 	kvp_agent_close(a);
 	kvp_plan_destroy(ref);
+	kvp_plan_destroy(fromagent);
 	kvt_mem_free(&mem);
 	kvt_mem_free(&exp);
 	kvp_layout_destroy(l);

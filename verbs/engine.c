@@ -430,8 +430,12 @@ static int conn_data_alloc(kvp_agent *a, struct kvp_conn *c)
 	c->notes_posted = c->credit_seen = 0;
 	c->credit_reading = c->credit_hold = c->starved = 0;
 	c->wait_since = 0;
-	kvp_layout_destroy(c->peer);
-	c->peer = NULL;
+	/* The rank's layout stays with its first queue pair, for
+	 * kvp_agent_engine_layout() (a few KiB); the others let theirs go. */
+	if (c->q) {
+		kvp_layout_destroy(c->peer);
+		c->peer = NULL;
+	}
 	kvp__dereg_mr(c->blob_mr);
 	c->blob_mr = NULL;
 	free(c->blob);
@@ -788,6 +792,27 @@ int kvp_agent_remove_engine(kvp_agent *a, uint32_t engine)
 	 * record goes with the last of them. */
 	kvp__engine_fail(a, e, -ECANCELED);
 	return 0;
+}
+
+int kvp_agent_engine_layout(const kvp_agent *a, uint32_t engine,
+			    uint32_t rank, kvp_layout **out)
+{
+	const struct kvp_eng *e;
+	uint32_t ci;
+
+	if (!a || !out || !a->consumer)
+		return -EINVAL;
+	e = kvp__engine_get(a, engine ? engine : a->def_eng);
+	if (!e)
+		return -ENOENT;
+	if (rank >= e->n)
+		return -ERANGE;
+	if (e->state != KVP_ENGINE_UP || !e->rank_conn)
+		return -EAGAIN;
+	ci = e->rank_conn[(size_t)rank * e->nq];
+	if (ci == NO_CONN || !a->conns[ci].peer)
+		return -EAGAIN;
+	return kvp_layout_clone(a->conns[ci].peer, out);
 }
 
 int kvp_agent_engine_info(const kvp_agent *a, uint32_t engine,
