@@ -325,6 +325,7 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->m_head = c->m_tail = 0;
 	c->outstanding = c->c_head = c->c_post = c->c_tail = 0;
 	c->c_data = c->c_note = 0;
+	c->l_head = c->l_tail = c->nlast = 0;
 	c->notes_posted = c->credit_seen = c->ctr_raddr = 0;
 	c->ctr_rkey = c->credit_max = 0;
 	c->credit_reading = c->credit_hold = c->starved = 0;

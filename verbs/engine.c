@@ -427,6 +427,8 @@ static int conn_data_alloc(kvp_agent *a, struct kvp_conn *c)
 	}
 	c->outstanding = 0;
 	c->c_head = c->c_data = c->c_note = c->c_post = c->c_tail = 0;
+	c->l_head = c->l_tail = c->nlast = 0;
+	c->m_head = c->m_tail = 0;
 	c->notes_posted = c->credit_seen = 0;
 	c->credit_reading = c->credit_hold = c->starved = 0;
 	c->wait_since = 0;
