@@ -1,7 +1,9 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
-# Checks kvpull-plan --svg: for two scenarios (llama-3.1-70b TP 8 -> 2, and
-# the hybrid nemotron-h-8b TP 2 -> 1) the SVG is well formed XML, and
+# Checks kvpull-plan --svg: for five scenarios (llama-3.1-70b TP 8 -> 2 and
+# TP 8 -> 1, the hybrid nemotron-h-8b TP 2 -> 1, llama-3.1-8b TP 2 -> 16
+# whose KV heads are replicated, and that one with --svg-all-ranks) the SVG
+# is well formed XML, the same bytes twice, no two arrowheads overlap, and
 # headless Chromium renders it to a PNG that is not trivial (a real size,
 # and more than one colour).
 #
@@ -112,6 +114,38 @@ if len(colours) < 4:
 PY
 }
 
+# apart SVG: in each panel, the arrows into the consumer's box end at
+# least an arrowhead (the marker's height) plus 2 px apart, and the
+# arrowheads are smaller than the rows.
+apart() {
+	if python3 - "$1" <<'PY'; then ok; else bad "$1: arrowheads overlap"; fi
+import sys, xml.etree.ElementTree as E
+ns = "{http://www.w3.org/2000/svg}"
+root = E.parse(sys.argv[1]).getroot()
+size = float(root.find(ns + "defs/" + ns + "marker").get("markerHeight"))
+panels = [g for g in root.iter(ns + "g") if g.get("id", "").startswith("rank-")]
+if not panels:
+    sys.exit("no panel")
+for g in panels:
+    ends = []
+    for e in g.iter():
+        if not e.get("marker-end"):
+            continue
+        if e.tag == ns + "line":
+            ends.append((float(e.get("x2")), float(e.get("y2"))))
+        else:  # a polyline or path: its last point
+            x, y = e.get("points", e.get("d", "")).replace(",", " ").split()[-2:]
+            ends.append((float(x), float(y)))
+    ends.sort()
+    if not ends:
+        continue
+    for (x0, y0), (x1, y1) in zip(ends, ends[1:]):
+        if x0 == x1 and y1 - y0 < size + 2:
+            sys.exit("%s: arrows end %g px apart at x %g, arrowheads %g px"
+                     % (g.get("id"), y1 - y0, x0, size))
+PY
+}
+
 # scenario NAME ARGS...: the SVG of a plan, checked and rendered.
 scenario() {
 	name=$1
@@ -124,6 +158,10 @@ scenario() {
 		return
 	fi
 	well_formed "$out/$name.svg"
+	"$plan" "$@" --svg "$tmp/$name.again.svg" --brief >/dev/null 2>&1
+	cmp -s "$out/$name.svg" "$tmp/$name.again.svg" && ok ||
+		bad "$name: two runs drew different SVGs"
+	apart "$out/$name.svg"
 	render "$out/$name.svg" "$out/$name.png"
 	[ -s "$out/$name.png" ] && nontrivial "$out/$name.png"
 }
@@ -136,6 +174,18 @@ grep -qF 'producer ranks not read from (4): 4 5 6 7' "$out/llama70b.svg" &&
 scenario hybrid --model nemotron-h-8b --remote-tp 2 --local-tp 1
 grep -qF 'group 1: state (whole states)' "$out/hybrid.svg" && ok ||
 	bad "hybrid: no state band"
+# Eight arrows into one consumer.
+scenario converge --model llama-3.1-70b --remote-tp 8 --local-tp 1
+n=$(grep -c 'marker-end="url(#arrow)"' "$out/converge.svg")
+[ "$n" -eq 10 ] && ok || bad "converge: $n arrows, want 8 and the legend's 2"
+# GQA: consumer ranks 0 and 1 read head 0 from producer rank 0.
+scenario gqa --model llama-3.1-8b --remote-tp 2 --local-tp 16
+grep -qF '>replica: consumer ranks 0-1 read the same producer bytes</text>' \
+	"$out/gqa.svg" && ok || bad "gqa: no replica label"
+scenario gqa_all --model llama-3.1-8b --remote-tp 2 --local-tp 16 \
+	--svg-all-ranks
+n=$(grep -c '^<g id="rank-[0-9]*">$' "$out/gqa_all.svg")
+[ "$n" -eq 16 ] && ok || bad "gqa_all: $n panels, want 16"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

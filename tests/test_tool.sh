@@ -391,6 +391,64 @@ run svg_req0 2 --model llama-3.1-8b --svg "$tmp/q.svg" --svg-request 0
 exact svg_req0 "kvpull-plan: --svg-request 0: a request needs at least 1 block"
 run svg_dir 1 --model llama-3.1-8b --svg "$tmp/no/such/dir.svg"
 has svg_dir err "--svg $tmp/no/such/dir.svg: No such file or directory"
+# The legend, in every picture.
+for want in "READs from one producer rank: its heads (or channels), layers, and the request's READs and bytes" \
+	"replica: several consumer ranks read the same producer bytes, or some of them (GQA: consumer TP above the KV heads; MLA)"; do
+	grep -qF "$want" "$tmp/p.svg" && ok || bad "svg: no legend '$want'"
+done
+# GQA: 8 KV heads on consumer TP 16, so consumer ranks 0 and 1 hold head 0
+# and both read it from producer rank 0: that arrow is a replica.
+run svg_gqa 0 --model llama-3.1-8b --remote-tp 2 --local-tp 16 --brief \
+	--svg "$tmp/gqa.svg"
+for want in "consumer holds head 0 of 8 (field k), replicated on consumer ranks 0-1 (GQA); 1024 READs for 16 blocks" \
+	"head 0 of 8, layers 0-31: 1024 READs, 4.00 MiB" \
+	">replica: consumer ranks 0-1 read the same producer bytes</text>"; do
+	grep -qF "$want" "$tmp/gqa.svg" && ok || bad "svg_gqa: no '$want'"
+done
+n=$(grep -c '<line class="read replica"' "$tmp/gqa.svg")
+[ "$n" -eq 1 ] && ok || bad "svg_gqa: $n replica arrows, want 1"
+# Producer TP 16 holds each head twice; the consumers spread over the
+# copies, so no bytes are read twice: no replica arrow.
+run svg_copies 0 --model llama-3.1-8b --remote-tp 16 --local-tp 4 --brief \
+	--svg "$tmp/copies.svg"
+has_svg() { grep -qF "$2" "$tmp/$1.svg" && ok || bad "$1: no '$2' in the SVG"; }
+has_svg copies "head 1 of 8 (held by producer ranks 2-3), layers 0-31: 64 READs, 4.00 MiB"
+n=$(grep -c 'class="read replica"' "$tmp/copies.svg")
+[ "$n" -eq 0 ] && ok || bad "svg_copies: $n replica arrows, want 0"
+# MLA from one producer rank: every consumer rank reads the same latents.
+run svg_mla 0 --model deepseek-v3 --remote-tp 1 --local-tp 4 --rank 2 \
+	--brief --svg "$tmp/mla.svg"
+has_svg mla ">replica: consumer ranks 0-3 read the same producer bytes</text>"
+# --svg-all-ranks: a panel per consumer rank, each with its replica.
+run svg_all 0 --model llama-3.1-8b --remote-tp 2 --local-tp 16 --brief \
+	--svg "$tmp/all.svg" --svg-all-ranks
+has_svg all "<title>llama-3.1-8b, producer TP 2 (flash_hnd) -&gt; consumer TP 16 ranks 0-15 (flash_hnd); max_sge 16, READ cap 2 GiB: an agent's defaults</title>"
+has_svg all "16 consumer ranks, a panel each"
+has_svg all ">consumer rank 15 of TP 16: 1 producer rank read from, 1024 READs, 4.00 MiB</text>"
+has_svg all ">replica: consumer ranks 14-15 read the same producer bytes</text>"
+n=$(grep -c '^<g id="rank-[0-9]*">$' "$tmp/all.svg")
+[ "$n" -eq 16 ] && ok || bad "svg_all: $n panels, want 16"
+n=$(grep -c '<line class="read replica"' "$tmp/all.svg")
+[ "$n" -eq 16 ] && ok || bad "svg_all: $n replica arrows, want 16"
+# The same from a spec file (tp_size 16): other ranks' layouts come from
+# the spec's, and the panels are the preset's.
+printf 'model = llama-3.1-8b\ntp_size = 16\ntp_rank = 5\nblock_tokens = 16\nnum_blocks = 1024\nkv_layout = flash_hnd\n' \
+	>"$tmp/tp16.spec"
+run svg_all_spec 0 --local-spec "$tmp/tp16.spec" --model llama-3.1-8b \
+	--remote-tp 2 --brief --svg "$tmp/all_spec.svg" --svg-all-ranks
+sed -n '/^<g id="rank-0">$/,$p' "$tmp/all.svg" >"$tmp/all.panels"
+sed -n '/^<g id="rank-0">$/,$p' "$tmp/all_spec.svg" >"$tmp/all_spec.panels"
+if [ -s "$tmp/all.panels" ] && cmp -s "$tmp/all.panels" "$tmp/all_spec.panels"; then
+	ok
+else
+	bad "svg_all_spec: the spec's panels differ from the preset's"
+fi
+run svg_all_big 2 --model llama-3.1-8b --local-tp 32 --svg "$tmp/big.svg" \
+	--svg-all-ranks
+exact svg_all_big "kvpull-plan: --svg-all-ranks: consumer TP 32 is above 16, the most ranks one picture draws; draw one rank with --rank R"
+[ ! -e "$tmp/big.svg" ] && ok || bad "svg_all_big: wrote the SVG"
+run svg_all_nosvg 2 --model llama-3.1-8b --svg-all-ranks
+exact svg_all_nosvg "kvpull-plan: --svg-all-ranks: give --svg FILE to draw the picture"
 run no_plan 1 --model llama-3.1-8b --local-block 1 --remote-block 65537 --num-blocks 4
 has no_plan err "cannot plan: malformed or incompatible peer data: group 0: block sizes 1 and 65537 have no usable common period"
 # Block sizes that do not nest plan over their common period.

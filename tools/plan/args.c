@@ -202,6 +202,8 @@ static void usage(FILE *f)
 "                          with layers, head ranges and READs per request\n"
 "  --svg-request N         blocks per group of the request the SVG counts\n"
 "                          READs for (default: --request, else 16)\n"
+"  --svg-all-ranks         the SVG draws every consumer rank, a panel each\n"
+"                          (consumer TP at most 16)\n"
 "  --list                  the model presets and their numbers\n"
 "  --version               " PROG " and the library version\n"
 "  --help                  this text\n"
@@ -331,6 +333,7 @@ static const struct optdef optdefs[] = {
 	OPT("no-timing", A_FALSE, timing),
 	OPT("svg", A_STR, svg),
 	OPT_HAVE("svg-request", A_U32, svg_request, have_svg_request),
+	OPT("svg-all-ranks", A_TRUE, svg_all_ranks),
 	{ "list", A_LIST, 0, 0, 0 },
 	{ "version", A_VERSION, 0, 0, 0 },
 	{ "help", A_HELP, 0, 0, 0 },
@@ -605,6 +608,8 @@ static void check_usage(struct opts *o)
 			  o->have_head_dim || o->have_dtype ||
 			  o->have_nblocks))
 		usage_error("model overrides need --model");
+	if (o->svg_all_ranks && !o->svg)
+		usage_error("--svg-all-ranks: give --svg FILE to draw the picture");
 	if (o->max_read > KVP_DEFAULT_MAX_READ)
 		usage_error("--max-read %u: above %u (2^31, IB's largest message)",
 			    o->max_read, KVP_DEFAULT_MAX_READ);

@@ -69,11 +69,11 @@ static int *ranks(const kvp_plan *plan, uint32_t n,
 	return r;
 }
 
-void compute(struct opts *o, struct dump *d)
+void compile_plan(struct opts *o, const kvp_layout *local, struct dump *d)
 {
 	struct kvp_plan_attr attr;
-	struct kvp_layout_info ri;
-	char msg[256] = "";
+	struct kvp_layout_info li, ri;
+	char msg[256] = "", who[48] = "";
 	uint32_t i;
 	double t0;
 	int err;
@@ -82,23 +82,34 @@ void compute(struct opts *o, struct dump *d)
 	/* What an agent with these max_sge and max_read plans with. */
 	tool_plan_attr(&attr, o->max_sge, o->max_read);
 	t0 = now_us();
-	err = kvp_plan_compile(o->loc.l, o->rem.l, &attr, &d->plan, msg,
+	err = kvp_plan_compile(local, o->rem.l, &attr, &d->plan, msg,
 			       sizeof(msg));
 	d->compile_us = now_us() - t0;
+	if (err && local != o->loc.l) {
+		kvp_layout_get_info(local, &li);
+		snprintf(who, sizeof(who), "consumer rank %u: ", li.tp_rank);
+	}
 	if (err)
-		die("cannot plan: %s%s%s", kvp_strerror(err), msg[0] ? ": " : "",
-		    msg);
+		die("%scannot plan: %s%s%s", who, kvp_strerror(err),
+		    msg[0] ? ": " : "", msg);
 	kvp_plan_get_info(d->plan, &d->info);
 	if (d->info.ngroups > MAX_GROUPS)
 		die("more than %u groups", MAX_GROUPS);
 	for (i = 0; i < d->info.ngroups; i++)
 		checked(kvp_plan_get_group(d->plan, i, &d->pg[i]), "group", i);
 	d->src_rank = ranks(d->plan, d->info.nsrc, kvp_plan_source);
-	d->notify_rank = ranks(d->plan, d->info.nnotify, kvp_plan_notify);
 	kvp_layout_get_info(o->rem.l, &ri);
 	d->remote_tp = ri.tp_size;
-	d->expected = xcalloc(ri.tp_size, sizeof(int));
-	for (i = 0; i < ri.tp_size; i++) {
+}
+
+void compute(struct opts *o, struct dump *d)
+{
+	uint32_t i;
+
+	compile_plan(o, o->loc.l, d);
+	d->notify_rank = ranks(d->plan, d->info.nnotify, kvp_plan_notify);
+	d->expected = xcalloc(d->remote_tp, sizeof(int));
+	for (i = 0; i < d->remote_tp; i++) {
 		d->expected[i] = kvp_notify_expected(o->rem.l, o->loc.l, i);
 		if (d->expected[i] < 0)
 			die("kvp_notify_expected(producer %u): %s", i,
@@ -139,7 +150,8 @@ static const char *cap_text(uint32_t b, char *buf, size_t n)
 }
 
 /* "TP 2 (flash_hnd)", "llama-3.1-8b TP 1 rank 0 (flash_hnd)" (`named`),
- * "TP 2 (MLA)", "spec FILE, TP 2". */
+ * "TP 2 (MLA)", "spec FILE, TP 2"; `rank` 1 names the layout's rank, 2
+ * every rank ("TP 4 ranks 0-3"). */
 static void side_title(const struct side *s, int rank, int named, char *buf,
 		       size_t n)
 {
@@ -147,8 +159,10 @@ static void side_title(const struct side *s, int rank, int named, char *buf,
 	char r[32] = "";
 
 	kvp_layout_get_info(s->l, &li);
-	if (rank)
-		snprintf(r, sizeof(r), " rank %u", li.tp_rank);
+	if (rank == 2 && li.tp_size > 1)
+		snprintf(r, sizeof(r), " ranks 0-%u", li.tp_size - 1);
+	else if (rank)
+		snprintf(r, sizeof(r), " rank %u", rank == 2 ? 0 : li.tp_rank);
 	if (s->spec)
 		snprintf(buf, n, "spec %s, TP %u%s", s->spec, li.tp_size, r);
 	else
@@ -159,7 +173,7 @@ static void side_title(const struct side *s, int rank, int named, char *buf,
 				 TOOL_NAME(tool_layout_names, s->e.kv_layout));
 }
 
-void plan_title(const struct dump *d, int tail, char *buf, size_t len)
+void plan_title(const struct dump *d, int flags, char *buf, size_t len)
 {
 	const struct opts *o = d->o;
 	char p[300], c[300], cap[32], dcap[32];
@@ -168,12 +182,13 @@ void plan_title(const struct dump *d, int tail, char *buf, size_t len)
 
 	/* The model once when both sides are the preset's. */
 	side_title(&o->rem, 0, spec, p, sizeof(p));
-	side_title(&o->loc, 1, spec, c, sizeof(c));
+	side_title(&o->loc, flags & TITLE_ALL_RANKS ? 2 : 1, spec, c,
+		   sizeof(c));
 	k = (size_t)snprintf(buf, len, "%s%sproducer %s -> consumer %s; max_sge %u, READ cap %s",
 			     spec ? "" : o->model, spec ? "" : ", ", p, c,
 			     d->info.max_sge,
 			     cap_text(d->info.max_len, cap, sizeof(cap)));
-	if (!tail || k >= len)
+	if (!(flags & TITLE_TAIL) || k >= len)
 		return;
 	if (d->info.max_sge == KVP_DEFAULT_MAX_SGE &&
 	    d->info.max_len == KVP_DEFAULT_MAX_READ)

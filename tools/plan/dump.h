@@ -2,8 +2,9 @@
 /*
  * kvpull-plan's pieces (tools/kvpull-plan.c is main): options and the two
  * engines (args.c), the plan and what is derived from it (dump.c), the
- * request (request.c), the outputs (text.c, json.c, svg.c), and the errors
- * all of them call (errors.c, which calls none). Public API only. Every
+ * request (request.c), the other consumer ranks the picture draws or marks
+ * as replicas (ranks.c), the outputs (text.c, json.c, svg.c), and the
+ * errors all of them call (errors.c, which calls none). Public API only. Every
  * failure ends the program: usage_error() exits 2, die() 1.
  */
 #ifndef KVP_TOOL_DUMP_H
@@ -55,6 +56,7 @@ struct opts {
 	uint32_t max_sge, max_read; /* 0: an agent's defaults (defaults.h) */
 	int json, brief, timing;
 	const char *svg; /* --svg FILE, or NULL */
+	int svg_all_ranks; /* --svg-all-ranks: a panel per consumer rank */
 	int have_svg_request;
 	uint32_t svg_request;
 	int have_request, have_hit, have_tokens;
@@ -121,11 +123,18 @@ struct dump {
 
 /* Compiles the plan of o's two layouts and fills *d (zeroed by the caller). */
 void compute(struct opts *o, struct dump *d);
+/* Only the plan of consumer layout `local` (o->loc.l, or the same engine's
+ * layout at another rank) against o->rem.l: d's plan, info, groups,
+ * sources and remote_tp (d zeroed by the caller; free_dump() frees it). */
+void compile_plan(struct opts *o, const kvp_layout *local, struct dump *d);
 void free_dump(struct dump *d);
+/* plan_title()'s flags: whether they are an agent's defaults; every
+ * consumer rank ("ranks 0-3") instead of the plan's one. */
+#define TITLE_TAIL 1
+#define TITLE_ALL_RANKS 2
 /* The title line: both engines (TP, layout), max_sge and the READ cap
- * the plan was made with; with `tail`, whether they are an agent's
- * defaults. */
-void plan_title(const struct dump *d, int tail, char *buf, size_t len);
+ * the plan was made with; flags as above. */
+void plan_title(const struct dump *d, int flags, char *buf, size_t len);
 /* Whether source index s serves group g. */
 int serves(const struct dump *d, uint32_t g, uint32_t s);
 uint32_t view_layer(const kvp_layout *l, uint32_t view);
@@ -133,6 +142,29 @@ uint32_t view_layer(const kvp_layout *l, uint32_t view);
 const char *human(uint64_t b, char *buf, size_t n);
 /* Field kinds of a bit set, as "k+v". */
 void kinds_name(uint32_t kinds, char *buf, size_t len);
+
+/* ---- other consumer ranks (ranks.c) ---- */
+
+/* Fills *d (zeroed by the caller) with the plan of consumer rank `rank`
+ * (below the local TP size): the local engine's layout at that rank
+ * against the same producer; free_dump() frees it. */
+void plan_at_rank(struct opts *o, uint32_t rank, struct dump *d);
+
+/* What the other consumer ranks read of the producer bytes one (group,
+ * source) of a plan reads: n ranks, the lowest and the highest; `partial`
+ * when some of them read only part of those bytes. */
+struct share {
+	uint32_t n, lo, hi;
+	int partial;
+};
+
+/* For the plans pd[0..n-1] of distinct consumer ranks of o's engines:
+ * sh[i][g * nsrc + s] (nsrc of pd[i]) says which other consumer ranks read
+ * some of the producer bytes that source s of pd[i] reads for group g.
+ * Compiles the plan of every other rank whose shards overlap one of theirs
+ * (none when the consumer's shards are disjoint). sh[i] are new arrays. */
+void find_replicas(struct opts *o, const struct dump *const *pd, uint32_t n,
+		   struct share **sh);
 
 /* ---- output ---- */
 
