@@ -14,7 +14,9 @@
 # inputs, a fixed number of executions, so the same tree gives the same
 # result every time; the randomized runs are `scripts/fuzz.sh --long`, not
 # run here), and the RDMA loopback tests on soft-RoCE in a VM
-# (scripts/rxe-vm.sh; directly on a machine with an RDMA device).
+# (scripts/rxe-vm.sh; directly on a machine with an RDMA device). Last, the
+# test counts README.md states are checked against this run's logs
+# (tests/check_doc_counts.sh).
 #
 # Each configuration builds in its own directory (see the Makefile), so the
 # stages need no `make clean` and leave build/ usable by scripts/main.sh.
@@ -220,6 +222,9 @@ if [[ ${KVP_SKIP_RDMA:-0} != 1 ]] && grep -q '^check-rdma:' Makefile; then
 			RDMA_SKIP="rdma_loopback rdma_stream" check-rdma
 	fi
 fi
+
+# what the README says the stages above count, against what they counted
+stage "docs: README's test counts" sh tests/check_doc_counts.sh "$logs"
 
 if [[ ${#failed_stages[@]} -gt 0 ]]; then
 	printf 'failed stages: %s\n' "${failed_stages[*]}"
