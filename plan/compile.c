@@ -100,7 +100,7 @@ static int build_plan(struct work *w, kvp_plan **out)
 	const kvp_layout *l = w->l, *r = w->r;
 	uint32_t P = r->attr.tp_size, nsrc = 0, nnot = 0, i, g, lo, hi;
 	uint16_t *srcidx;
-	size_t off, sz[10];
+	size_t off, sz[11];
 	kvp_plan *p;
 	char *base;
 
@@ -128,7 +128,8 @@ static int build_plan(struct work *w, kvp_plan **out)
 	sz[7] = w->gw->ng * sizeof(struct kvp_pgather);
 	sz[8] = w->gw->nsets * sizeof(struct kvp_gset);
 	sz[9] = w->gw->np * sizeof(struct kvp_gpiece);
-	for (off = 0, i = 0; i < 10; i++)
+	sz[10] = r->nviews * sizeof(uint16_t);
+	for (off = 0, i = 0; i < 11; i++)
 		off += (sz[i] + 7) & ~(size_t)7;
 	base = calloc(1, off);
 	if (!base) {
@@ -153,6 +154,7 @@ static int build_plan(struct work *w, kvp_plan **out)
 	CARVE(gathers, 7);
 	CARVE(gsets, 8);
 	CARVE(gpieces, 9);
+	CARVE(rlayer, 10);
 #undef CARVE
 	p->bytes = off;
 	p->ngroups = l->ngroups;
@@ -201,10 +203,11 @@ static int build_plan(struct work *w, kvp_plan **out)
 	for (i = 0; i < w->nstreams; i++) {
 		p->streams[i] = w->streams[i];
 		p->streams[i].src = srcidx[w->streams[i].src];
-		p->streams[i].layer = r->views[w->streams[i].rview].layer;
 		p->groups[w->sets[w->streams[i].set].group].pieces +=
 			w->sets[w->streams[i].set].count;
 	}
+	for (i = 0; i < r->nviews; i++)
+		p->rlayer[i] = (uint16_t)r->views[i].layer;
 	/* Empty arrays were never allocated: memcpy() from NULL is undefined
 	 * even for 0 bytes. */
 	if (w->nsets)
@@ -271,6 +274,15 @@ int kvp__plan_compile(const kvp_layout *l, const kvp_layout *r,
 	w.msg = msg;
 	w.msglen = msglen;
 	w.pieces.budget = *budget;
+	/* The plan keeps a remote view's layer in 16 bits (kvp_plan.rlayer);
+	 * a model has at most KVP_MAX_LAYERS. */
+	for (v = 0; v < r->nviews; v++)
+		if (r->views[v].layer > UINT16_MAX) {
+			kvp__msg(msg, msglen,
+				 "remote view %u: layer %u, above %u", v,
+				 r->views[v].layer, UINT16_MAX);
+			return -EINVAL;
+		}
 	err = kvp__check_groups(l, r, msg, msglen);
 	if (err)
 		return err;

@@ -669,9 +669,9 @@ static inline int unit_in(const kvp_plan *p, const struct kvp_pstream *st,
 	if (!r)
 		return 1;
 	n = unit_streams(p, st);
-	for (m = 1, l = st->layer; m < n; m++)
-		if (st[m].layer > l)
-			l = st[m].layer;
+	for (m = 1, l = p->rlayer[st->rview]; m < n; m++)
+		if (p->rlayer[st[m].rview] > l)
+			l = p->rlayer[st[m].rview];
 	return l >= r->layer0 && l < r->layer1;
 }
 
@@ -1165,7 +1165,7 @@ int kvp_plan_get_stream(const kvp_plan *p, uint32_t i,
 	o->piece_first = p->sets[s->set].first;
 	o->npieces = p->sets[s->set].count;
 	o->bytes_per_period = p->sets[s->set].bytes;
-	o->layer = s->layer;
+	o->layer = p->rlayer[s->rview];
 	o->pad = 0;
 	return 0;
 }

@@ -56,8 +56,7 @@ struct kvp_pset {
 };
 
 struct kvp_pstream {
-	uint32_t lview, rview;
-	uint32_t layer; /* the remote view's model layer (ranges) */
+	uint32_t lview, rview;	/* model layer: kvp_plan.rlayer[rview] */
 	uint16_t src, set;
 	/* On the first stream of a gather: its index + 1 in the plan's
 	 * gathers, and emission reads the gather's streams (this one and the
@@ -125,6 +124,9 @@ struct kvp_plan {
 	struct kvp_pset *sets;
 	struct kvp_piece *pieces;
 	struct kvp_pview *lviews, *rviews;
+	uint16_t *rlayer; /* per remote view: its model layer (ranges; below
+			   * KVP_MAX_LAYERS), apart so that a stream stays
+			   * 16 bytes */
 	uint32_t ngathers, ngsets, ngpieces;
 	struct kvp_pgather *gathers;
 	struct kvp_gset *gsets;
