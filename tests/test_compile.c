@@ -110,7 +110,8 @@ static void proto_pair(const struct kvp_model *a, const struct kvp_model *b,
  * blocks, 2 heads (unsharded, TP 1) of 4 elements of 2 bytes, HND, one
  * region per layer holding the kinds in `kinds` (a bit mask) side by side.
  */
-static kvp_layout *manual(uint32_t kind, uint32_t layers, uint32_t kinds)
+static kvp_layout *manual_at(uint32_t kind, uint32_t layers, uint32_t kinds,
+			     uint32_t layer0)
 {
 	struct kvp_layout_attr a = { .tp_size = 1 };
 	struct kvp_group_desc g = { .kind = kind, .block_tokens = 4 };
@@ -122,7 +123,7 @@ static kvp_layout *manual(uint32_t kind, uint32_t layers, uint32_t kinds)
 	assert_int_equal(kvp_layout_add_group(l, &g, NULL), 0);
 	for (i = 0; i < layers; i++) {
 		assert_int_equal(kvp_layout_add_region(l, 512, &v.region), 0);
-		v.layer = i;
+		v.layer = layer0 + i;
 		assert_int_equal(kvp_layout_add_view(l, &v, &view), 0);
 		for (k = 0, n = 0; k < 2; k++) {
 			struct kvp_field_desc f = { 0 };
@@ -141,6 +142,38 @@ static kvp_layout *manual(uint32_t kind, uint32_t layers, uint32_t kinds)
 		}
 	}
 	return l;
+}
+
+static kvp_layout *manual(uint32_t kind, uint32_t layers, uint32_t kinds)
+{
+	return manual_at(kind, layers, kinds, 0);
+}
+
+/* A plan keeps a remote view's layer in 16 bits: a layout whose view
+ * layers pass that is refused, with the view and the bound; 65535 is
+ * planned. */
+static void test_layer_bound(void **state)
+{
+	kvp_layout *l = manual_at(KVP_GROUP_FULL, 1, 3, 65535);
+	kvp_layout *r = manual_at(KVP_GROUP_FULL, 1, 3, 65535);
+	kvp_plan *p = NULL;
+	char msg[256];
+
+	(void)state;
+	assert_int_equal(kvp_plan_compile(l, r, NULL, &p, msg, sizeof(msg)),
+			 0);
+	kvp_plan_destroy(p);
+	kvp_layout_destroy(l);
+	kvp_layout_destroy(r);
+	l = manual_at(KVP_GROUP_FULL, 1, 3, 70000);
+	r = manual_at(KVP_GROUP_FULL, 1, 3, 70000);
+	p = NULL;
+	assert_int_equal(kvp_plan_compile(l, r, NULL, &p, msg, sizeof(msg)),
+			 -EINVAL);
+	assert_null(p);
+	assert_string_equal(msg, "remote view 0: layer 70000, above 65535");
+	kvp_layout_destroy(l);
+	kvp_layout_destroy(r);
 }
 
 static void test_proto(void **state)
@@ -1073,6 +1106,7 @@ int main(void)
 		cmocka_unit_test(test_notify_expected_rank_refusal),
 		cmocka_unit_test(test_plan_cost),
 		cmocka_unit_test(test_empty_layouts),
+		cmocka_unit_test(test_layer_bound),
 	};
 
 	return cmocka_run_group_tests(t, NULL, NULL);
