@@ -323,25 +323,33 @@ static inline int note_ready(const kvp_agent *a, const struct kvp_conn *c,
 	       !a->engs[c->eng].stripes[ch->stripe].left;
 }
 
-static void post_note(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
-		      uint32_t slot)
+/* A message of KVP_NOTE_LEN bytes at buf into one of the producer rank's
+ * receive buffers (a credit), signalled as `kind`: a notification, a
+ * TABLE or a FOLLOW. Inline when the QP allows: no DMA read of it. */
+static void post_msg(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
+		     const uint8_t *buf, uint32_t lkey, uint32_t kind)
 {
 	struct ibv_send_wr *s = chain_add(ch);
 
-	/* After the data is in: no fence needed. Inline when the QP
-	 * allows: no DMA read of the note. */
 	s->num_sge = 1;
-	ch->g->addr = (uint64_t)(uintptr_t)(a->note_buf +
-					    (size_t)slot * KVP_NOTE_LEN);
+	ch->g->addr = (uint64_t)(uintptr_t)buf;
 	ch->g->length = KVP_NOTE_LEN;
-	ch->g->lkey = a->note_mr->lkey;
+	ch->g->lkey = lkey;
 	ch->g++;
 	s->opcode = IBV_WR_SEND;
 	s->send_flags = c->inline_notes ? IBV_SEND_INLINE : 0;
-	chain_signal(ch, c, WK_NOTE);
+	chain_signal(ch, c, kind);
 	c->notes_posted++;
 	c->wait_since = 0;
 	c->starved = 0;
+}
+
+/* After the data is in: no fence needed. */
+static void post_note(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
+		      uint32_t slot)
+{
+	post_msg(a, c, ch, a->note_buf + (size_t)slot * KVP_NOTE_LEN,
+		 a->note_mr->lkey, WK_NOTE);
 	a->st.notes_sent++;
 }
 
@@ -445,26 +453,6 @@ static void post_marker(struct kvp_conn *c, struct chain *ch)
 
 /* ---- streaming ----------------------------------------------------------- */
 
-/* A message of KVP_NOTE_LEN bytes into one of the producer rank's
- * receive buffers (a credit): TABLE or FOLLOW. */
-static void post_msg(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
-		     const uint8_t *buf, uint32_t lkey)
-{
-	struct ibv_send_wr *s = chain_add(ch);
-
-	s->num_sge = 1;
-	ch->g->addr = (uint64_t)(uintptr_t)buf;
-	ch->g->length = KVP_NOTE_LEN;
-	ch->g->lkey = lkey;
-	ch->g++;
-	s->opcode = IBV_WR_SEND;
-	s->send_flags = c->inline_notes ? IBV_SEND_INLINE : 0;
-	chain_signal(ch, c, WK_FOLLOW);
-	c->notes_posted++;
-	c->wait_since = 0;
-	c->starved = 0;
-}
-
 /* A streamed chunk's first step: the connection's TABLE (once), then the
  * request's FOLLOW. 1 when posted; 0 when they wait for credit (a credit
  * read is under way) or for room. */
@@ -495,13 +483,13 @@ static int post_follow(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
 		kvp__put32(m + 16, a->ptab_mr[ci]->rkey);
 		kvp__put32(m + 20, 2 * a->max_inflight);
 		kvp__put64(m + 24, a->li.engine_id);
-		post_msg(a, c, ch, m, a->ctl_mr->lkey);
+		post_msg(a, c, ch, m, a->ctl_mr->lkey, WK_FOLLOW);
 		c->table_sent = 1;
 	}
 	post_msg(a, c, ch,
 		 a->note_buf + ((size_t)a->max_inflight + ck->slot) *
 				       KVP_NOTE_LEN,
-		 a->note_mr->lkey);
+		 a->note_mr->lkey, WK_FOLLOW);
 	ck->flags &= ~CH_FOLLOW;
 	return 1;
 }
