@@ -166,8 +166,13 @@ unit: $(UNIT_BIN) $(BUILD)/header-check fuzz-replay
 	if CC='$(CC)' sh tests/check_strerror.sh .; then pass=$$((pass+1)); else fail=$$((fail+1)); echo "FAILED: tests/check_strerror.sh"; fi; \
 	echo "unit programs: $$pass passed, $$fail failed"; test $$fail -eq 0
 
-check-tool: $(BUILD)/tools/kvpull-plan $(BUILD)/tools/kvpull-demo
-	sh tests/test_tool.sh $(BUILD)/tools/kvpull-plan
+# tests/test_tool.sh checks kvpull-plan and kvpull-demo from the outside;
+# tests/check_doc_outputs.sh reruns the commands whose output README.md and
+# tools/README.md show (<!-- doc-output --> and <!-- doc-text --> markers).
+# Each prints "N passed, N failed", and runs whatever the other's result.
+check-tool: $(BUILD)/tools/kvpull-plan $(BUILD)/tools/kvpull-demo $(BUILD)/tools/kvpull-bench
+	st=0; sh tests/test_tool.sh $(BUILD)/tools/kvpull-plan || st=1; \
+	sh tests/check_doc_outputs.sh $(BUILD)/tools || st=1; exit $$st
 
 # Floors: no call cycle between the files of each directory here, as the
 # symbol tables of their objects show it (tests/check_floors.sh); and in
