@@ -96,6 +96,9 @@ struct ctl {
 	volatile uint32_t done[TOOL_MAX_RANKS];	  /* the last run done */
 	volatile uint64_t t_last[TOOL_MAX_RANKS]; /* its last publish */
 	volatile uint64_t writes[TOOL_MAX_RANKS]; /* progress records */
+	/* KVP_BENCH_TRACE: rank 0's publishes of the run just done */
+	volatile uint32_t npub;
+	volatile uint64_t t_pub[MAXSTEPS];
 };
 
 struct bench {
@@ -351,6 +354,10 @@ static int prefill(struct bench *b, kvp_agent *a, const kvp_layout *l,
 		if (kvp_agent_publish(a, CONSUMER_ENGINE, id, &s[i]))
 			return -1;
 		pub = s[i];
+		if (rank == 0) {
+			b->ctl->t_pub[i] = tool_now_ns();
+			b->ctl->npub = i + 1;
+		}
 	}
 	b->ctl->t_last[rank] = tool_now_ns();
 	kvp_agent_get_stats(a, &st1);
@@ -414,6 +421,10 @@ struct pulled {
 	uint64_t t_done, reads, bytes, wrong, early;
 	uint64_t t_arrived; /* alone: KVP_EV_ARRIVED of layer 0 */
 	uint64_t t_seen;    /* KVP_BENCH_TRACE: the last new progress */
+	/* KVP_BENCH_TRACE, streamed: each new progress seen, each layer's
+	 * ARRIVED */
+	uint32_t nseen, narr;
+	uint64_t t_seens[MAXSTEPS], t_arr[MAXSTEPS];
 };
 
 /* Starts run `req` on the producers and pulls it: bulk once every rank
@@ -433,6 +444,7 @@ static int run(struct bench *b, kvp_agent *a, uint32_t h, uint32_t req,
 	b->ctl->pace_ns = pace;
 	b->ctl->alone = (uint32_t)alone;
 	out->t_arrived = 0;
+	out->nseen = out->narr = 0;
 	b->ctl->t_start = tool_now_ns();
 	b->ctl->seq = seq;
 	if (stream) {
@@ -465,10 +477,22 @@ static int run(struct bench *b, kvp_agent *a, uint32_t h, uint32_t req,
 			if (st.progress_seen != seen_n) {
 				seen_n = st.progress_seen;
 				out->t_seen = tool_now_ns();
+				if (out->nseen < MAXSTEPS)
+					out->t_seens[out->nseen++] =
+						out->t_seen;
 			}
 		}
 		for (i = 0; i < (uint32_t)n; i++) {
 			if (ev[i].type == KVP_EV_ARRIVED) {
+				if (stream == 1) {
+					uint32_t l;
+
+					for (l = out->narr; l < ev[i].layers &&
+							    l < MAXSTEPS; l++)
+						out->t_arr[l] = tool_now_ns();
+					if (ev[i].layers > out->narr)
+						out->narr = ev[i].layers;
+				}
 				/* alone: layer 0 landed; the rest may go */
 				if (alone && !out->t_arrived) {
 					out->t_arrived = tool_now_ns();
@@ -515,6 +539,37 @@ static uint64_t last_publish(const struct bench *b)
 		if (b->ctl->t_last[i] > last)
 			last = b->ctl->t_last[i];
 	return last;
+}
+
+/* KVP_BENCH_TRACE: the streamed run's last steps (rank 0's publishes,
+ * matched to the progresses seen in order, and the layers' ARRIVED), in
+ * ms after each publish. A single-rank case only: with several ranks a
+ * progress seen is any rank's. */
+static void trace(const struct bench *b, const struct pulled *p)
+{
+	const uint64_t t0 = b->ctl->t_pub[0];
+	uint32_t n = b->ctl->npub, i;
+
+	fprintf(stderr, "  trace: last progress seen %.2f ms after the last publish, DONE %.2f ms after that; %u publishes, %u seen, %u layers arrived\n",
+		((double)p->t_seen - (double)last_publish(b)) / 1e6,
+		((double)p->t_done - (double)p->t_seen) / 1e6, n, p->nseen,
+		p->narr);
+	if (b->c->P != 1 || n != p->nseen)
+		return;
+	for (i = n > 6 ? n - 6 : 0; i < n; i++) {
+		const uint64_t tp = b->ctl->t_pub[i];
+
+		fprintf(stderr, "    step %u: publish at %.2f ms, seen +%.2f ms",
+			i, (double)(tp - t0) / 1e6,
+			((double)p->t_seens[i] - (double)tp) / 1e6);
+		/* step i (i < layers - 1) makes layer i ready */
+		if (i < p->narr)
+			fprintf(stderr, ", layer %u arrived +%.2f ms", i,
+				((double)p->t_arr[i] - (double)tp) / 1e6);
+		fprintf(stderr, "\n");
+	}
+	fprintf(stderr, "    DONE +%.2f ms after the last publish\n",
+		((double)p->t_done - (double)b->ctl->t_pub[n - 1]) / 1e6);
 }
 
 /* Compares request req's local blocks with what the plan's READs of the
@@ -653,9 +708,7 @@ static int consumer(void *arg, uint32_t rank)
 			goto fail;
 		m[2][r] = (double)(str.t_done - last_publish(b)) / 1e6;
 		if (getenv("KVP_BENCH_TRACE"))
-			fprintf(stderr, "  trace: last progress seen %.2f ms after the last publish, DONE %.2f ms after that\n",
-				((double)str.t_seen - (double)last_publish(b)) / 1e6,
-				((double)str.t_done - (double)str.t_seen) / 1e6);
+			trace(b, &str);
 		m[4][r] = (double)(str.t_done - b->ctl->t_start) / 1e6;
 		for (i = 0, w = 0; i < c->P; i++)
 			w += b->ctl->writes[i];
