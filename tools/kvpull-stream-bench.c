@@ -12,10 +12,12 @@
  * blocks of the layers the step completes; chunk boundaries fall on block
  * boundaries) only when the step's time comes, then publishes the step
  * (kvp_agent_publish()). The consumer pulls three requests, one at a time:
- *   - alone: layer 0 published at every token, alone, and pulled
- *     streamed (stream_events): from that publish (the last rank's) to
- *     KVP_EV_ARRIVED is layer_xfer_ms, one layer's transfer measured
- *     alone; then the rest is published;
+ *   - alone: pulled streamed (stream_events); every layer but the last
+ *     published at every token and, once KVP_EV_ARRIVED says they
+ *     landed, the last layer alone: from that publish (the last rank's)
+ *     to DONE is layer_xfer_ms, the transfer of the layer a streamed
+ *     pull can never overlap, measured alone (for a hybrid's unequal
+ *     layers, the one that is exposed);
  *   - bulk: paced prefill, the pull once the last step is published;
  *   - stream: paced prefill, the streamed pull issued before it starts.
  * The compute per layer is the case's factor times layer_xfer_ms. Each
@@ -28,7 +30,7 @@
  *     ratio=Z/Y total_bulk_ms=T1 total_stream_ms=T2 progress_msgs=M
  *     wrong_bytes=W early_bytes=E
  *
- * Each of the three pulls runs N times (--runs, 3 by default), over
+ * Each of the three pulls runs N times (--runs, 5 by default), over
  * producer memory poisoned again and consumer memory cleared before each
  * run: the line gives the medians of the times (ratio: of the medians),
  * the largest READ and progress counts, and wrong and early bytes summed
@@ -36,8 +38,16 @@
  * run's figures scatter by tens of percent.
  *
  * exposed: from the last publish (of any producer rank) to DONE; total:
- * from the start of the prefill to DONE; progress_msgs: progress records
- * the producer ranks wrote for the streamed request, per consumer rank.
+ * from the start of the prefill (the first rank's, once its memory is
+ * poisoned) to DONE; progress_msgs: progress records the producer ranks
+ * wrote for the streamed request, per consumer rank (each producer rank
+ * publishes its own progress). A "goals:" line follows each case's line:
+ * "ok", or each goal of the streaming issue the medians miss, and by how
+ * much. KVP_BENCH_TRACE=1 adds, per run, the last steps' publish, the
+ * next progress seen and the layer's arrival, and the consumer's poll
+ * times (soft-RoCE on loopback moves a READ's bytes inside the post
+ * call, so a poll that posts many layers lasts as long as their
+ * transfer).
  * scripts/rdma-bench.sh --stream runs every case in one soft-RoCE VM boot.
  */
 #define _GNU_SOURCE /* ppoll */
@@ -89,10 +99,11 @@ struct ctl {
 	volatile uint32_t req;	    /* its request */
 	volatile uint64_t pace_ns;  /* compute per layer; 0: all at once */
 	volatile uint32_t alone;    /* the run measures one layer alone */
-	volatile uint32_t rest;	    /* alone: publish the rest (= seq) */
-	volatile uint64_t t_first[TOOL_MAX_RANKS]; /* alone: layer 0's
+	volatile uint32_t rest;	    /* alone: publish the last layer (= seq) */
+	volatile uint64_t t_first[TOOL_MAX_RANKS]; /* alone: the last layer's
 						    * publish */
-	volatile uint64_t t_start;  /* the prefill's start */
+	volatile uint64_t t_begin[TOOL_MAX_RANKS]; /* its prefill's start,
+						    * after the poison */
 	volatile uint32_t done[TOOL_MAX_RANKS];	  /* the last run done */
 	volatile uint64_t t_last[TOOL_MAX_RANKS]; /* its last publish */
 	volatile uint64_t writes[TOOL_MAX_RANKS]; /* progress records */
@@ -323,26 +334,34 @@ static int prefill(struct bench *b, kvp_agent *a, const kvp_layout *l,
 	write_part(l, live, NULL, b->ids[k], 0, layers, 0, KVP_TOKENS_END);
 	kvp_agent_get_stats(a, &st0);
 	if (b->ctl->alone) {
-		/* layer 0 at every token, alone; the rest once the consumer
-		 * saw it land */
+		/* every layer but the last at every token; the last alone,
+		 * once the consumer saw the others land */
 		uint32_t seq = b->ctl->seq;
 
-		write_part(l, live, src, b->ids[k], 0, 1, 0, KVP_TOKENS_END);
+		if (layers > 1) {
+			write_part(l, live, src, b->ids[k], 0, layers - 1, 0,
+				   KVP_TOKENS_END);
+			if (kvp_agent_publish(a, CONSUMER_ENGINE, id,
+					      &(struct kvp_progress){
+						      0, KVP_TOKENS_END,
+						      layers - 1, 0 }))
+				return -1;
+			while (b->ctl->rest != seq)
+				if (poll_for(a, tool_now_ns() + 200000))
+					return -1;
+		}
+		write_part(l, live, src, b->ids[k], layers - 1, layers, 0,
+			   KVP_TOKENS_END);
 		if (kvp_agent_publish(a, CONSUMER_ENGINE, id,
 				      &(struct kvp_progress){
-					      0, KVP_TOKENS_END, 1, 0 }))
+					      KVP_TOKENS_END, KVP_TOKENS_END,
+					      0, 0 }))
 			return -1;
 		b->ctl->t_first[rank] = tool_now_ns();
-		while (b->ctl->rest != seq)
-			if (poll_for(a, tool_now_ns() + 200000))
-				return -1;
-		write_part(l, live, src, b->ids[k], 1, layers, 0,
-			   KVP_TOKENS_END);
 		n = 0;
-		s[n++] = (struct kvp_progress){ KVP_TOKENS_END,
-						 KVP_TOKENS_END, 0, 0 };
 	}
 	next = tool_now_ns();
+	b->ctl->t_begin[rank] = next;
 	for (i = 0; i < n; i++) {
 		next += pace ? step_ns : 0;
 		for (q = 0; q < layers; q++)
@@ -381,7 +400,7 @@ static int producer(void *arg, uint32_t rank, int ready_fd, int stop_fd)
 	truth(&src, rank);
 	for (k = 0; k < live.nregions; k++)
 		memset(live.buf[k], POISON, live.size[k]);
-	if (tool_producer_open(l, b->addr, (uint16_t)(b->port + rank), 16,
+	if (tool_producer_open(l, b->addr, (uint16_t)(b->port + rank), NREQ * MAXRUNS,
 			       &live, &a))
 		goto out;
 	for (k = 0; k < NREQ * b->runs; k++)
@@ -419,11 +438,11 @@ out:
 
 struct pulled {
 	uint64_t t_done, reads, bytes, wrong, early;
-	uint64_t t_arrived; /* alone: KVP_EV_ARRIVED of layer 0 */
 	uint64_t t_seen;    /* KVP_BENCH_TRACE: the last new progress */
 	/* KVP_BENCH_TRACE, streamed: each new progress seen, each layer's
 	 * ARRIVED */
 	uint32_t nseen, narr;
+	uint64_t npoll, poll_ns, poll_max;
 	uint64_t t_seens[MAXSTEPS], t_arr[MAXSTEPS];
 };
 
@@ -432,7 +451,8 @@ struct pulled {
 static int run(struct bench *b, kvp_agent *a, uint32_t h, uint32_t req,
 	       uint64_t pace, int stream, struct pulled *out)
 {
-	const int alone = stream == 2; /* one layer's transfer, alone */
+	const int alone = stream == 2; /* the last layer's transfer, alone */
+	const uint32_t layers = b->c->layers + b->c->state_layers;
 	struct kvp_agent_stats s0, s1;
 	struct kvp_event ev[16];
 	uint32_t i, seq = b->ctl->seq + 1, pulled = 0;
@@ -443,9 +463,8 @@ static int run(struct bench *b, kvp_agent *a, uint32_t h, uint32_t req,
 	b->ctl->req = req;
 	b->ctl->pace_ns = pace;
 	b->ctl->alone = (uint32_t)alone;
-	out->t_arrived = 0;
 	out->nseen = out->narr = 0;
-	b->ctl->t_start = tool_now_ns();
+	out->npoll = out->poll_ns = out->poll_max = 0;
 	b->ctl->seq = seq;
 	if (stream) {
 		err = kvp_agent_pull_stream(a, h, req, b->ids[req % NREQ]);
@@ -465,7 +484,16 @@ static int run(struct bench *b, kvp_agent *a, uint32_t h, uint32_t req,
 				pulled = 1;
 			}
 		}
-		n = kvp_agent_poll(a, ev, 16);
+		{
+			uint64_t tq = tool_now_ns();
+
+			n = kvp_agent_poll(a, ev, 16);
+			out->npoll++;
+			tq = tool_now_ns() - tq;
+			out->poll_ns += tq;
+			if (tq > out->poll_max)
+				out->poll_max = tq;
+		}
 		if (n < 0)
 			return n;
 		/* KVP_BENCH_TRACE: when the streamed pull last saw new
@@ -493,16 +521,15 @@ static int run(struct bench *b, kvp_agent *a, uint32_t h, uint32_t req,
 					if (ev[i].layers > out->narr)
 						out->narr = ev[i].layers;
 				}
-				/* alone: layer 0 landed; the rest may go */
-				if (alone && !out->t_arrived) {
-					out->t_arrived = tool_now_ns();
+				/* alone: all but the last layer landed; the
+				 * last may go */
+				if (alone && ev[i].layers + 1 >= layers)
 					b->ctl->rest = seq;
-				}
 				continue;
 			}
 			if (ev[i].type != KVP_EV_DONE)
 				return ev[i].status ? ev[i].status : -EPROTO;
-			if (alone && !out->t_arrived)
+			if (alone && layers > 1 && b->ctl->rest != seq)
 				return -EPROTO; /* DONE before ARRIVED */
 			out->t_done = tool_now_ns();
 			kvp_agent_get_stats(a, &s1);
@@ -517,7 +544,8 @@ static int run(struct bench *b, kvp_agent *a, uint32_t h, uint32_t req,
 	}
 }
 
-/* Layer 0's publish of the alone run just done: the last of the ranks'. */
+/* The last layer's publish of the alone run just done: the last of the
+ * ranks'. */
 static uint64_t first_publish(const struct bench *b)
 {
 	uint64_t last = 0;
@@ -527,6 +555,19 @@ static uint64_t first_publish(const struct bench *b)
 		if (b->ctl->t_first[i] > last)
 			last = b->ctl->t_first[i];
 	return last;
+}
+
+/* The start of the prefill just done: the first rank's, once its memory
+ * is poisoned. */
+static uint64_t prefill_start(const struct bench *b)
+{
+	uint64_t first = UINT64_MAX;
+	uint32_t i;
+
+	for (i = 0; i < b->c->P; i++)
+		if (b->ctl->t_begin[i] < first)
+			first = b->ctl->t_begin[i];
+	return first;
 }
 
 /* The last publish of the run just done, over the producer ranks. */
@@ -548,21 +589,27 @@ static uint64_t last_publish(const struct bench *b)
 static void trace(const struct bench *b, const struct pulled *p)
 {
 	const uint64_t t0 = b->ctl->t_pub[0];
-	uint32_t n = b->ctl->npub, i;
+	uint32_t n = b->ctl->npub, i, k;
 
 	fprintf(stderr, "  trace: last progress seen %.2f ms after the last publish, DONE %.2f ms after that; %u publishes, %u seen, %u layers arrived\n",
 		((double)p->t_seen - (double)last_publish(b)) / 1e6,
 		((double)p->t_done - (double)p->t_seen) / 1e6, n, p->nseen,
 		p->narr);
-	if (b->c->P != 1 || n != p->nseen)
+	if (b->c->P != 1)
 		return;
-	for (i = n > 6 ? n - 6 : 0; i < n; i++) {
+	for (i = n > 6 && atoi(getenv("KVP_BENCH_TRACE")) < 2 ? n - 6 : 0, k = 0;
+	     i < n; i++) {
 		const uint64_t tp = b->ctl->t_pub[i];
 
-		fprintf(stderr, "    step %u: publish at %.2f ms, seen +%.2f ms",
-			i, (double)(tp - t0) / 1e6,
-			((double)p->t_seens[i] - (double)tp) / 1e6);
-		/* step i (i < layers - 1) makes layer i ready */
+		/* the first progress seen after this publish */
+		while (k < p->nseen && p->t_seens[k] < tp)
+			k++;
+		fprintf(stderr, "    step %u: publish at %.2f ms", i,
+			(double)(tp - t0) / 1e6);
+		if (k < p->nseen)
+			fprintf(stderr, ", next seen +%.2f ms",
+				((double)p->t_seens[k] - (double)tp) / 1e6);
+		/* step i makes layer i ready */
 		if (i < p->narr)
 			fprintf(stderr, ", layer %u arrived +%.2f ms", i,
 				((double)p->t_arr[i] - (double)tp) / 1e6);
@@ -570,6 +617,59 @@ static void trace(const struct bench *b, const struct pulled *p)
 	}
 	fprintf(stderr, "    DONE +%.2f ms after the last publish\n",
 		((double)p->t_done - (double)b->ctl->t_pub[n - 1]) / 1e6);
+}
+
+/* The issue's goals for this case, from the medians (med: layer_xfer,
+ * exposed bulk and stream, total bulk and stream): one line, "ok" or what
+ * missed and by how much. */
+static void goals(const struct bcase *c, const double *med, uint64_t reads_b,
+		  uint64_t reads_s, uint64_t writes, uint64_t wrong,
+		  uint64_t early)
+{
+	const uint32_t layers = c->layers + c->state_layers;
+	const double compute = c->factor * med[0] * layers;
+	int miss = 0;
+
+	printf("goals: case=%s", c->name);
+	if (c->factor >= 2.0 && med[2] > 1.5 * med[0]) {
+		printf(" exposed_stream_ms %.2f > 1.5 x layer_xfer_ms %.2f;",
+		       med[2], 1.5 * med[0]);
+		miss = 1;
+	}
+	if (c->factor < 1.0) {
+		const double bound =
+			(compute > med[1] ? compute : med[1]) + 1.5 * med[0];
+
+		if (med[4] > bound) {
+			printf(" total_stream_ms %.1f > max(compute %.1f, bulk transfer %.1f) + 1.5 x layer_xfer_ms = %.1f;",
+			       med[4], compute, med[1], bound);
+			miss = 1;
+		}
+		if (reads_s > reads_b) {
+			printf(" reads_stream %llu > reads_bulk %llu;",
+			       (unsigned long long)reads_s,
+			       (unsigned long long)reads_b);
+			miss = 1;
+		}
+	}
+	if (c->tokens <= 16 && med[4] > 1.05 * med[3]) {
+		printf(" total_stream_ms %.1f > 1.05 x total_bulk_ms %.1f;",
+		       med[4], 1.05 * med[3]);
+		miss = 1;
+	}
+	/* each producer rank publishes its own progress: the bound holds
+	 * per (producer rank, consumer rank) */
+	if (writes > (uint64_t)c->P * layers * c->chunks) {
+		printf(" progress_msgs %llu > %u producer ranks x layers x chunks %u;",
+		       (unsigned long long)writes, c->P, layers * c->chunks);
+		miss = 1;
+	}
+	if (wrong || early) {
+		printf(" wrong_bytes %llu, early_bytes %llu;",
+		       (unsigned long long)wrong, (unsigned long long)early);
+		miss = 1;
+	}
+	printf(miss ? "\n" : " ok\n");
 }
 
 /* Compares request req's local blocks with what the plan's READs of the
@@ -631,10 +731,13 @@ out:
 }
 
 /* The median of n values (sorted in place; the upper one of two). */
-static double median(double *v, uint32_t n)
+/* The median of v[0..n) (n <= MAXRUNS), v left in run order. */
+static double median(const double *in, uint32_t n)
 {
+	double v[MAXRUNS];
 	uint32_t i, j;
 
+	memcpy(v, in, n * sizeof(*v));
 	for (i = 1; i < n; i++)
 		for (j = i; j && v[j - 1] > v[j]; j--) {
 			double t = v[j];
@@ -695,21 +798,26 @@ static int consumer(void *arg, uint32_t rank)
 		err = run(b, a, h, NREQ * r, 0, 2, &alone);
 		if (err)
 			goto fail;
-		xfer = alone.t_arrived - first_publish(b);
+		xfer = alone.t_done - first_publish(b);
 		pace = (uint64_t)(c->factor * (double)xfer);
 		err = run(b, a, h, NREQ * r + 1, pace, 0, &bulk);
 		if (err)
 			goto fail;
 		m[0][r] = (double)xfer / 1e6;
 		m[1][r] = (double)(bulk.t_done - last_publish(b)) / 1e6;
-		m[3][r] = (double)(bulk.t_done - b->ctl->t_start) / 1e6;
+		m[3][r] = (double)(bulk.t_done - prefill_start(b)) / 1e6;
 		err = run(b, a, h, NREQ * r + 2, pace, 1, &str);
 		if (err)
 			goto fail;
 		m[2][r] = (double)(str.t_done - last_publish(b)) / 1e6;
 		if (getenv("KVP_BENCH_TRACE"))
 			trace(b, &str);
-		m[4][r] = (double)(str.t_done - b->ctl->t_start) / 1e6;
+		if (getenv("KVP_BENCH_TRACE"))
+			fprintf(stderr, "  polls: alone %llu (%.2f us avg, %.2f ms max), bulk %llu (%.2f us, %.2f ms), stream %llu (%.2f us, %.2f ms)\n",
+				(unsigned long long)alone.npoll, alone.poll_ns / 1e3 / (alone.npoll + !alone.npoll), alone.poll_max / 1e6,
+				(unsigned long long)bulk.npoll, bulk.poll_ns / 1e3 / (bulk.npoll + !bulk.npoll), bulk.poll_max / 1e6,
+				(unsigned long long)str.npoll, str.poll_ns / 1e3 / (str.npoll + !str.npoll), str.poll_max / 1e6);
+		m[4][r] = (double)(str.t_done - prefill_start(b)) / 1e6;
 		for (i = 0, w = 0; i < c->P; i++)
 			w += b->ctl->writes[i];
 		if (w > writes)
@@ -737,6 +845,7 @@ static int consumer(void *arg, uint32_t rank)
 	       med[0], med[1], med[2], med[1] > 0 ? med[2] / med[1] : 0.0,
 	       med[3], med[4], (unsigned long long)writes,
 	       (unsigned long long)wrong, (unsigned long long)early);
+	goals(c, med, reads_b, reads_s, writes, wrong, early);
 	if (b->runs > 1)
 		for (r = 0; r < b->runs; r++)
 			fprintf(stderr,
@@ -758,7 +867,7 @@ int main(int argc, char **argv)
 {
 	static const char P[] = "kvpull-stream-bench";
 	const char *only = NULL, *addr = NULL;
-	uint32_t port = 21800, i, runs = 3;
+	uint32_t port = 21800, i, runs = 5;
 	const struct tool_opt opts[] = {
 		{ "--case", TOOL_STR, &only, 0 },
 		{ "--runs", TOOL_U32, &runs, MAXRUNS },
@@ -773,7 +882,7 @@ int main(int argc, char **argv)
 		printf("usage: %s [--case NAME] [--runs N] [--addr IP] [--port N]\n"
 		       "cases: dense-layerwise dense-chunked hybrid tp2to1 "
 		       "short link-bound\n"
-		       "--runs: each pull N times (1-%u), medians printed [3]\n",
+		       "--runs: each pull N times (1-%u), medians printed [5]\n",
 		       P, MAXRUNS);
 	if (bad)
 		return bad == TOOL_ARGS_BAD ? 2 : 0;
