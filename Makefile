@@ -174,6 +174,11 @@ check-tool: $(BUILD)/tools/kvpull-plan $(BUILD)/tools/kvpull-demo $(BUILD)/tools
 	st=0; sh tests/test_tool.sh $(BUILD)/tools/kvpull-plan || st=1; \
 	sh tests/check_doc_outputs.sh $(BUILD)/tools || st=1; exit $$st
 
+# The Python binding's tests (python/, tests/python/, pytest) on this
+# configuration's shared library: plan level, no RDMA device needed.
+check-python: $(BUILD)/libkvpull.so.0
+	sh tests/check_python.sh $(BUILD)/libkvpull.so.0
+
 # Floors: no call cycle between the files of each directory here, as the
 # symbol tables of their objects show it (tests/check_floors.sh); and in
 # verbs/, the consumer's and the producer's files never call each other,
@@ -228,7 +233,7 @@ print-build:
 	@echo $(BUILD)
 
 .SECONDARY:
-.PHONY: all tests unit check-tool check-svg test bench install uninstall clean print-build
+.PHONY: all tests unit check-tool check-python check-svg test bench install uninstall clean print-build
 
 # --- fuzz: libFuzzer targets, tests/fuzz/fuzz_*.c (clang only) -------------
 # The plan/ sources are compiled once with the fuzzer's coverage

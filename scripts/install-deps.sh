@@ -36,6 +36,8 @@ PKGS=(
 	# xmllint checks the SVG; jsonschema checks kvpull-plan --json against
 	# its schema (tests/test_tool.sh)
 	libxml2-utils python3-jsonschema
+	# the Python binding's tests (tests/check_python.sh)
+	python3-numpy python3-pytest
 	# libraries and unit tests
 	libcmocka-dev libibverbs-dev librdmacm-dev ibverbs-providers rdma-core
 	# RDMA tools used in the VM and in direct mode

@@ -139,6 +139,7 @@ stage "floors: no call cycles between files" "${mk[@]}" WERROR=1 check-floors
 if [[ -f tests/test_tool.sh ]]; then
 	stage "tool tests" "${mk[@]}" WERROR=1 check-tool
 fi
+stage "Python binding (pytest)" "${mk[@]}" WERROR=1 check-python
 stage "build with clang (-Werror)" "${mk[@]}" CC=clang CXX=clang++ WERROR=1 all tests
 stage "examples (C and C++) and man pages" "${mk[@]}" WERROR=1 check-docs
 stage --long "two renders in headless Chromium" "kvpull-plan --svg" \

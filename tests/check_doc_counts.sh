@@ -11,6 +11,7 @@
 # reported and not counted.
 #   unit tests       "cmocka, N cases in M programs"    (cmocka's summaries)
 #   tool tests       "(`make check-tool`, N checks"
+#   Python binding   "(`make check-python`, N tests"
 #   examples, man    "(`make check-docs`, N checks)"
 #   kvpull-plan --svg "(`make check-svg`, N checks)"
 #   RDMA, plain      "in the VM: N cases in M programs"
@@ -61,6 +62,12 @@ if [ -n "$f" ]; then
 	want "tool tests" "(\`make check-tool\`, $(passed "$f") checks" \
 		'`make check-tool`, [0-9,]+ checks'
 else skip "tool tests"; fi
+
+f=$(log python-binding-pytest)
+if [ -n "$f" ]; then
+	want "Python binding" "(\`make check-python\`, $(passed "$f") tests" \
+		'`make check-python`, [0-9,]+ tests'
+else skip "Python binding"; fi
 
 f=$(log examples-c-and-c++-and-man-pages)
 if [ -n "$f" ]; then
