@@ -176,8 +176,8 @@ check-tool: $(BUILD)/tools/kvpull-plan $(BUILD)/tools/kvpull-demo $(BUILD)/tools
 
 # The Python binding's tests (python/, tests/python/, pytest) on this
 # configuration's shared library: plan level, no RDMA device needed.
-check-python: $(BUILD)/libkvpull.so.0
-	sh tests/check_python.sh $(BUILD)/libkvpull.so.0
+check-python: $(BUILD)/libkvpull.so $(BUILD)/tools/kvpull-plan
+	sh tests/check_python.sh $(BUILD)/libkvpull.so.$(SOMAJOR) $(BUILD)/tools/kvpull-plan
 
 # Floors: no call cycle between the files of each directory here, as the
 # symbol tables of their objects show it (tests/check_floors.sh); and in

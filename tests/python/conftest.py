@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 """Shared helpers of the Python binding's tests: the package from python/
 of this tree, the library from build/ (or $KVPULL_LIB), and kvpull-plan
-run as the reference for what the C API gives."""
+(build/tools/, or $KVPULL_PLAN) run as the reference for what the C API
+gives."""
 import json
 import os
 import subprocess
@@ -15,7 +16,8 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 
 import kvpull  # noqa: E402
 
-TOOL = os.path.join(REPO, "build", "tools", "kvpull-plan")
+TOOL = os.environ.get("KVPULL_PLAN") or os.path.join(REPO, "build", "tools",
+                                                     "kvpull-plan")
 
 
 def run_tool(*args, check=True):
