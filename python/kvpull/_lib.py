@@ -11,8 +11,8 @@ every C call.
 import ctypes
 import ctypes.util
 import os
-from ctypes import (POINTER, c_char_p, c_int, c_size_t, c_uint32, c_uint64,
-                    c_void_p)
+from ctypes import (POINTER, c_char_p, c_int, c_size_t, c_uint16, c_uint32,
+                    c_uint64, c_void_p)
 
 from . import _structs as S
 
@@ -121,6 +121,31 @@ _PROTOS = [
     ("kvp_plan_stream_gather", c_int, _p, _u32),
     ("kvp_plan_get_piece", c_int, _p, _u32, _p),       # PlanPiece *
     ("kvp_notify_expected", c_int, _p, _p, _u32),
+    # agents (the transport); events, ids and buffers go as addresses
+    ("kvp_agent_open", c_int, POINTER(S.AgentAttr), POINTER(_p)),
+    ("kvp_agent_close", None, _p),
+    ("kvp_agent_register", c_int, _p, _u32, _p, _u64),
+    ("kvp_agent_register_dmabuf", c_int, _p, _u32, c_int, _u64, _u64, _p),
+    ("kvp_agent_listen", c_int, _p, c_char_p, c_uint16),
+    ("kvp_agent_get_meta", c_int, _p, _p, c_size_t, POINTER(c_size_t)),
+    ("kvp_agent_connect", c_int, _p, POINTER(S.Peer), _u32, c_int),
+    ("kvp_agent_last_error", _u32, _p, _p, c_size_t),
+    ("kvp_agent_plan", _p, _p),
+    ("kvp_agent_pull", c_int, _p, _u64, _p),              # struct kvp_ids *
+    ("kvp_agent_add_engine", c_int, _p, POINTER(S.Peer), _u32, _u32, _pu32),
+    ("kvp_agent_reconnect_engine", c_int, _p, _u32, POINTER(S.Peer), _u32,
+     _u32),
+    ("kvp_agent_remove_engine", c_int, _p, _u32),
+    ("kvp_agent_pull_from", c_int, _p, _u32, _u64, _p),
+    ("kvp_agent_pull_stream", c_int, _p, _u32, _u64, _p),
+    ("kvp_agent_engine_info", c_int, _p, _u32, POINTER(S.EngineInfo)),
+    ("kvp_agent_engine_layout", c_int, _p, _u32, _u32, POINTER(_p)),
+    ("kvp_agent_expect", c_int, _p, _u64, _u64, _u64),
+    ("kvp_agent_publish", c_int, _p, _u64, _u64, POINTER(S.Progress)),
+    ("kvp_agent_poll", c_int, _p, _p, c_int),             # struct kvp_event *
+    ("kvp_agent_fds", c_int, _p, POINTER(c_int), c_int),
+    ("kvp_agent_arm", c_int, _p, _pu64),
+    ("kvp_agent_get_stats", None, _p, POINTER(S.AgentStats)),
 ]
 
 for _entry in _PROTOS:

@@ -10,7 +10,8 @@ member by member, print their members, and convert to dicts
 (:meth:`Struct.to_dict`).
 """
 import ctypes
-from ctypes import POINTER, c_char, c_uint32, c_uint64, c_void_p
+from ctypes import (POINTER, c_char, c_char_p, c_int32, c_uint16, c_uint32,
+                    c_uint64, c_void_p)
 
 import numpy as np
 
@@ -22,6 +23,7 @@ __all__ = [
     "EmitPos", "EmitMap", "EmitSge", "EmitSink", "Progress", "EmitRange",
     "PlanInfo", "PlanGroup", "PlanStream", "PlanPiece", "WR_DTYPE",
     "SGE_DTYPE", "EMIT_SGE_DTYPE", "STREAM_DTYPE", "PIECE_DTYPE", "STRUCTS",
+    "AgentAttr", "Peer", "EngineInfo", "EventStruct", "AgentStats",
 ]
 
 
@@ -383,6 +385,111 @@ class PlanPiece(Struct):
                 ("local_block", c_uint32)]
 
 
+# ---- transport (agents) -------------------------------------------------
+
+
+class AgentAttr(Struct):
+    """``struct kvp_agent_attr``: how to open an agent (built by
+    :class:`kvpull.Agent` from its keyword arguments; 0 and NULL members
+    take the C defaults)."""
+    _fields_ = [
+        ("role", c_uint32), ("comp_mask", c_uint32), ("device", c_char_p),
+        ("addr", c_char_p), ("layout", c_void_p), ("max_ids", c_uint32),
+        ("max_inflight", c_uint32), ("max_peers", c_uint32),
+        ("sq_depth", c_uint32), ("max_sge", c_uint32), ("secret", c_void_p),
+        ("secret_len", c_uint32), ("max_per_source", c_uint32),
+        ("handshake_ms", c_uint32), ("stall_ms", c_uint32),
+        ("rq_depth", c_uint32), ("max_read", c_uint32),
+        ("qps_per_peer", c_uint32), ("tos", c_uint32),
+        ("plan_flags", c_uint32), ("max_mr", c_uint64),
+        ("stream_events", c_uint32),
+    ]
+
+
+class Peer(Struct):
+    """``struct kvp_peer``: where producer rank i listens, and optionally
+    its carried metadata blob (built by :class:`kvpull.Agent` from
+    ``(addr, port[, meta])`` entries)."""
+    _fields_ = [("addr", c_char_p), ("port", c_uint16), ("meta", c_void_p),
+                ("meta_len", c_uint32)]
+
+
+class _EngineInfoC(Struct):
+    _fields_ = [
+        ("state", c_uint32), ("status", c_int32), ("engine_id", c_uint64),
+        ("tp_size", c_uint32), ("conns", c_uint32), ("qps", c_uint32),
+        ("plan", c_void_p), ("plan_bytes", c_uint64),
+        ("table_bytes", c_uint64), ("pulls", c_uint64), ("done", c_uint64),
+        ("failed", c_uint64), ("reads", c_uint64), ("read_bytes", c_uint64),
+        ("transport_failures", c_uint64), ("stalls", c_uint64),
+        ("handshake_failures", c_uint64), ("reconnects", c_uint64),
+        ("add_ns", c_uint64), ("plan_cached", c_uint32),
+        ("reason", c_uint32), ("peer_reason", c_uint32),
+        ("why", c_char * 128),
+    ]
+
+
+class EngineInfo(_EngineInfoC):
+    """``struct kvp_engine_info``: a producer engine's state, counters and
+    facts, as a consumer agent sees it (:meth:`kvpull.Agent.engine_info`).
+    ``why`` reads as ``str``; ``state`` is an :class:`EngineState` value,
+    ``reason`` and ``peer_reason`` :class:`Reason` values; ``plan`` is the
+    borrowed ``kvp_plan *`` address (0: none yet; see
+    :meth:`kvpull.Agent.plan`)."""
+
+    @property
+    def why(self):
+        """The line for an operator of why the engine is DOWN (``str``)."""
+        raw = _EngineInfoC.why.__get__(self, type(self))
+        return raw.decode("utf-8", "replace")
+
+    @why.setter
+    def why(self, value):
+        raw = value.encode() if isinstance(value, str) else bytes(value)
+        if len(raw) >= 128:
+            raise ValueError("why longer than 127 bytes")
+        _EngineInfoC.why.__set__(self, raw)
+
+    def to_dict(self):
+        """Members as a dict (``why`` as ``str``, ``plan`` as an int)."""
+        d = Struct.to_dict(self)
+        d["why"] = self.why
+        d["plan"] = self.plan or 0
+        return d
+
+
+class EventStruct(Struct):
+    """``struct kvp_event``: one event of ``kvp_agent_poll()`` (the
+    binding hands out :class:`kvpull.Event` objects made from these)."""
+    _fields_ = [
+        ("type", c_uint32), ("status", c_int32), ("req_id", c_uint64),
+        ("engine_id", c_uint64), ("rank", c_uint32), ("ngroups", c_uint32),
+        ("ids", POINTER(Ids)), ("engine", c_uint32), ("reads", c_uint32),
+        ("bytes", c_uint64), ("elapsed_ns", c_uint64), ("reason", c_uint32),
+        ("peer_reason", c_uint32), ("layers", c_uint32),
+    ]
+
+    def to_dict(self):
+        """Members as a dict (the ids pointer as an integer)."""
+        d = Struct.to_dict(self)
+        d["ids"] = ctypes.cast(self.ids, c_void_p).value or 0
+        return d
+
+
+class AgentStats(Struct):
+    """``struct kvp_agent_stats``: an agent's counters since open
+    (:meth:`kvpull.Agent.stats`)."""
+    _fields_ = [(name, c_uint64) for name in (
+        "pulls", "done", "failed", "reads", "read_bytes", "doorbells",
+        "queued", "notes_sent", "notes_recv", "notes_dropped", "released",
+        "expired", "connects", "disconnects", "refused",
+        "transport_failures", "stalls", "handshake_failures", "reconnects",
+        "credit_waits", "plan_compiles", "plan_hits", "probes",
+        "rnr_timer_unset", "striped", "dmabuf_fallbacks", "async_errors",
+        "publishes", "follows", "progress_writes", "progress_seen",
+        "arrivals", "mem_bytes")]
+
+
 def _dtype(cls):
     """A numpy dtype with the struct's member names, offsets and size."""
     names, formats, offsets = [], [], []
@@ -422,5 +529,8 @@ STRUCTS = {
     Progress: "struct kvp_progress", EmitRange: "struct kvp_emit_range",
     PlanInfo: "struct kvp_plan_info", PlanGroup: "struct kvp_plan_group",
     PlanStream: "struct kvp_plan_stream", PlanPiece: "struct kvp_plan_piece",
+    AgentAttr: "struct kvp_agent_attr", Peer: "struct kvp_peer",
+    EngineInfo: "struct kvp_engine_info", EventStruct: "struct kvp_event",
+    AgentStats: "struct kvp_agent_stats",
 }
 

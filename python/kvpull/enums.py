@@ -11,11 +11,13 @@ import enum
 
 __all__ = [
     "Axis", "FieldKind", "GroupKind", "KvLayout", "StateKind", "ConvLayout",
-    "Reason", "PLAN_ATTR_MAX_LEN", "PLAN_ATTR_FLAGS", "PLAN_NO_COALESCE",
+    "Reason", "Role", "EventType", "EngineState", "PLAN_ATTR_MAX_LEN",
+    "PLAN_ATTR_FLAGS", "PLAN_NO_COALESCE",
     "MAX_DIMS", "NO_SHARD", "MAX_TP_SIZE", "MR_SHIFT_MIN", "MR_SHIFT_MAX",
     "MR_MAX_KEYS", "META_VERSION", "META_VERSION_KEYS", "META_MIN_LEN",
     "MAX_LAYERS", "PLAN_MAX_WORK", "TOKENS_END", "WHY_LEN",
     "DEFAULT_MAX_SGE", "DEFAULT_MAX_READ", "VERSION", "mr_window",
+    "MR_MIN", "SECRET_MIN", "SECRET_MAX", "AGENT_FDS",
 ]
 
 
@@ -143,9 +145,39 @@ class Reason(_Named):
         return lib.kvp_reason_str(int(self)).decode()
 
 
-#: ``enum kvp_*_COUNT`` values, by enum class (checked against the header).
+class Role(_Named):
+    """``enum kvp_role``: what an agent does (``"producer"``,
+    ``"consumer"``, ``"both"``)."""
+    PRODUCER = 0
+    CONSUMER = 1
+    BOTH = 2
+
+
+class EventType(_Named):
+    """``enum kvp_event_type``: what :meth:`kvpull.Agent.poll` reports."""
+    DONE = 1
+    FAILED = 2
+    RELEASED = 3
+    EXPIRED = 4
+    DISCONNECTED = 5
+    ENGINE_UP = 6
+    ENGINE_DOWN = 7
+    ARRIVED = 8
+
+
+class EngineState(_Named):
+    """``enum kvp_engine_state``: a producer engine as a consumer agent
+    sees it (:attr:`kvpull.EngineInfo.state`)."""
+    CONNECTING = 1
+    UP = 2
+    FAILING = 3
+    DOWN = 4
+
+
+#: ``enum kvp_*_COUNT`` values, by enum class (checked against the header;
+#: ``enum kvp_event_type`` and ``enum kvp_engine_state`` have none).
 COUNTS = {Axis: 6, FieldKind: 10, GroupKind: 4, KvLayout: 4, StateKind: 3,
-          ConvLayout: 2, Reason: 30}
+          ConvLayout: 2, Reason: 30, Role: 3}
 
 #: ``kvp_plan_attr.comp_mask`` bits.
 PLAN_ATTR_MAX_LEN = 1 << 0
@@ -168,6 +200,13 @@ TOKENS_END = (1 << 64) - 1
 WHY_LEN = 128
 DEFAULT_MAX_SGE = 16
 DEFAULT_MAX_READ = 1 << 31
+#: ``KVP_MR_MIN``: the smallest ``max_mr`` an agent takes (64 KiB).
+MR_MIN = 1 << 16
+#: ``KVP_SECRET_MIN``, ``KVP_SECRET_MAX``: a shared secret's length bounds.
+SECRET_MIN = 16
+SECRET_MAX = 256
+#: ``KVP_AGENT_FDS``: the file descriptors an agent has to sleep on.
+AGENT_FDS = 3
 #: The header's version (KVP_VERSION_MAJOR, _MINOR, _PATCH).
 VERSION = (0, 1, 0)
 

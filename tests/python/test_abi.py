@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: MIT
 """The ctypes mirrors against the C compiler: every struct's size and every
 member's offset, every enum value and constant, compiled from
-include/kvpull.h with cc; and every plan-level function of the header has a
-prototype that the package calls."""
+include/kvpull.h with cc; and every function of the header, plan-level and
+agent, has a prototype that the package calls."""
 import ctypes
 import os
 import re
@@ -18,6 +18,7 @@ from conftest import REPO
 import kvpull
 from kvpull import _lib, _structs as S, enums as E
 from kvpull.plan import _IDS
+from kvpull import agent as A
 
 HEADER = os.path.join(REPO, "include", "kvpull.h")
 
@@ -29,6 +30,10 @@ ENUM_PREFIX = {
     E.StateKind: ("KVP_STATE_", "KVP_STATE_KIND_COUNT"),
     E.ConvLayout: ("KVP_CONV_", "KVP_CONV_LAYOUT_COUNT"),
     E.Reason: ("KVP_REASON_", "KVP_REASON_COUNT"),
+    E.Role: ("KVP_ROLE_", "KVP_ROLE_COUNT"),
+    # no _COUNT in the header for these two
+    E.EventType: ("KVP_EV_", None),
+    E.EngineState: ("KVP_ENGINE_", None),
 }
 
 CONSTANTS = {
@@ -47,6 +52,8 @@ CONSTANTS = {
     "KVP_VERSION_MAJOR": E.VERSION[0], "KVP_VERSION_MINOR": E.VERSION[1],
     "KVP_VERSION_PATCH": E.VERSION[2],
     "KVP_MR_WINDOW(20)": E.mr_window(20),
+    "KVP_MR_MIN": E.MR_MIN, "KVP_SECRET_MIN": E.SECRET_MIN,
+    "KVP_SECRET_MAX": E.SECRET_MAX, "KVP_AGENT_FDS": E.AGENT_FDS,
 }
 
 
@@ -63,8 +70,11 @@ def _python_facts():
     for cls, (prefix, count) in ENUM_PREFIX.items():
         for m in cls:
             facts[prefix + m.name] = int(m)
-        facts[count] = E.COUNTS[cls]
-        assert len(cls) == E.COUNTS[cls]
+        if count is not None:
+            facts[count] = E.COUNTS[cls]
+            assert len(cls) == E.COUNTS[cls]
+        else:
+            assert cls not in E.COUNTS
     facts.update(CONSTANTS)
     return facts
 
@@ -109,14 +119,45 @@ def test_structs_enums_constants_match_c(c_facts):
     assert c_facts["sizeof(struct kvp_emit_pos)"] == 20
     assert c_facts["sizeof(struct kvp_field_desc)"] == 128
     assert c_facts["sizeof(struct kvp_model)"] == 108
+    assert c_facts["sizeof(struct kvp_event)"] == 80
+    assert c_facts["sizeof(struct kvp_engine_info)"] == 280
+    assert c_facts["sizeof(struct kvp_agent_stats)"] == 33 * 8
+    assert c_facts["sizeof(struct kvp_peer)"] == 32
 
 
-def test_every_struct_of_the_plan_half_is_mirrored():
+def test_every_struct_is_mirrored():
     text = open(HEADER).read()
-    plan_half = text[:text.index("---- Transport (verbs/) ----")]
-    declared = set(re.findall(r"^struct (kvp_\w+) \{", plan_half, re.M))
+    declared = set(re.findall(r"^struct (kvp_\w+) \{", text, re.M))
     mirrored = {c.split()[1] for c in S.STRUCTS.values()}
     assert declared == mirrored
+    transport = text[text.index("---- Transport (verbs/) ----"):]
+    assert {"kvp_agent_attr", "kvp_peer", "kvp_engine_info", "kvp_event",
+            "kvp_agent_stats"} == set(re.findall(r"^struct (kvp_\w+) \{",
+                                                 transport, re.M))
+
+
+def test_every_enum_of_the_header_is_mirrored():
+    text = open(HEADER).read()
+    named = set(re.findall(r"^enum (kvp_\w+) \{", text, re.M))
+    assert named == {"kvp_reason", "kvp_axis", "kvp_field_kind",
+                     "kvp_group_kind", "kvp_kv_layout", "kvp_state_kind",
+                     "kvp_conv_layout", "kvp_role", "kvp_engine_state",
+                     "kvp_event_type"}
+    assert len(ENUM_PREFIX) == len(named)
+
+
+def test_event_and_ids_records_match_structs():
+    # the binding unpacks struct kvp_event with struct.Struct (one call per
+    # event) and packs struct kvp_ids the same way: same offsets as ctypes
+    ev = S.EventStruct(type=2, status=-5, req_id=1 << 40, engine_id=7,
+                       rank=3, ngroups=2, engine=9, reads=11, bytes=13,
+                       elapsed_ns=17, reason=19, peer_reason=23, layers=29)
+    ev.ids = ctypes.cast(ctypes.c_void_p(0x1230), ctypes.POINTER(S.Ids))
+    assert A._EVENT.unpack_from(bytes(ev)) == (
+        2, -5, 1 << 40, 7, 3, 2, 0x1230, 9, 11, 13, 17, 19, 23, 29)
+    assert A._EV_SIZE == ctypes.sizeof(S.EventStruct)
+    assert A._EVENT.size <= A._EV_SIZE
+    assert A._IDS.size == ctypes.sizeof(S.Ids)
 
 
 def test_dtypes_match_structs():
@@ -147,20 +188,50 @@ def _header_functions():
         m for m in re.findall(r"KVP_API[^;]*;", text, re.S))))
 
 
-def test_every_plan_level_function_is_declared_and_used():
+def test_every_function_is_declared_and_used():
     funcs = _header_functions()
     assert "kvp_plan_emit" in funcs and "kvp_agent_open" in funcs
-    plan_level = {f for f in funcs if not f.startswith("kvp_agent_")}
+    agent_calls = {f for f in funcs if f.startswith("kvp_agent_")}
+    assert len(agent_calls) == 23
     declared = {p[0] for p in _lib._PROTOS}
-    assert plan_level == declared
+    assert funcs == declared
     pkg = os.path.dirname(kvpull.__file__)
     src = "".join(open(os.path.join(pkg, f)).read()
                   for f in os.listdir(pkg)
                   if f.endswith(".py") and f != "_lib.py")
-    unused = {f for f in declared if "lib.%s(" % f not in src}
+    # called, or handed to a helper that calls it (Agent._pull)
+    unused = {f for f in declared
+              if not re.search(r"lib\.%s\b" % f, src)}
     # kvp_layout_build() is kvp_layout_build_msg() without the reason, which
     # Layout.build() always asks for
     assert unused == {"kvp_layout_build"}
+
+
+def _header_prototypes():
+    """name -> (returns void, number of parameters) from the header."""
+    text = open(HEADER).read()
+    out = {}
+    for decl in re.findall(r"KVP_API[^;]*;", text, re.S):
+        m = re.search(r"\b(kvp_\w+)\s*\((.*)\)\s*;$", " ".join(decl.split()))
+        if not m:
+            continue
+        head = decl[:decl.index(m.group(1))]
+        params = m.group(2).strip()
+        n = 0 if params in ("", "void") else params.count(",") + 1
+        void = re.search(r"\bvoid\s*$", head.replace("KVP_MUST_CHECK", ""))
+        out[m.group(1)] = (bool(void), n)
+    return out
+
+
+def test_prototypes_match_the_header():
+    protos = _header_prototypes()
+    assert len(protos) == len(_lib._PROTOS)
+    for name, restype, *argtypes in _lib._PROTOS:
+        void, nparams = protos[name]
+        assert (restype is None) == void, name
+        assert len(argtypes) == nparams, name
+        fn = getattr(_lib.lib, name)
+        assert fn.argtypes == argtypes and fn.restype is restype, name
 
 
 def test_library_exports_what_is_declared():

@@ -39,7 +39,7 @@ def test_every_public_name_has_a_docstring():
                     missing.append("%s.%s" % (name, mname))
     assert missing == []
     for mod in ("_lib", "_structs", "_buf", "enums", "errors", "layout",
-                "plan"):
+                "plan", "agent", "_handle"):
         assert (sys.modules["kvpull." + mod].__doc__ or "").strip(), mod
 
 
@@ -78,7 +78,8 @@ def test_version():
     assert out == "kvpull-plan %s\n" % kvpull.__version__
 
 
-@pytest.mark.parametrize("name", ["Error", "Layout", "Plan", "Request"])
+@pytest.mark.parametrize("name", ["Error", "Layout", "Plan", "Request",
+                                  "Agent", "Event"])
 def test_exported(name):
     assert name in kvpull.__all__ and hasattr(kvpull, name)
     assert issubclass(kvpull.Error, OSError)

@@ -1,0 +1,43 @@
+#!/bin/sh
+# run-vm.sh: the Python binding's transport tests (tests/python_rdma, pytest)
+# in the soft-RoCE VM of scripts/rxe-vm.sh, or on a host with an RDMA device
+# (KVP_RDMA_DIRECT=1). Not yet part of make check-rdma: see README.md here.
+#
+#   sh tests/python_rdma/run-vm.sh [LIB]
+#
+# LIB: the libkvpull.so.0 the tests load [build/libkvpull.so.0]. Carries
+# into the VM, at the same paths, Debian's /usr/bin/python3, its standard
+# library, numpy and pytest (tests/python_rdma/vm_files.py lists them;
+# rxe-vm.sh adds every ELF file's ldd closure), the package, the library,
+# python/examples and these tests; gives the guest 1.5 GiB (KVP_VM_MEM) for
+# the larger initramfs; runs pytest there on 2 devices (KVP_ADDR0, and
+# KVP_ADDR1 for the example's decode worker). Prints pytest's lines, then
+# "N passed, N failed" as tests/check_python.sh does.
+set -u
+cd "$(dirname "$0")/../.." || exit 2
+lib=${1:-build/libkvpull.so.0}
+py=${PYTHON:-/usr/bin/python3}
+if [ ! -f "$lib" ]; then
+	echo "run-vm.sh: $lib not found (make)" >&2
+	echo "0 passed, 1 failed"
+	exit 1
+fi
+lib=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")
+files=$(PYTHONDONTWRITEBYTECODE=1 "$py" tests/python_rdma/vm_files.py "$lib") || exit 2
+out=$(KVP_VM_MEM=${KVP_VM_MEM:-1536} scripts/rxe-vm.sh --devices 2 \
+	--timeout "${PY_VM_TIMEOUT:-900}" --files "$files" \
+	--env "KVPULL_LIB=$lib" --env PYTHONDONTWRITEBYTECODE=1 \
+	--env "PYTHONPATH=$PWD/python" \
+	-- "$py -m pytest -q -p no:cacheprovider -rs tests/python_rdma" 2>&1)
+st=$?
+echo "$out"
+last=$(echo "$out" | grep -E '^[0-9]+ (passed|failed|skipped|error)|^(=+ )?[0-9]+ (passed|failed)' | tail -n 1)
+num() { echo "$last" | grep -oE "[0-9]+ $1" | head -n 1 | cut -d' ' -f1; }
+p=$(num passed)
+f=$(num failed)
+e=$(num error)
+p=${p:-0}
+f=$((${f:-0} + ${e:-0}))
+[ "$st" -ne 0 ] && [ "$st" -ne 77 ] && [ "$f" -eq 0 ] && f=1
+echo "$p passed, $f failed"
+[ "$st" -eq 0 ] || [ "$st" -eq 77 ]
