@@ -28,7 +28,7 @@ out=$(KVP_VM_MEM=${KVP_VM_MEM:-1536} scripts/rxe-vm.sh --devices 2 \
 	--timeout "${PY_VM_TIMEOUT:-900}" --files "$files" \
 	--env "KVPULL_LIB=$lib" --env PYTHONDONTWRITEBYTECODE=1 \
 	--env "PYTHONPATH=$PWD/python" \
-	-- "$py -m pytest -q -p no:cacheprovider -rs tests/python_rdma" 2>&1)
+	-- "$py -m pytest -q --color=no -p no:cacheprovider -rs tests/python_rdma" 2>&1)
 st=$?
 echo "$out"
 last=$(echo "$out" | grep -E '^[0-9]+ (passed|failed|skipped|error)|^(=+ )?[0-9]+ (passed|failed)' | tail -n 1)
