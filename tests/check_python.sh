@@ -25,15 +25,5 @@ out=$(KVPULL_LIB=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib") \
 	"$py" -m pytest -q -p no:cacheprovider tests/python 2>&1)
 st=$?
 echo "$out"
-# pytest's last line: "81 passed in 2.05s", "1 failed, 80 passed in ...",
-# "2 errors in ..."
-last=$(echo "$out" | tail -n 1)
-num() { echo "$last" | grep -oE "[0-9]+ $1" | head -n 1 | cut -d' ' -f1; }
-p=$(num passed)
-f=$(num failed)
-e=$(num error)
-p=${p:-0}
-f=$((${f:-0} + ${e:-0}))
-[ "$st" -ne 0 ] && [ "$f" -eq 0 ] && f=1
-echo "$p passed, $f failed"
+echo "$out" | sh tests/pytest_counts.sh "$st"
 [ "$st" -eq 0 ]

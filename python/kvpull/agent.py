@@ -1042,7 +1042,11 @@ class Agent(Handle):
         and -ENOENT for an unknown handle, -EAGAIN while the engine is
         connecting or when it is down (a reconnect starts: retry after
         ENGINE_UP)."""
-        f = "kvp_agent_pull_from"
+        self._pull_engine(self._lib.kvp_agent_pull_from,
+                          "kvp_agent_pull_from", engine, req_id, ids)
+
+    def _pull_engine(self, fn, f, engine, req_id, ids):
+        """pull_from and pull_stream: C call fn (named f) on engine."""
         if type(engine) is not int or not 0 <= engine <= _U32_MAX:
             engine = check_u32(engine, f, "engine")
         if type(req_id) is not int or not 0 <= req_id <= _U64_MAX:
@@ -1053,7 +1057,7 @@ class Agent(Handle):
                 raise ValueError("the agent is closed")
             addr, keep = _pack_ids(ids, self._ngroups, self._ids,
                                    self._ids_addr, f)
-            err = self._lib.kvp_agent_pull_from(h, engine, req_id, addr)
+            err = fn(h, engine, req_id, addr)
             if not err:
                 return
             exc = self._error(h, err, f)
@@ -1067,24 +1071,8 @@ class Agent(Handle):
         go out as the producer ranks :meth:`publish` it; with the agent's
         ``stream_events``, ARRIVED events report the leading layers that
         landed.  Same arguments and errors as :meth:`pull_from`."""
-        f = "kvp_agent_pull_stream"
-        if type(engine) is not int or not 0 <= engine <= _U32_MAX:
-            engine = check_u32(engine, f, "engine")
-        if type(req_id) is not int or not 0 <= req_id <= _U64_MAX:
-            req_id = check_u64(req_id, f, "req_id")
-        with self._lock:
-            h = self._handle
-            if not h:
-                raise ValueError("the agent is closed")
-            addr, keep = _pack_ids(ids, self._ngroups, self._ids,
-                                   self._ids_addr, f)
-            err = self._lib.kvp_agent_pull_stream(h, engine, req_id, addr)
-            if not err:
-                return
-            exc = self._error(h, err, f)
-        if err == -errno.EAGAIN:
-            self._drop_plans(engine)
-        raise exc
+        self._pull_engine(self._lib.kvp_agent_pull_stream,
+                          "kvp_agent_pull_stream", engine, req_id, ids)
 
     # ---- events --------------------------------------------------------
 

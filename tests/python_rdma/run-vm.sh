@@ -31,13 +31,5 @@ out=$(KVP_VM_MEM=${KVP_VM_MEM:-1536} scripts/rxe-vm.sh --devices 2 \
 	-- "$py -m pytest -q --color=no -p no:cacheprovider -rs tests/python_rdma" 2>&1)
 st=$?
 echo "$out"
-last=$(echo "$out" | grep -E '^[0-9]+ (passed|failed|skipped|error)|^(=+ )?[0-9]+ (passed|failed)' | tail -n 1)
-num() { echo "$last" | grep -oE "[0-9]+ $1" | head -n 1 | cut -d' ' -f1; }
-p=$(num passed)
-f=$(num failed)
-e=$(num error)
-p=${p:-0}
-f=$((${f:-0} + ${e:-0}))
-[ "$st" -ne 0 ] && [ "$st" -ne 77 ] && [ "$f" -eq 0 ] && f=1
-echo "$p passed, $f failed"
+echo "$out" | sh tests/pytest_counts.sh "$st"
 [ "$st" -eq 0 ] || [ "$st" -eq 77 ]
