@@ -1020,9 +1020,9 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  *    the producer's own blob, at least 64 KiB, at most 16 MiB), a peer's
  *    TP size is at most KVP_MAX_TP_SIZE, each poll checks at most one
  *    received blob, and a producer keeps at most max_per_source
- *    connections per consumer address and at most half of max_peers
- *    handshakes under way, each for at most handshake_ms: idle or slow
- *    peers cannot hold every slot. A consumer engine's notifications only
+ *    consumer ranks per consumer address (at most 8 queue pairs each)
+ *    and at most half of max_peers handshakes under way, each for at
+ *    most handshake_ms: idle or slow peers cannot hold every slot. A consumer engine's notifications only
  *    ever count for its own requests (see kvp_agent_expect()). Each
  *    consumer rank's credit counter (see Liveness) is an MR of its own 8
  *    bytes: its key reads that counter and nothing else, so no peer
@@ -1134,11 +1134,14 @@ struct kvp_agent_attr {
 	 * no secret (then a peer that has one is refused too). */
 	const void *secret;
 	uint32_t secret_len;
-	/* Producer: connections (handshaking or connected) from one consumer
-	 * IP address at once; more are refused with -EUSERS. 0: max_peers /
-	 * 4, at least 8 (clamped to max_peers). Consumer engines' ranks on
-	 * one host share an address: allow at least their count times
-	 * their qps_per_peer (2 by default) for each producer rank. */
+	/* Producer: consumer ranks (handshaking or connected) from one IP
+	 * address at once; a rank is its engine id and TP rank, and its
+	 * queue pairs count once: a rank that holds a slot gets its next
+	 * queue pairs (up to 8, as qps_per_peer allows), a new rank beyond
+	 * this is refused with -EUSERS. Consumer engines' ranks on one host
+	 * share an address: allow their count. 0: max_peers / 4, at least 8
+	 * (clamped to max_peers). Every queue pair still takes one of
+	 * max_peers' slots. */
 	uint32_t max_per_source;
 	/* Producer: bound on one handshake, from connect request to ready,
 	 * in ms; a consumer not done by then is dropped. 0: 10000; at most
@@ -1168,8 +1171,8 @@ struct kvp_agent_attr {
 	 * READs from a rank are striped over them (one QP allows only the
 	 * device's max_qp_init_rd_atom READs in flight: 16 on ConnectX) and
 	 * its notification follows on the first once all are in. Each
-	 * counts against the producer's max_peers and max_per_source. 0: 2;
-	 * at most 8. */
+	 * takes one of the producer's max_peers slots (its rank counts once
+	 * against max_per_source). 0: 2; at most 8. */
 	uint32_t qps_per_peer;
 	/* Traffic class of every connection, so that KV traffic can ride the
 	 * fabric's lossless class: the IP type of service byte plus one (0:
@@ -1365,15 +1368,25 @@ struct kvp_peer {
  * matched by kvp_plan_compile(), a carried blob its rank does not send
  * byte for byte), or a producer refused our metadata for that reason;
  * -EPERM when the shared secrets differ or only one side has one;
- * -EUSERS when a producer rank holds max_per_source connections from this
- * address; -EBUSY when a producer rank is at its connection or handshake
- * limit or out of resources (retry later); -ETIMEDOUT; -ECONNREFUSED
+ * -EUSERS when a producer rank holds max_per_source consumer ranks from
+ * this address; -EBUSY when a producer rank is at its connection or
+ * handshake limit or out of resources; -ETIMEDOUT; -ECONNREFUSED
  * (nobody listens, or a refusal without a reason); -EHOSTUNREACH, -ENETUNREACH, -EADDRNOTAVAIL when an address
  * cannot be resolved or routed; -ECONNRESET when a producer disconnected
  * during the handshake; -ENOMEM. A carried blob that fails its checks
  * fails the call before any connection is attempted. On failure nothing
  * is left behind: no connection, no plan, and connect may be called
- * again. */
+ * again.
+ *
+ * A producer rank that is full (-EUSERS or -EBUSY with
+ * KVP_REASON_PEER_FULL) says when to come back: the queue pair it refused
+ * is tried again after that hint (20 ms while handshakes are under way,
+ * 250 ms while ranks hold the slots), doubled at each refusal of the same
+ * handshake up to 64 times, jittered to 50-150 % so that refused ranks do
+ * not return together; the call (and kvp_agent_add_engine()'s handshake)
+ * fails with the refusal's code only once the next try would be past its
+ * deadline, with the reason "producer full: refused N times before the
+ * handshake's deadline". A refusal that is retried raises no event. */
 KVP_API KVP_MUST_CHECK int kvp_agent_connect(kvp_agent *agent,
 					     const struct kvp_peer *ranks,
 					     uint32_t n, int timeout_ms);

@@ -293,6 +293,8 @@ struct good {
 	uint32_t first, n;
 	double max_connect_s;	/* > 0: the connect must take no longer */
 	int costly;		/* with costly_layout(): refused by itself */
+	uint32_t timeout_ms;	/* the connect's (0: 20000) */
+	const char *why;	/* failed: the reason's text has this */
 };
 
 static kvp_layout *costly_layout(uint64_t engine);
@@ -332,7 +334,8 @@ static int good_main(const struct rt_env *env, void *arg)
 	if (err)
 		RT_FAIL("setup: %s", kvp_strerror(err));
 	end = rt_now();
-	err = kvp_agent_connect(a, &peer, 1, 20000);
+	err = kvp_agent_connect(a, &peer, 1,
+				g->timeout_ms ? g->timeout_ms : 20000);
 	end = rt_now() - end;
 	if (err != g->want)
 		RT_FAIL("connect: %s, want %s", kvp_strerror(err),
@@ -352,6 +355,15 @@ static int good_main(const struct rt_env *env, void *arg)
 		       end * 1e3, why);
 		if (r != KVP_REASON_PLAN_COST)
 			RT_FAIL("costly consumer: reason %u \"%s\"", r, why);
+	}
+	if (err && g->why) {
+		char why[KVP_WHY_LEN];
+		uint32_t r = kvp_agent_last_error(a, why, sizeof(why));
+
+		printf("    consumer refused in %.0f ms: %s\n", end * 1e3, why);
+		if (r != KVP_REASON_PEER_REFUSED || !strstr(why, g->why))
+			RT_FAIL("reason %u \"%s\", want \"%s\"", r, why,
+				g->why);
 	}
 	if (err) {
 		ret = 0;
@@ -402,6 +414,7 @@ out:
 
 /* The reason of the last refusal a raw client read (enum kvp_reason). */
 static uint32_t raw_reason;
+static uint32_t raw_retry_ms; /* a full producer's hint in its reject */
 #define W_NOTE_MAGIC 0x4b56504eu
 
 struct raw {
@@ -528,6 +541,8 @@ static int raw_connect_as(struct raw *r, const char *src, const char *dst,
 	if (err == -(1000 + RDMA_CM_EVENT_REJECTED)) {
 		if (plen >= W_REFUSE_LEN && kvp__get32(pd) == W_REFUSE_MAGIC) {
 			raw_reason = kvp__get32(pd + 8);
+			raw_retry_ms = plen >= W_REFUSE_LEN + 4 ?
+					       kvp__get32(pd + 12) : 0;
 			return (int32_t)kvp__get32(pd + 4);
 		}
 		return -ECONNREFUSED;
@@ -918,32 +933,47 @@ static int raw_slow(const struct rt_env *env, void *arg)
 	return 0;
 }
 
+/* Starts fn (a raw child holding connections, 60 s at most) with a pipe
+ * it writes to when ready: its pid, or -1; *rfd: the pipe's read end
+ * (open even then). */
+static pid_t raw_child(const struct rt_env *env, struct slow *s,
+		       int (*fn)(const struct rt_env *, void *), int *rfd)
+{
+	int fds[2];
+	pid_t pid;
+
+	*rfd = -1;
+	if (pipe(fds))
+		return -1;
+	s->ready_fd = fds[1];
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		alarm(60);
+		RT_EXIT(fn(env, s));
+	}
+	close(fds[1]);
+	*rfd = fds[0];
+	return pid;
+}
+
 /* Runs fn (a raw child holding connections) and, once it says it is
  * ready, a good consumer from `src`; both must succeed. */
 static int during_raw(const struct rt_env *env, struct ctx *x,
 		      int (*fn)(const struct rt_env *, void *), const char *src)
 {
 	struct slow s = { .port = x->p1.port };
-	int fds[2], ret = -1;
-	pid_t pid;
+	int fd, ret = -1;
+	pid_t pid = raw_child(env, &s, fn, &fd);
 	char c;
 
-	if (pipe(fds))
-		return -1;
-	s.ready_fd = fds[1];
-	fflush(NULL);
-	pid = fork();
-	if (pid == 0) {
-		alarm(60);
-		RT_EXIT(fn(env, &s));
-	}
-	close(fds[1]);
-	if (pid > 0 && read(fds[0], &c, 1) == 1 &&
+	if (pid > 0 && read(fd, &c, 1) == 1 &&
 	    !serve_good(env, x, &x->p1, src, NULL, 1))
 		ret = 0;
 	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "raw child"))
 		ret = -1;
-	close(fds[0]);
+	if (fd >= 0)
+		close(fd);
 	return ret;
 }
 
@@ -1286,31 +1316,41 @@ static int case_flood(const struct rt_env *env, struct ctx *x)
 	return serve_good(env, x, &x->p1, env->addr0, NULL, 2);
 }
 
-/* Idle connections from addr0 take every slot allowed to that address;
- * more are refused with -EUSERS; a consumer from another address is
- * served meanwhile; the idle ones are dropped at the handshake bound. */
+/* Idle connections from addr0, one per consumer rank, take every rank
+ * slot allowed to that address (max_per_source counts ranks); more ranks
+ * are refused with -EUSERS and a retry hint (KVP_RETRY_FULL_MS, 250 ms),
+ * while a rank that holds a slot gets its next queue pair; a consumer from
+ * another address is served meanwhile; the idle ones are dropped at the
+ * handshake bound. */
+#define H_IDLE (H_PER_SOURCE + 4)
 static int raw_idle(const struct rt_env *env, void *arg)
 {
 	const struct slow *s = arg;
 	const char *who = "idle";
-	struct raw r[H_PER_SOURCE + 4];
+	struct raw r[H_IDLE + 1];
 	uint32_t i, ok = 0, users = 0;
 	int err;
 
-	for (i = 0; i < H_PER_SOURCE + 4; i++) {
-		err = raw_connect(&r[i], env->addr0, env->addr0, s->port,
-				  H_EVIL, 4096, 0, 64);
+	for (i = 0; i < H_IDLE; i++) {
+		raw_retry_ms = 0;
+		err = raw_connect_as(&r[i], env->addr0, env->addr0, s->port,
+				     H_EVIL, H_IDLE, i, 4096, 0, 64);
 		if (!err)
 			ok++;
-		else if (err == -EUSERS)
+		else if (err == -EUSERS && raw_retry_ms == 250)
 			users++;
 		else
-			CHECK(0, "idle %u: %s", i, kvp_strerror(err));
+			CHECK(0, "idle rank %u: %s, retry hint %u ms", i,
+			      kvp_strerror(err), raw_retry_ms);
 	}
 	CHECK(ok == H_PER_SOURCE && users == 4,
-	      "%u accepted, %u refused with -EUSERS", ok, users);
+	      "%u ranks accepted, %u refused with -EUSERS", ok, users);
+	/* Rank 0's second queue pair is not a new rank. */
+	err = raw_connect_as(&r[H_IDLE], env->addr0, env->addr0, s->port,
+			     H_EVIL, H_IDLE, 0, 4096, 0, 64);
+	CHECK(!err, "rank 0's second queue pair: %s", kvp_strerror(err));
 	CHECK(write(s->ready_fd, "r", 1) == 1, "ready");
-	for (i = 0; i < H_PER_SOURCE + 4; i++) {
+	for (i = 0; i <= H_IDLE; i++) {
 		if (r[i].established)
 			CHECK(!raw_event(&r[i], RDMA_CM_EVENT_DISCONNECTED,
 					 H_HANDSHAKE_MS + 5000, NULL, NULL),
@@ -1329,6 +1369,69 @@ static int case_idle(const struct rt_env *env, struct ctx *x)
 	      "served from another address");
 	/* The address's slots are free again. */
 	return serve_good(env, x, &x->p1, env->addr0, NULL, 1);
+}
+
+/* Every rank slot of addr0 held for a while: a consumer from addr0 whose
+ * deadline comes first is refused as full, retries with backoff and fails
+ * with -EUSERS and the reason; one with time is refused, backs off, and
+ * gets in once a slot frees (its connect does not fail). */
+#define H_HOLD_MS 1500
+static int raw_hold(const struct rt_env *env, void *arg)
+{
+	const struct slow *s = arg;
+	const char *who = "hold";
+	struct raw r[H_PER_SOURCE];
+	uint32_t i;
+	int err;
+
+	for (i = 0; i < H_PER_SOURCE; i++) {
+		err = raw_connect_as(&r[i], env->addr0, env->addr0, s->port,
+				     H_EVIL, H_PER_SOURCE, i, 4096, 0, 64);
+		CHECK(!err, "rank %u: %s", i, kvp_strerror(err));
+	}
+	CHECK(write(s->ready_fd, "r", 1) == 1, "ready");
+	usleep(H_HOLD_MS * 1000);
+	for (i = 0; i < H_PER_SOURCE; i++)
+		raw_close(&r[i]);
+	return 0;
+}
+
+static int case_full(const struct rt_env *env, struct ctx *x)
+{
+	const char *who = "full";
+	struct slow s = { .port = x->p1.port };
+	struct good hasty = { .engine = H_CONS, .addr = env->addr0,
+			      .port = x->p1.port, .want = -EUSERS,
+			      .timeout_ms = 400,
+			      .why = "producer full: refused" };
+	struct h_reply r0, r1;
+	int fd, ok;
+	double t0;
+	pid_t pid;
+	char c;
+
+	CHECK(!case_stats(&x->p1, &r0), "stats");
+	pid = raw_child(env, &s, raw_hold, &fd);
+	ok = pid > 0 && read(fd, &c, 1) == 1;
+	if (fd >= 0)
+		close(fd);
+	t0 = rt_now();
+	ok = ok && !run_child(good_main, env, &hasty, 60);
+	ok = ok && !serve_good(env, x, &x->p1, env->addr0, NULL, 1);
+	t0 = rt_now() - t0;
+	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "raw child"))
+		ok = 0;
+	CHECK(ok, "refused until its deadline, then served");
+	CHECK(!case_stats(&x->p1, &r1), "stats");
+	printf("    served after %.0f ms, %llu refusals (slots held %u ms)\n",
+	       t0 * 1e3,
+	       (unsigned long long)(r1.st.refused - r0.st.refused),
+	       H_HOLD_MS);
+	CHECK(r1.st.refused >= r0.st.refused + 3,
+	      "%llu refusals: both consumers should have been refused",
+	      (unsigned long long)(r1.st.refused - r0.st.refused));
+	CHECK(t0 * 1e3 >= H_HOLD_MS, "served before a slot was free");
+	return 0;
 }
 
 /* Secrets: P2 has one. */
@@ -1415,23 +1518,15 @@ static int case_silent(const struct rt_env *env, struct ctx *x)
 	const char *who = "silent";
 	struct pollfd p;
 	double t0 = 0, dt = -1;
-	int fds[2], ok = 0;
+	int fd, ok = 0;
 	pid_t pid;
 	char c;
 
 	CHECK(!case_stats(&x->p1, &st0), "stats");
-	CHECK(!pipe(fds), "pipe");
-	s.ready_fd = fds[1];
-	fflush(NULL);
-	pid = fork();
-	if (pid == 0) {
-		alarm(60);
-		RT_EXIT(raw_silent(env, &s));
-	}
-	close(fds[1]);
-	p.fd = fds[0];
+	pid = raw_child(env, &s, raw_silent, &fd);
+	p.fd = fd;
 	p.events = POLLIN;
-	if (pid < 0 || poll(&p, 1, 20000) != 1 || read(fds[0], &c, 1) != 1 ||
+	if (pid < 0 || poll(&p, 1, 20000) != 1 || read(fd, &c, 1) != 1 ||
 	    case_stats(&x->p1, &st1))
 		goto out;
 	/* Joined and probed for 2.5 s: connected, answered, not dropped. */
@@ -1446,7 +1541,7 @@ static int case_silent(const struct rt_env *env, struct ctx *x)
 			(unsigned long long)(st1.st.probes - st0.st.probes));
 		goto out;
 	}
-	if (read(fds[0], &c, 1) != 1)
+	if (read(fd, &c, 1) != 1)
 		goto out;
 	t0 = rt_now();
 	while (rt_now() - t0 < H_SILENT_BOUND_S) {
@@ -1471,7 +1566,8 @@ out:
 		kill(pid, SIGKILL);
 		waitpid(pid, NULL, 0);
 	}
-	close(fds[0]);
+	if (fd >= 0)
+		close(fd);
 	return ok ? 0 : 1;
 }
 
@@ -1503,6 +1599,8 @@ static const struct h_case cases[] = {
 	{ "cross-engine id collision", case_cross, on_p1 },
 	{ "notification flood with random ids", case_flood, on_p1 },
 	{ "idle connections holding every slot of an address", case_idle,
+	  on_p1 },
+	{ "a full address: refused with a hint, retried, served", case_full,
 	  on_p1 },
 	{ "wrong, missing and forged secrets", case_secret, on_p2 },
 	{ "a consumer host gone silent: probed, dropped", case_silent,

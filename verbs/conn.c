@@ -303,9 +303,31 @@ int kvp__refusal_errno(int32_t err)
 	}
 }
 
+/* Producer: c, the first of its consumer rank's live connections, goes;
+ * the rank's next live one (if any) now counts the rank against
+ * max_per_source. */
+static void rank_head_pass(kvp_agent *a, const struct kvp_conn *c)
+{
+	uint32_t i;
+
+	for (i = 0; i < a->nprod; i++) {
+		struct kvp_conn *o = &a->conns[i];
+
+		if (o != c && o->state != CS_FREE &&
+		    o->engine_id == c->engine_id && o->rank == c->rank &&
+		    !memcmp(o->src, c->src, sizeof(c->src))) {
+			o->rank_head = 1;
+			return;
+		}
+	}
+}
+
 void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 {
 	uint32_t gen = c->gen;
+
+	if (c->rank_head)
+		rank_head_pass(a, c);
 
 	kvp__destroy_qp(c->id);
 	kvp__destroy_id(c->id);
@@ -355,6 +377,9 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->meta_sent = c->meta_recv = 0;
 	c->refused = 0;
 	c->reason = 0;
+	c->rank_head = 0;
+	c->retry_ms = 0;
+	c->retrying = 0;
 	c->notes = NULL;
 	c->notes_mr = NULL;
 	c->expected = 0;

@@ -103,20 +103,27 @@ static int consumer_credit(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 }
 
 /* A refusal's code, or 0 when m is not a refusal; its reason recorded as
- * the engine's (KVP_REASON_PEER_REFUSED, the producer's in peer_reason). */
-static int refusal(kvp_agent *a, const struct kvp_conn *c, const uint8_t *m,
+ * the engine's (KVP_REASON_PEER_REFUSED, the producer's in peer_reason).
+ * A full producer's retry hint (KVP_REFUSE_HINT_LEN bytes) goes to
+ * c->retry_ms. */
+static int refusal(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 		   uint32_t len)
 {
 	struct kvp_why *w = &a->engs[c->eng].why;
-	uint32_t r;
+	uint32_t r, hint;
 	int err;
 
-	if (len != KVP_REFUSE_LEN || kvp__get32(m) != KVP_REFUSE_MAGIC)
+	if ((len != KVP_REFUSE_LEN && len != KVP_REFUSE_HINT_LEN) ||
+	    kvp__get32(m) != KVP_REFUSE_MAGIC)
 		return 0;
 	err = kvp__refusal_errno((int32_t)kvp__get32(m + 4));
 	r = kvp__get32(m + 8);
 	if (r >= KVP_REASON_COUNT)
 		r = KVP_REASON_NONE;
+	hint = len == KVP_REFUSE_HINT_LEN ? kvp__get32(m + 12) : 0;
+	if (r == KVP_REASON_PEER_FULL && (err == -EBUSY || err == -EUSERS) &&
+	    hint)
+		c->retry_ms = hint < KVP_RETRY_MAX_MS ? hint : KVP_RETRY_MAX_MS;
 	if (!w->reason) {
 		kvp__why(w, err, KVP_REASON_PEER_REFUSED,
 			 "producer rank %u refused us: %s", c->rank,
@@ -230,7 +237,8 @@ void kvp__consumer_event(kvp_agent *a, struct kvp_conn *c,
 		/* The producer's reason, if it gave one. The transport pads
 		 * private data (IB CM: to 148 bytes in a reject). */
 		err = refusal(a, c, pdata,
-			      plen < KVP_REFUSE_LEN ? plen : KVP_REFUSE_LEN);
+			      plen < KVP_REFUSE_HINT_LEN ? plen :
+							   KVP_REFUSE_HINT_LEN);
 		if (!err)
 			err = -ECONNREFUSED;
 		break;

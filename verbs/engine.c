@@ -65,6 +65,9 @@ static void eng_detach(struct kvp_eng *e)
 	e->pc = NULL;
 	free(e->rank_conn);
 	e->rank_conn = NULL;
+	free(e->retry_at);
+	e->retry_at = NULL;
+	e->nretry = 0;
 	free(e->note_conn);
 	e->note_conn = NULL;
 	free(e->stripes);
@@ -339,7 +342,9 @@ static int eng_start(kvp_agent *a, struct kvp_eng *e, uint32_t timeout_ms)
 	a->nconnecting++;
 	e->nq = a->qps;
 	e->rank_conn = malloc((size_t)e->n * e->nq * sizeof(*e->rank_conn));
-	if (!e->rank_conn)
+	e->retry_at = calloc((size_t)e->n * e->nq, sizeof(*e->retry_at));
+	e->nretry = e->refusals = 0;
+	if (!e->rank_conn || !e->retry_at)
 		return -ENOMEM;
 	for (r = 0; r < e->n * e->nq; r++)
 		e->rank_conn[r] = NO_CONN;
@@ -499,13 +504,58 @@ static int eng_up(kvp_agent *a, struct kvp_eng *e)
 	return 0;
 }
 
-static int eng_step(kvp_agent *a, struct kvp_eng *e)
+/* Why an engine that a full producer kept refusing failed: the last
+ * refusal's code. */
+static int full_why(struct kvp_eng *e)
+{
+	kvp__why_clear(&e->why);
+	kvp__why(&e->why, e->retry_err, KVP_REASON_PEER_REFUSED,
+		 "producer full: refused %u times before the handshake's deadline",
+		 e->refusals);
+	e->why.peer_reason = KVP_REASON_PEER_FULL;
+	return e->retry_err;
+}
+
+/* The queue pairs a full producer refused whose retry time has come:
+ * connected again, in the slots their notify indexes point to. */
+static int retries_due(kvp_agent *a, struct kvp_eng *e, uint64_t now)
+{
+	uint32_t i, k, q;
+	int err;
+
+	for (i = 0; i < e->n * e->nq && e->nretry; i++) {
+		if (!e->retry_at[i] || now < e->retry_at[i])
+			continue;
+		e->retry_at[i] = 0;
+		e->nretry--;
+		err = connect_rank(a, e, i / e->nq, i % e->nq);
+		if (err)
+			return err;
+		if (e->phase != EP_REST)
+			continue;
+		for (k = 0; k < e->pc->pi.nnotify; k++)
+			for (q = 0; q < rank_qps(e, k); q++)
+				e->note_conn[k * e->nq + q] =
+					e->rank_conn[e->pc->note_rank[k] *
+							     e->nq + q];
+	}
+	return 0;
+}
+
+static int eng_step(kvp_agent *a, struct kvp_eng *e, uint64_t now)
 {
 	struct kvp_conn *c;
 	uint32_t k;
 	int err;
 
+	if (e->nretry) {
+		err = retries_due(a, e, now);
+		if (err || e->nretry)
+			return err; /* not all of them are back yet */
+	}
 	if (e->phase == EP_FIRST) {
+		if (e->rank_conn[e->first * e->nq] == NO_CONN)
+			return 0;
 		c = &a->conns[e->rank_conn[e->first * e->nq]];
 		if (c->state != CS_READY)
 			return 0;
@@ -534,7 +584,9 @@ void kvp__engines_step(kvp_agent *a, uint64_t now)
 
 		if (e->state != KVP_ENGINE_CONNECTING)
 			continue;
-		err = now >= e->deadline ? -ETIMEDOUT : eng_step(a, e);
+		err = now >= e->deadline ? -ETIMEDOUT : eng_step(a, e, now);
+		if (err == -ETIMEDOUT && e->nretry)
+			err = full_why(e);
 		if (err)
 			kvp__engine_fail(a, e, err);
 	}
@@ -593,6 +645,16 @@ void kvp__engine_conn_gone(kvp_agent *a, struct kvp_eng *e, uint32_t idx,
 		eng_down(a, e);
 }
 
+void kvp__engine_conn_retry(struct kvp_eng *e, uint32_t idx)
+{
+	uint32_t r;
+
+	for (r = 0; e->rank_conn && r < e->n * e->nq; r++)
+		if (e->rank_conn[r] == idx)
+			e->rank_conn[r] = NO_CONN;
+	e->nconn--;
+}
+
 void kvp__engine_drop(kvp_agent *a, struct kvp_eng *e)
 {
 	eng_free(a, e);
@@ -621,9 +683,42 @@ static int last_of_rank(const kvp_agent *a, const struct kvp_conn *c)
 /* Every producer rank of an engine is reported unless the engine is being
  * removed or connected by kvp_agent_connect(); then the rest of the engine
  * goes with it. */
+/* Whether c, refused by a full producer during its engine's handshake,
+ * is tried again instead of failing the engine: after the producer's hint,
+ * doubled with each refusal of this handshake (up to 64x) and jittered to
+ * 50-150 %, if that is before the handshake's deadline. The engine keeps
+ * connecting meanwhile; the connection drains and lets its slot go. */
+static int retry_later(kvp_agent *a, struct kvp_eng *e, struct kvp_conn *c)
+{
+	uint64_t now = kvp__now_ns(), wait;
+	uint32_t i = c->rank * e->nq + c->q, j = 0;
+
+	if (e->state != KVP_ENGINE_CONNECTING || e->removing ||
+	    !e->retry_at || c->rank >= e->n || e->rank_conn[i] != c->idx)
+		return 0;
+	wait = (uint64_t)c->retry_ms * 1000000ull
+	       << (e->refusals < 6 ? e->refusals : 6);
+	(void)kvp__random(&j, sizeof(j));
+	wait = wait / 2 + wait / 1024 * (j % 1024);
+	e->refusals++;
+	e->retry_err = c->status;
+	if (now + wait >= e->deadline) {
+		(void)full_why(e);
+		return 0;
+	}
+	e->retry_at[i] = now + wait;
+	e->nretry++;
+	c->retrying = 1;
+	kvp__why_clear(&e->why); /* the refusal is not the engine's end */
+	return 1;
+}
+
 void kvp__consumer_failed(kvp_agent *a, struct kvp_conn *c, int was_ready)
 {
 	struct kvp_eng *e = &a->engs[c->eng];
+
+	if (!was_ready && c->retry_ms && retry_later(a, e, c))
+		return;
 
 	if (!e->quiet && !e->removing)
 		kvp__conn_report(a, c, last_of_rank(a, c), &e->why,

@@ -320,6 +320,16 @@ static inline uint64_t kvp__prog_check(uint64_t tag, uint64_t all,
 
 #define KVP_REFUSE_MAGIC 0x4b565052u
 #define KVP_REFUSE_LEN 12
+/* A refusal in a connect reject may add u32 retry_after_ms: the producer
+ * was full (KVP_REASON_PEER_FULL), and the consumer may come back then.
+ * Consumers that read only the first KVP_REFUSE_LEN bytes are unaffected
+ * (the transport pads a reject's private data anyway). */
+#define KVP_REFUSE_HINT_LEN 16
+/* The hints: handshakes under way finish in milliseconds; a slot held by
+ * a connected rank frees only when it goes. */
+#define KVP_RETRY_HALF_MS 20u
+#define KVP_RETRY_FULL_MS 250u
+#define KVP_RETRY_MAX_MS 60000u /* a larger hint is read as this */
 
 /* The proofs: HMAC-SHA-256 keyed by the secret over a label ('P' for the
  * producer's, 'C' for the consumer's, so neither can be reflected) and
@@ -554,6 +564,13 @@ struct kvp_conn {
 	uint32_t reason;	  /* producer: the refusal's reason; consumer:
 				   * the reason a producer's refusal gave */
 	int counted;		  /* producer: in its engine's count */
+	int rank_head;		  /* producer: the first live connection of
+				   * its (address, engine, rank): counted
+				   * against max_per_source */
+	uint32_t retry_ms;	  /* consumer: the producer refused us as
+				   * full and hinted a retry after this */
+	int retrying;		  /* consumer: released for a retry, not a
+				   * failure of its engine */
 
 	/* Producer: notification receive buffers and the request count. */
 	uint8_t *notes;
@@ -643,6 +660,11 @@ struct kvp_eng {
 	struct kvp_pcache *pc;
 	uint32_t nq;		/* queue pairs per producer rank */
 	uint32_t *rank_conn;	/* n x nq: connection index or NO_CONN */
+	uint64_t *retry_at;	/* n x nq: a refused queue pair's next
+				 * attempt (ns), or 0 */
+	uint32_t nretry;	/* entries of retry_at set */
+	uint32_t refusals;	/* this handshake's: the backoff's exponent */
+	int32_t retry_err;	/* the last refusal's (-EBUSY or -EUSERS) */
 	uint32_t *note_conn;	/* per notify index: its rank's nq
 				 * connections, nq entries each */
 	struct kvp_stripe *stripes; /* max_inflight x nsrc, once up */
@@ -989,6 +1011,9 @@ KVP_HIDDEN void kvp__engines_step(kvp_agent *a, uint64_t now);
 /* A consumer connection of engine e was released (drained, failed). */
 KVP_HIDDEN void kvp__engine_conn_gone(kvp_agent *a, struct kvp_eng *e,
 				      uint32_t idx, int err);
+/* Connection idx of engine e, refused by a full producer, drained: its
+ * slot is free and its queue pair waits for e->retry_at. */
+KVP_HIDDEN void kvp__engine_conn_retry(struct kvp_eng *e, uint32_t idx);
 /* Fails engine e: every connection to error, requests not DONE fail. */
 KVP_HIDDEN void kvp__engine_fail(kvp_agent *a, struct kvp_eng *e, int err);
 KVP_HIDDEN struct kvp_eng *kvp__engine_get(const kvp_agent *a, uint32_t h);

@@ -64,27 +64,35 @@ err_id:
 	return err;
 }
 
-/* Turns a connect request down, telling the consumer why. */
+/* Turns a connect request down, telling the consumer why; retry_ms: when
+ * a full producer expects room again (0: no hint). */
 static void reject(kvp_agent *a, struct rdma_cm_id *id, int err,
-		   uint32_t reason)
+		   uint32_t reason, uint32_t retry_ms)
 {
-	uint8_t r[KVP_REFUSE_LEN];
+	uint8_t r[KVP_REFUSE_HINT_LEN];
 
 	kvp__put32(r, KVP_REFUSE_MAGIC);
 	kvp__put32(r + 4, (uint32_t)err);
 	kvp__put32(r + 8, reason);
+	kvp__put32(r + 12, retry_ms);
 	(void)kvp__reject(id, r, sizeof(r));
 	kvp__destroy_id(id);
 	a->st.refused++;
 }
 
-/* A free slot for a consumer at address src, or NULL and the reason: the
- * address holds max_per_source slots (-EUSERS), max_half_open handshakes
- * are under way or every slot is taken (-EBUSY). */
-static struct kvp_conn *slot_for(kvp_agent *a, const uint8_t *src, int *err)
+/* A free slot for queue pair of consumer rank (src, engine, rank), or NULL
+ * and the reason. max_per_source counts ranks, not queue pairs: a rank
+ * that holds a slot has its next queue pairs admitted up to KVP_MAX_QPS
+ * (then -EUSERS), a new rank only while its address has fewer than
+ * max_per_source ranks (-EUSERS); max_half_open handshakes under way or
+ * every slot taken: -EBUSY. *head: the rank's first. *retry_ms: the hint
+ * for the refused. */
+static struct kvp_conn *slot_for(kvp_agent *a, const uint8_t *src,
+				 uint64_t engine, uint32_t rank, int *head,
+				 int *err, uint32_t *retry_ms)
 {
 	struct kvp_conn *free_slot = NULL;
-	uint32_t i, same = 0, half = 0;
+	uint32_t i, ranks = 0, qps = 0, half = 0;
 
 	for (i = 0; i < a->nprod; i++) {
 		struct kvp_conn *c = &a->conns[i];
@@ -94,13 +102,21 @@ static struct kvp_conn *slot_for(kvp_agent *a, const uint8_t *src, int *err)
 				free_slot = c;
 			continue;
 		}
-		if (!memcmp(c->src, src, sizeof(c->src)))
-			same++;
 		if (c->state == CS_CONNECTING || c->state == CS_HANDSHAKE)
 			half++;
+		if (memcmp(c->src, src, sizeof(c->src)))
+			continue;
+		ranks += c->rank_head != 0;
+		qps += c->engine_id == engine && c->rank == rank;
 	}
-	*err = same >= a->max_per_source ? -EUSERS :
-	       half >= a->max_half_open || !free_slot ? -EBUSY : 0;
+	*head = !qps;
+	*err = qps ? (qps >= KVP_MAX_QPS ? -EUSERS : 0) :
+		     (ranks >= a->max_per_source ? -EUSERS : 0);
+	if (!*err && (half >= a->max_half_open || !free_slot))
+		*err = -EBUSY;
+	*retry_ms = *err != -EBUSY	      ? KVP_RETRY_FULL_MS :
+		    half >= a->max_half_open ? KVP_RETRY_HALF_MS :
+					       KVP_RETRY_FULL_MS;
 	return *err ? NULL : free_slot;
 }
 
@@ -112,32 +128,35 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 	struct ibv_qp_init_attr qa;
 	struct kvp_hello h, mine;
 	struct kvp_conn *c;
-	int err;
+	uint32_t retry_ms;
+	int err, head;
 
 	/* Everything in the hello is checked before anything is set up. */
 	if (kvp__hello_get(pdata, plen, &h) || h.role != KVP_ROLE_CONSUMER ||
 	    id->verbs != a->ctx || h.tp_size > KVP_MAX_TP_SIZE ||
 	    h.blob_len < KVP_META_MIN_LEN || h.blob_len > a->peer_blob_cap ||
 	    kvp__peer_addr(id, src)) {
-		reject(a, id, -EPROTO, KVP_REASON_MALFORMED);
+		reject(a, id, -EPROTO, KVP_REASON_MALFORMED, 0);
 		return 0;
 	}
 	if (!a->secret != !(h.flags & KVP_HELLO_AUTH)) {
-		reject(a, id, -EPERM, KVP_REASON_AUTH);
+		reject(a, id, -EPERM, KVP_REASON_AUTH, 0);
 		return 0;
 	}
 	/* Refused while too many DISCONNECTED events wait to be polled:
 	 * that bounds the event queue. */
 	if (kvp__ev_room(a) <= (int)(a->max_inflight + a->max_peers)) {
-		reject(a, id, -EBUSY, KVP_REASON_PEER_FULL);
+		reject(a, id, -EBUSY, KVP_REASON_PEER_FULL,
+		       KVP_RETRY_HALF_MS);
 		return 0;
 	}
-	c = slot_for(a, src, &err);
+	c = slot_for(a, src, h.engine_id, h.tp_rank, &head, &err, &retry_ms);
 	if (!c) {
-		reject(a, id, err, KVP_REASON_PEER_FULL);
+		reject(a, id, err, KVP_REASON_PEER_FULL, retry_ms);
 		return 0;
 	}
 	c->id = id;
+	c->rank_head = head;
 	a->ctr[c->idx] = 0;
 	c->rank = h.tp_rank;
 	c->engine_id = h.engine_id;

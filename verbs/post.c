@@ -102,11 +102,16 @@ static void chunks_fail(kvp_agent *a, struct kvp_conn *c)
 static void consumer_drained(kvp_agent *a, struct kvp_conn *c)
 {
 	struct kvp_eng *e = &a->engs[c->eng];
-	int err = c->status;
+	int err = c->status, retrying = c->retrying;
 
 	chunks_fail(a, c);
 	kvp__conn_release(a, c);
 	a->ncons_free++;
+	if (retrying && e->state == KVP_ENGINE_CONNECTING) {
+		/* A full producer's refusal: the engine tries again. */
+		kvp__engine_conn_retry(e, c->idx);
+		return;
+	}
 	kvp__engine_conn_gone(a, e, c->idx, err);
 }
 
