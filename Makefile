@@ -179,6 +179,12 @@ check-tool: $(BUILD)/tools/kvpull-plan $(BUILD)/tools/kvpull-demo $(BUILD)/tools
 check-python: $(BUILD)/libkvpull.so $(BUILD)/tools/kvpull-plan
 	sh tests/check_python.sh $(BUILD)/libkvpull.so.$(SOMAJOR) $(BUILD)/tools/kvpull-plan
 
+# python/bench_pull.py's C loop (scripts/rdma-bench.sh --python): a shared
+# object it loads with ctypes; it calls the library through pointers.
+$(BUILD)/tools/libkvpull_pullbench.so: python/bench_pull.c include/kvpull.h $(BUILD)/config
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -shared $(LDFLAGS) -o $@ python/bench_pull.c
+
 # Floors: no call cycle between the files of each directory here, as the
 # symbol tables of their objects show it (tests/check_floors.sh); and in
 # verbs/, the consumer's and the producer's files never call each other,

@@ -18,6 +18,7 @@
 #                         [--blocks N] [--pair NAME]... [--ids MODE]...
 #   scripts/rdma-bench.sh --smoke
 #   scripts/rdma-bench.sh --stream [CASE]
+#   scripts/rdma-bench.sh --python
 #
 # Side by side on KV-shaped workloads of real model pairs (kvpull-rdma-bench
 # --pair; default: llama-3.1-70b-tp8to2-hnd, llama-3.1-70b-tp4to8-nhd,
@@ -35,6 +36,32 @@
 # device itself, for any poster). --smoke: every row once with
 # tiny sizes (1 round, 2 requests of 16 blocks); fails unless every
 # contender produced a number.
+#
+# --python: issue 22's two goals for the Python binding (python/kvpull),
+# the last line being
+#   python: pull_extra_us=X emit_ratio=Y
+# emit_ratio (python/bench_emit.py, on the host): emission of the
+# llama-3.1-70b TP 8 -> 2 plan for a request of 10,000 blocks from Python
+# (plan.emit(..., out=buffers), numpy in and out) over the bare C call
+# (kvp_plan_emit() on prepared arguments), interleaved, medians; goal <= 1.2.
+# pull_extra_us (python/bench_pull.py): a pull of 128 block ids from Python
+# (agent.pull(req_id, [(local, remote)]), numpy int32 arrays) minus the same
+# pull from C (kvp_agent_pull() in a loop of python/bench_pull.c, built as
+# build/tools/libkvpull_pullbench.so), in one process, on the same consumer
+# agent, plan and ids: each call timed alone (clock_gettime(CLOCK_MONOTONIC)
+# in C, time.perf_counter_ns() in Python), the producer's expect before and
+# the polling until DONE and RELEASED after each call untimed and the same C
+# code for both loops, the loops interleaved in rounds, medians; goal <= 2.
+# Measured twice: on the host against the host tests' stand-in library
+# (tests/python/fakelib.py: the same binding code, with kvp_agent_pull a C
+# stub that checks and copies the ids as the real call does before posting,
+# and the C loop calling the same stub): the binding's own cost, the figure
+# of the last line ("python-host:"); and in the soft-RoCE VM on two real
+# agents (producer and consumer in one Python process, a small layout and
+# contiguous ids: 2 READs, 16 KiB a pull, since soft-RoCE executes the READs
+# inside ibv_post_send()), printed beside it ("python-vm:"), where TCG
+# inflates every CPU cost many times. Also printed: the pull through a
+# prepared kvpull.Request (pull_extra_req_us), the binding's fastest path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -187,9 +214,61 @@ stream() {
 		"build/tools/kvpull-stream-bench ${only:+--case $only}"
 }
 
+# ---------------------------------------------------------- Python
+# scripts/rdma-bench.sh --python: bench_emit.py and bench_pull.py --host on
+# the host, bench_pull.py --vm in one VM boot (one rxe device; Debian's
+# python3, numpy and the package carried in as tests/python_rdma/run-vm.sh
+# carries them: tests/python_rdma/vm_files.py), then the python: lines.
+python_bench() {
+	if [[ $# -ne 1 ]]; then
+		echo "usage: scripts/rdma-bench.sh --python" >&2
+		exit 2
+	fi
+	local py=${PYTHON:-/usr/bin/python3} emit host vm files lib helper rc=0
+	bash scripts/install-deps.sh
+	make -s BUILD=build all build/tools/libkvpull_pullbench.so
+	lib=$PWD/build/libkvpull.so.0
+	helper=$PWD/build/tools/libkvpull_pullbench.so
+	echo "== host: emission from Python and from C (python/bench_emit.py)" >&2
+	emit=$(PYTHONPATH=python PYTHONDONTWRITEBYTECODE=1 KVPULL_LIB=$lib \
+		"$py" python/bench_emit.py) || { echo "$emit"; exit 1; }
+	echo "$emit" | sed 's/^python: /python-emit: /'
+	echo "== host: pulls on the stand-in library (python/bench_pull.py --host)" >&2
+	host=$(PYTHONPATH=python PYTHONDONTWRITEBYTECODE=1 KVPULL_LIB=$lib \
+		"$py" python/bench_pull.py --host --helper "$helper") ||
+		{ echo "$host"; exit 1; }
+	echo "$host"
+	files=$(PYTHONDONTWRITEBYTECODE=1 "$py" tests/python_rdma/vm_files.py "$lib")
+	vm=$(KVP_VM_MEM=${KVP_VM_MEM:-1536} scripts/rxe-vm.sh -q --devices 1 \
+		--timeout 900 --files "$files $PWD/python/bench_pull.py $helper" \
+		--env "KVPULL_LIB=$lib" --env PYTHONDONTWRITEBYTECODE=1 \
+		--env "PYTHONPATH=$PWD/python" -- \
+		"$py python/bench_pull.py --vm --helper $helper") || rc=$?
+	echo "$vm"
+	if [[ $rc -ne 0 ]]; then
+		echo "rdma-bench: the VM run failed (exit $rc)" >&2
+		exit 1
+	fi
+	local e h v
+	e=$(echo "$emit" | sed -n 's/^python: //p')
+	h=$(echo "$host" | sed -n 's/^python-host: //p')
+	v=$(echo "$vm" | sed -n 's/^python-vm: //p')
+	if [[ -z $e || -z $h || -z $v ]]; then
+		echo "rdma-bench: a python line is missing" >&2
+		exit 1
+	fi
+	echo
+	echo "python-emit: $e"
+	echo "python-host: $h"
+	echo "python-vm: $v"
+	echo "# pull_extra_us below is python-host's (the binding's own cost per pull, host CPU, stand-in library; pull_extra_req_us=$(echo "$h" | sed -n 's/.*pull_extra_req_us=\([^ ]*\).*/\1/p') with a prepared Request); emit_ratio is python-emit's; goals: <= 2 us, <= 1.2"
+	echo "python: pull_extra_us=$(echo "$h" | sed -n 's/^pull_extra_us=\([^ ]*\).*/\1/p') emit_ratio=$(echo "$e" | sed -n 's/^emit_ratio=\([^ ]*\).*/\1/p')"
+}
+
 case ${1:-} in
 --side-by-side|--smoke) side_by_side "$@"; exit ;;
 --stream) stream "$@"; exit ;;
+--python) python_bench "$@"; exit ;;
 esac
 rounds=${1:-3}
 requests=${2:-32}
@@ -198,6 +277,7 @@ requests=${2:-32}
 	echo "       scripts/rdma-bench.sh --side-by-side [--rounds N] [--requests N]" >&2
 	echo "                             [--blocks N] [--pair NAME]... [--ids MODE]..." >&2
 	echo "       scripts/rdma-bench.sh --smoke" >&2
+	echo "       scripts/rdma-bench.sh --python" >&2
 	exit 2
 }
 reads=$((requests * 128 * 2))

@@ -13,8 +13,11 @@
 # targets in their deterministic mode (scripts/fuzz.sh: fixed seeds and
 # inputs, a fixed number of executions, so the same tree gives the same
 # result every time; the randomized runs are `scripts/fuzz.sh --long`, not
-# run here), and the RDMA loopback tests on soft-RoCE in a VM
-# (scripts/rxe-vm.sh; directly on a machine with an RDMA device). Last, the
+# run here), the RDMA loopback tests on soft-RoCE in a VM
+# (scripts/rxe-vm.sh; directly on a machine with an RDMA device), and the
+# Python binding's transport tests (pytest) in another VM boot
+# (tests/python_rdma/run-vm.sh: Debian's python3, numpy and pytest, which
+# install-deps.sh installs, carried into the initramfs). Last, the
 # test counts README.md states are checked against this run's logs
 # (tests/check_doc_counts.sh).
 #
@@ -222,6 +225,10 @@ if [[ ${KVP_SKIP_RDMA:-0} != 1 ]] && grep -q '^check-rdma:' Makefile; then
 			"${mk[@]}" CC=clang CXX=clang++ SANITIZE=1 \
 			RDMA_SKIP="rdma_loopback rdma_stream" check-rdma
 	fi
+	# the Python binding over real verbs (tests/python_rdma): its own VM
+	# boot, the interpreter and numpy carried in (a larger initramfs)
+	stage --long "a VM boot, about 2 min" "Python binding in the VM (soft-RoCE)" \
+		sh tests/python_rdma/run-vm.sh
 fi
 
 # what the README says the stages above count, against what they counted

@@ -15,6 +15,7 @@
 #   examples, man    "(`make check-docs`, N checks)"
 #   kvpull-plan --svg "(`make check-svg`, N checks)"
 #   RDMA, plain      "in the VM: N cases in M programs"
+#   Python in the VM "(`sh tests/python_rdma/run-vm.sh`, N tests"
 # Prints "N passed, N failed"; exit status 0 when nothing failed.
 set -u
 logs=${1:?usage: check_doc_counts.sh LOGDIR [README]}
@@ -87,6 +88,13 @@ if [ -n "$f" ]; then
 	want "RDMA tests" "in the VM: $(passed "$f") cases in $m programs" \
 		'in the VM: [0-9,]+ cases in [0-9]+ programs'
 else skip "RDMA tests"; fi
+
+f=$(log python-binding-in-the-vm-soft-roce)
+if [ -n "$f" ]; then
+	want "Python binding in the VM" \
+		"(\`sh tests/python_rdma/run-vm.sh\`, $(passed "$f") tests" \
+		'`sh tests/python_rdma/run-vm.sh`, [0-9,]+ tests'
+else skip "Python binding in the VM"; fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

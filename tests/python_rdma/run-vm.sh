@@ -1,7 +1,8 @@
 #!/bin/sh
 # run-vm.sh: the Python binding's transport tests (tests/python_rdma, pytest)
 # in the soft-RoCE VM of scripts/rxe-vm.sh, or on a host with an RDMA device
-# (KVP_RDMA_DIRECT=1). Not yet part of make check-rdma: see README.md here.
+# (KVP_RDMA_DIRECT=1). A stage of scripts/test.sh, after the other VM
+# stages; see README.md here.
 #
 #   sh tests/python_rdma/run-vm.sh [LIB]
 #
