@@ -1296,10 +1296,22 @@ KVP_API int kvp_agent_register_dmabuf(kvp_agent *agent, uint32_t region,
  * connections are accepted and handshaken inside kvp_agent_poll(), which the
  * producer must therefore keep calling (a handshake not finished within
  * handshake_ms is dropped; a consumer whose metadata does not match is
- * told why and fails with that error). At most max_peers consumer ranks
- * are connected at once, max_per_source of them from one address, and at
- * most half of max_peers (rounded up) handshake at once; more are refused
- * (see kvp_agent_connect() for what the consumer sees). Returns 0; -EINVAL (not a producer, bad address,
+ * told why and fails with that error). At most max_peers consumer queue
+ * pairs are connected at once, of at most max_per_source consumer ranks
+ * from one address, and at most half of max_peers (rounded up) handshake
+ * at once; more are refused with a retry hint (see kvp_agent_connect() for
+ * what the consumer sees and how it retries).
+ *
+ * A newcomer that finds no room (its address at max_per_source ranks, or
+ * every slot taken) makes some: the least recently used connected consumer
+ * rank (its last notification or FOLLOW, or its handshake) whose engine
+ * has no request in flight here -- none expected and none early, so none
+ * being read or followed -- is disconnected with all its queue pairs
+ * (KVP_EV_DISCONNECTED here, -ECONNRESET there: that consumer's engine
+ * goes down and is reconnected on demand), and the newcomer, refused with
+ * -EBUSY and a 20 ms hint, gets the slots once they drain. A rank of an
+ * engine with a request in flight is never evicted; while one rank's
+ * queue pairs drain no other is. Returns 0; -EINVAL (not a producer, bad address,
  * an address of another device); -EBUSY when already listening; -ENXIO when
  * a region is not registered; -EADDRINUSE; another -errno. */
 KVP_API KVP_MUST_CHECK int kvp_agent_listen(kvp_agent *agent, const char *ip,
@@ -1634,8 +1646,10 @@ KVP_API KVP_MUST_CHECK int kvp_agent_engine_layout(const kvp_agent *agent,
  * consumer rank counts once. The count that releases a request is fixed
  * when first known: here if a rank of that engine is connected, else at
  * its first notification. Notifications that arrive before expect are kept
- * (for up to 30 s; at most max_inflight of them, and max_inflight / 8 but
- * at least 8 per consumer rank) and counted.
+ * (for up to 30 s; at most max_inflight of them, max_inflight / 8 but
+ * at least 8 per consumer rank, and once half of them are taken, at most
+ * max_inflight over the number of consumer engines connected per engine,
+ * so that one engine's ranks cannot take every slot) and counted.
  *
  * Uniqueness and reuse: a (consumer engine, req_id) pair names one
  * transfer. Once reported, RELEASED or EXPIRED, it is remembered for 30 s

@@ -681,8 +681,9 @@ static int raw_join_blob(struct raw *r, const char *src,
 	return err;
 }
 
-static int raw_join(struct raw *r, const struct rt_env *env, uint16_t port,
-		   uint64_t engine, uint32_t tp, uint32_t rank)
+static int raw_join_from(struct raw *r, const struct rt_env *env,
+			 const char *src, uint16_t port, uint64_t engine,
+			 uint32_t tp, uint32_t rank)
 {
 	struct rt_case c = eng;
 	kvp_layout *l;
@@ -696,8 +697,13 @@ static int raw_join(struct raw *r, const struct rt_env *env, uint16_t port,
 		return -ENOMEM;
 	}
 	kvp_layout_destroy(l);
-	return raw_join_blob(r, env->addr0, env, port, engine, tp, rank, blob,
-			     len);
+	return raw_join_blob(r, src, env, port, engine, tp, rank, blob, len);
+}
+
+static int raw_join(struct raw *r, const struct rt_env *env, uint16_t port,
+		   uint64_t engine, uint32_t tp, uint32_t rank)
+{
+	return raw_join_from(r, env, env->addr0, port, engine, tp, rank);
 }
 
 /* The costliest valid consumer blob we know (issue 18): the same model,
@@ -1434,6 +1440,141 @@ static int case_full(const struct rt_env *env, struct ctx *x)
 	return 0;
 }
 
+/* An idle connected rank makes room for a newcomer; one whose engine has
+ * a request in flight never does. The 4 rank slots of addr0 are held by
+ * ranks of one raw engine, connected (READY), joined oldest first. While a
+ * request of that engine is expected, a consumer from addr0 is refused
+ * until its deadline and nobody is disconnected; once that request
+ * expired, a consumer from addr0 evicts the least recently used rank (the
+ * first joined) and pulls. */
+#define H_EVICTEE 0x45564943ull /* "EVIC" */
+static int raw_evictee(const struct rt_env *env, void *arg)
+{
+	const struct slow *s = arg;
+	const char *who = "evictee";
+	struct raw r[H_PER_SOURCE];
+	uint32_t i;
+	int err;
+
+	for (i = 0; i < H_PER_SOURCE; i++) {
+		err = raw_join(&r[i], env, s->port, H_EVICTEE, H_PER_SOURCE,
+			       i);
+		CHECK(!err, "rank %u: %s", i, kvp_strerror(err));
+		usleep(20000); /* the order of their last use */
+	}
+	CHECK(write(s->ready_fd, "r", 1) == 1, "ready");
+	CHECK(!raw_event(&r[0], RDMA_CM_EVENT_DISCONNECTED, 30000, NULL, NULL),
+	      "rank 0, the least recently used, not evicted");
+	for (i = 0; i < H_PER_SOURCE; i++)
+		raw_close(&r[i]);
+	return 0;
+}
+
+static int case_evict(const struct rt_env *env, struct ctx *x)
+{
+	const char *who = "evict";
+	struct slow s = { .port = x->p1.port };
+	struct good hasty = { .engine = H_CONS, .addr = env->addr0,
+			      .port = x->p1.port, .want = -EUSERS,
+			      .timeout_ms = 400,
+			      .why = "producer full: refused" };
+	struct h_reply r0, r1, rep;
+	const char *bad = NULL;
+	int fd, rc;
+	pid_t pid;
+	char c;
+
+	/* In flight for 5 s: time for the joins and the hasty consumer even
+	 * under the sanitizers. */
+	CHECK(!prod_cmd(&x->p1, C_EXPECT, H_EVICTEE, H_REQ0, 5000, &rep),
+	      "expect");
+	pid = raw_child(env, &s, raw_evictee, &fd);
+	if (pid <= 0 || read(fd, &c, 1) != 1 || case_stats(&x->p1, &r0))
+		bad = "the ranks did not join";
+	else if (run_child(good_main, env, &hasty, 60))
+		bad = "not refused while the ranks' engine has a request in flight";
+	else if (case_stats(&x->p1, &r1) ||
+		 r1.st.disconnects != r0.st.disconnects)
+		bad = "a rank of an engine with a request in flight was evicted";
+	else if (rc = prod_cmd(&x->p1, C_WAIT, H_EVICTEE, H_REQ0, 10000, &rep),
+		 (rc & 0xff) != KVP_EV_EXPIRED)
+		bad = "the request did not expire";
+	else if (serve_good(env, x, &x->p1, env->addr0, NULL, 1))
+		bad = "the newcomer was not served";
+	if (fd >= 0)
+		close(fd);
+	if (bad && pid > 0)
+		kill(pid, SIGKILL); /* its slots go with it */
+	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "raw child") && !bad)
+		bad = "rank 0 was not evicted";
+	CHECK(!bad, "%s", bad);
+	return 0;
+}
+
+/* Early notes shared between engines: the 4 ranks of one engine send 64
+ * notes ahead of expect() each (ids of their own), then another engine
+ * (from addr1) 4. Each rank
+ * keeps at most 8 (max_inflight / 8, at least 8) and, past half of the 32
+ * early slots, an engine at most its share (32 over the 2 engines
+ * connected): the flood keeps 16 (ranks 0 and 1), the other engine all of
+ * its 4. */
+#define H_FLOODER 0x464c4f4full /* "FLOO" */
+#define H_FAIR 0x46414952ull	/* "FAIR" */
+static int raw_fair(const struct rt_env *env, void *arg)
+{
+	const uint16_t *port = arg;
+	const char *who = "fair";
+	struct raw fl[4], fa;
+	uint64_t ids[64], seed = 91;
+	uint32_t i;
+	int err;
+
+	err = raw_join_from(&fa, env, env->addr1, *port, H_FAIR, 1, 0);
+	CHECK(!err, "join the fair engine: %s", kvp_strerror(err));
+	for (i = 0; i < 4; i++) {
+		err = raw_join(&fl[i], env, *port, H_FLOODER, 4, i);
+		CHECK(!err, "join rank %u: %s", i, kvp_strerror(err));
+	}
+	for (i = 0; i < 4 && !err; i++) {
+		uint32_t k;
+
+		for (k = 0; k < 64; k++) /* each rank its own ids */
+			ids[k] = kvt_rand(&seed);
+		err = raw_notes(&fl[i], H_FLOODER, i, ids, 64);
+	}
+	CHECK(!err, "flood: %s", kvp_strerror(err));
+	for (i = 0; i < 4; i++)
+		ids[i] = 900 + i;
+	err = raw_notes(&fa, H_FAIR, 0, ids, 4);
+	CHECK(!err, "fair notes: %s", kvp_strerror(err));
+	usleep(200000);
+	for (i = 0; i < 4; i++)
+		raw_close(&fl[i]);
+	raw_close(&fa);
+	return 0;
+}
+
+static int case_fair(const struct rt_env *env, struct ctx *x)
+{
+	const char *who = "fair";
+	struct h_reply st0, st1;
+	uint64_t kept, dropped;
+
+	CHECK(env->addr1, "needs KVP_ADDR1 (--devices 2)");
+	CHECK(!case_stats(&x->p1, &st0), "stats");
+	CHECK(!run_child(raw_fair, env, &x->p1.port, 60), "raw child");
+	CHECK(!case_stats(&x->p1, &st1), "stats");
+	kept = st1.st.notes_recv - st0.st.notes_recv;
+	dropped = st1.st.notes_dropped - st0.st.notes_dropped;
+	printf("    one engine's 4 ranks sent 256 early notes, another's 4: "
+	       "%llu kept, %llu dropped\n", (unsigned long long)kept,
+	       (unsigned long long)dropped);
+	CHECK(kept == 16 + 4 && dropped == 256 - 16,
+	      "%llu kept, %llu dropped: want 20 and 240",
+	      (unsigned long long)kept, (unsigned long long)dropped);
+	return 0;
+}
+
 /* Secrets: P2 has one. */
 static int raw_forged(const struct rt_env *env, void *arg)
 {
@@ -1588,6 +1729,9 @@ static struct h_prod *on_p2(struct ctx *x)
 }
 
 static const struct h_case cases[] = {
+	/* first: no early note of another case lingers */
+	{ "early notes: one engine's ranks keep its share, not all",
+	  case_fair, on_p1 },
 	{ "short and oversized blob lengths", case_lengths, on_p1 },
 	{ "slow blob and huge garbage blob", case_slow, on_p1 },
 	{ "costliest valid blobs: refused, polls short, others get in",
@@ -1602,6 +1746,8 @@ static const struct h_case cases[] = {
 	  on_p1 },
 	{ "a full address: refused with a hint, retried, served", case_full,
 	  on_p1 },
+	{ "an idle rank evicted for a newcomer, a busy one never",
+	  case_evict, on_p1 },
 	{ "wrong, missing and forged secrets", case_secret, on_p2 },
 	{ "a consumer host gone silent: probed, dropped", case_silent,
 	  on_p1 },

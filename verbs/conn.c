@@ -328,6 +328,8 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 
 	if (c->rank_head)
 		rank_head_pass(a, c);
+	if (c->evicted)
+		a->nevicting--;
 
 	kvp__destroy_qp(c->id);
 	kvp__destroy_id(c->id);
@@ -380,6 +382,8 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->rank_head = 0;
 	c->retry_ms = 0;
 	c->retrying = 0;
+	c->last_used = 0;
+	c->evicted = 0;
 	c->notes = NULL;
 	c->notes_mr = NULL;
 	c->expected = 0;

@@ -571,6 +571,10 @@ struct kvp_conn {
 				   * full and hinted a retry after this */
 	int retrying;		  /* consumer: released for a retry, not a
 				   * failure of its engine */
+	uint64_t last_used;	  /* producer: ready, or its last note or
+				   * FOLLOW (the eviction order) */
+	int evicted;		  /* producer: disconnected to make room */
+	uint32_t evict_mark;	  /* producer: skipped in search evict_gen */
 
 	/* Producer: notification receive buffers and the request count. */
 	uint8_t *notes;
@@ -748,6 +752,8 @@ struct kvp_agent {
 	uint8_t *secret; /* NULL: none */
 	uint32_t secret_len;
 	uint32_t max_per_source, max_half_open;
+	uint32_t nevicting;	/* producer: evicted connections draining */
+	uint32_t evict_gen;	/* producer: marks one eviction's search */
 	uint64_t handshake_ns;
 
 	struct ibv_context **devs;
@@ -905,6 +911,10 @@ KVP_HIDDEN void kvp__serve_timers(kvp_agent *a, uint64_t now);
  * the engine's other ranks; -EBUSY when no record is free) or leaves. */
 KVP_HIDDEN int kvp__engine_join(kvp_agent *a, struct kvp_conn *c);
 KVP_HIDDEN void kvp__engine_leave(kvp_agent *a, struct kvp_conn *c);
+/* Whether consumer engine `engine` has a request in flight here: expected
+ * or early (so possibly followed, or being read). One pass over the
+ * table. */
+KVP_HIDDEN int kvp__engine_busy(const kvp_agent *a, uint64_t engine);
 
 /* conn.c: what both sides' connections share */
 KVP_HIDDEN void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err);

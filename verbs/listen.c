@@ -89,7 +89,7 @@ static void reject(kvp_agent *a, struct rdma_cm_id *id, int err,
  * for the refused. */
 static struct kvp_conn *slot_for(kvp_agent *a, const uint8_t *src,
 				 uint64_t engine, uint32_t rank, int *head,
-				 int *err, uint32_t *retry_ms)
+				 int *err, uint32_t *retry_ms, int *full)
 {
 	struct kvp_conn *free_slot = NULL;
 	uint32_t i, ranks = 0, qps = 0, half = 0;
@@ -112,12 +112,66 @@ static struct kvp_conn *slot_for(kvp_agent *a, const uint8_t *src,
 	*head = !qps;
 	*err = qps ? (qps >= KVP_MAX_QPS ? -EUSERS : 0) :
 		     (ranks >= a->max_per_source ? -EUSERS : 0);
+	*full = *err && !qps ? 1 : 0; /* a new rank, its address full */
 	if (!*err && (half >= a->max_half_open || !free_slot))
 		*err = -EBUSY;
+	if (*err == -EBUSY && half < a->max_half_open)
+		*full = 2; /* every slot taken */
 	*retry_ms = *err != -EBUSY	      ? KVP_RETRY_FULL_MS :
 		    half >= a->max_half_open ? KVP_RETRY_HALF_MS :
 					       KVP_RETRY_FULL_MS;
 	return *err ? NULL : free_slot;
+}
+
+/* Room for a newcomer that found none (from address src, or NULL: any
+ * slot): the least recently used connected consumer rank (all its queue
+ * pairs) whose engine has nothing in flight here -- no request expected
+ * or early, so none being read or followed -- is disconnected; its slots
+ * free once they drain. Engines found busy are passed over, at most
+ * EVICT_TRIES of them a call. While one rank's slots drain no other goes.
+ * 1 when room is coming. */
+#define EVICT_TRIES 4
+static int evict_idle(kvp_agent *a, const uint8_t *src)
+{
+	struct kvp_conn *lru = NULL;
+	uint32_t i, tries, gen;
+
+	if (a->nevicting)
+		return 1;
+	gen = ++a->evict_gen;
+	for (tries = 0; tries < EVICT_TRIES; tries++) {
+		lru = NULL;
+		for (i = 0; i < a->nprod; i++) {
+			struct kvp_conn *c = &a->conns[i];
+
+			if (c->state != CS_READY || c->evict_mark == gen ||
+			    (src && memcmp(c->src, src, sizeof(c->src))))
+				continue;
+			if (!lru || c->last_used < lru->last_used)
+				lru = c;
+		}
+		if (!lru || !kvp__engine_busy(a, lru->engine_id))
+			break;
+		for (i = 0; i < a->nprod; i++)
+			if (a->conns[i].engine_id == lru->engine_id)
+				a->conns[i].evict_mark = gen;
+		lru = NULL;
+	}
+	if (!lru)
+		return 0;
+	for (i = 0; i < a->nprod; i++) {
+		struct kvp_conn *c = &a->conns[i];
+
+		if (c != lru && (c->state != CS_READY ||
+				 c->engine_id != lru->engine_id ||
+				 c->rank != lru->rank ||
+				 memcmp(c->src, lru->src, sizeof(c->src))))
+			continue;
+		c->evicted = 1;
+		a->nevicting++;
+		kvp__conn_fail(a, c, -ECONNRESET);
+	}
+	return 1;
 }
 
 int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
@@ -129,7 +183,7 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 	struct kvp_hello h, mine;
 	struct kvp_conn *c;
 	uint32_t retry_ms;
-	int err, head;
+	int err, head, full;
 
 	/* Everything in the hello is checked before anything is set up. */
 	if (kvp__hello_get(pdata, plen, &h) || h.role != KVP_ROLE_CONSUMER ||
@@ -150,8 +204,15 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 		       KVP_RETRY_HALF_MS);
 		return 0;
 	}
-	c = slot_for(a, src, h.engine_id, h.tp_rank, &head, &err, &retry_ms);
+	c = slot_for(a, src, h.engine_id, h.tp_rank, &head, &err, &retry_ms,
+		     &full);
 	if (!c) {
+		/* No room: an idle rank makes some, the newcomer comes back
+		 * as soon as it drains. */
+		if (full && evict_idle(a, full == 1 ? src : NULL)) {
+			err = -EBUSY;
+			retry_ms = KVP_RETRY_HALF_MS;
+		}
 		reject(a, id, err, KVP_REASON_PEER_FULL, retry_ms);
 		return 0;
 	}
@@ -328,7 +389,8 @@ static int producer_meta(kvp_agent *a, struct kvp_conn *c)
 	if (err)
 		return -EBUSY;
 	c->state = CS_READY;
-	c->probe_at = kvp__now_ns() + KVP_PROBE_NS;
+	c->last_used = kvp__now_ns();
+	c->probe_at = c->last_used + KVP_PROBE_NS;
 	a->st.connects++;
 	return 0;
 }

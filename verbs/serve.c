@@ -90,6 +90,18 @@ void kvp__serve_free(kvp_agent *a)
 
 /* ---- consumer engines ---------------------------------------------------- */
 
+int kvp__engine_busy(const kvp_agent *a, uint64_t engine)
+{
+	uint32_t i;
+
+	for (i = 0; i <= a->tab_mask; i++)
+		if ((a->tab[i].state == EN_EXPECTED ||
+		     a->tab[i].state == EN_EARLY) &&
+		    a->tab[i].engine_id == engine)
+			return 1;
+	return 0;
+}
+
 static struct kvp_peng *engine_find(kvp_agent *a, uint64_t engine_id)
 {
 	uint32_t i;
@@ -444,6 +456,27 @@ static void ent_report(kvp_agent *a, struct kvp_ent *e, uint32_t type,
 	g->deadline = e->deadline;
 }
 
+/* Whether consumer engine `engine` holds its share of the early entries:
+ * once half of them are taken, an engine keeps at most early_cap over the
+ * number of consumer engines connected, so that the ranks of one engine
+ * cannot take the slots of another (each rank alone is held to
+ * early_per_conn). One pass over the table, only then. */
+static int early_share_full(const kvp_agent *a, uint64_t engine)
+{
+	uint32_t i, n = 0, engines = 0;
+
+	if (a->nearly < a->early_cap / 2)
+		return 0;
+	for (i = 0; i < a->max_peers; i++)
+		engines += a->peng[i].nconns != 0;
+	if (engines < 2)
+		return 0;
+	for (i = 0; i <= a->tab_mask; i++)
+		n += a->tab[i].state == EN_EARLY &&
+		     a->tab[i].engine_id == engine;
+	return n >= a->early_cap / engines;
+}
+
 /* An entry for a notification (or a FOLLOW) ahead of kvp_agent_expect(),
  * within the early caps, or NULL. */
 static struct kvp_ent *early_entry(kvp_agent *a, struct kvp_conn *c,
@@ -451,7 +484,8 @@ static struct kvp_ent *early_entry(kvp_agent *a, struct kvp_conn *c,
 {
 	struct kvp_ent *e;
 
-	if (a->nearly >= a->early_cap || c->nearly >= a->early_per_conn)
+	if (a->nearly >= a->early_cap || c->nearly >= a->early_per_conn ||
+	    early_share_full(a, engine))
 		return NULL;
 	e = tab_insert(a, engine, id, EN_EARLY);
 	if (bm_take(a, e)) {
@@ -502,6 +536,8 @@ static int follow_received(kvp_agent *a, struct kvp_conn *c,
 	struct kvp_ent *e;
 	struct kvp_fol *f;
 
+	c->last_used = kvp__now_ns();
+
 	if (kvp__get32(m + 4) != c->rank || engine != c->engine_id ||
 	    !c->ptab_n || rec >= c->ptab_n)
 		return -EPROTO;
@@ -542,6 +578,7 @@ static void note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 		c->bye = 1; /* the consumer rank closes: not a note */
 		return;
 	}
+	c->last_used = kvp__now_ns();
 	if (len == KVP_NOTE_LEN && kvp__get32(m) == KVP_TABLE_MAGIC) {
 		if (table_received(c, m))
 			goto drop;
