@@ -1393,12 +1393,13 @@ struct kvp_peer {
  * A producer rank that is full (-EUSERS or -EBUSY with
  * KVP_REASON_PEER_FULL) says when to come back: the queue pair it refused
  * is tried again after that hint (20 ms while handshakes are under way,
- * 250 ms while ranks hold the slots), doubled at each refusal of the same
- * handshake up to 64 times, jittered to 50-150 % so that refused ranks do
- * not return together; the call (and kvp_agent_add_engine()'s handshake)
- * fails with the refusal's code only once the next try would be past its
- * deadline, with the reason "producer full: refused N times before the
- * handshake's deadline". A refusal that is retried raises no event. */
+ * 250 ms while ranks hold the slots; a hint is read as 10 ms to 60 s),
+ * doubled at each refusal of the same handshake up to 64 times, jittered
+ * to 50-150 % so that refused ranks do not return together; the call
+ * (and kvp_agent_add_engine()'s handshake) fails with the refusal's code
+ * only once the next try would be past its deadline, with the reason
+ * "producer full: refused N times before the handshake's deadline". A
+ * refusal that is retried raises no event. */
 KVP_API KVP_MUST_CHECK int kvp_agent_connect(kvp_agent *agent,
 					     const struct kvp_peer *ranks,
 					     uint32_t n, int timeout_ms);

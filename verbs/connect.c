@@ -123,7 +123,9 @@ static int refusal(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 	hint = len == KVP_REFUSE_HINT_LEN ? kvp__get32(m + 12) : 0;
 	if (r == KVP_REASON_PEER_FULL && (err == -EBUSY || err == -EUSERS) &&
 	    hint)
-		c->retry_ms = hint < KVP_RETRY_MAX_MS ? hint : KVP_RETRY_MAX_MS;
+		c->retry_ms = hint < KVP_RETRY_MIN_MS ? KVP_RETRY_MIN_MS :
+			      hint < KVP_RETRY_MAX_MS ? hint :
+							KVP_RETRY_MAX_MS;
 	if (!w->reason) {
 		kvp__why(w, err, KVP_REASON_PEER_REFUSED,
 			 "producer rank %u refused us: %s", c->rank,

@@ -330,6 +330,8 @@ static inline uint64_t kvp__prog_check(uint64_t tag, uint64_t all,
 #define KVP_RETRY_HALF_MS 20u
 #define KVP_RETRY_FULL_MS 250u
 #define KVP_RETRY_MAX_MS 60000u /* a larger hint is read as this */
+#define KVP_RETRY_MIN_MS 10u	/* a smaller one as this: a producer
+				 * cannot make us reconnect in a loop */
 
 /* The proofs: HMAC-SHA-256 keyed by the secret over a label ('P' for the
  * producer's, 'C' for the consumer's, so neither can be reflected) and
