@@ -1022,6 +1022,8 @@ class Agent(Handle):
         id past 32 bits in a converted list."""
         if engine is not None:
             return self.pull_from(engine, req_id, ids)
+        # The same steps as _pull_engine(), written out: the hot path
+        # spares itself a Python call (about 0.1 us of its 2 us budget).
         f = "kvp_agent_pull"
         if type(req_id) is not int or not 0 <= req_id <= _U64_MAX:
             req_id = check_u64(req_id, f, "req_id")
