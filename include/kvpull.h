@@ -951,12 +951,14 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
 /* ---- Transport (verbs/) ---- */
 /*
  * An agent is one engine rank's endpoint on one RDMA device: a protection
- * domain, the rank's registered regions, one completion queue, and RC
- * queue pairs to its peer ranks (a consumer: qps_per_peer to each producer
- * rank it reads from), set up over librdmacm. Everything an agent
- * needs for max_peers peer ranks is allocated and registered at open; its
- * memory is registered once and serves every peer engine for the agent's
- * life, whatever comes and goes.
+ * domain, the rank's registered regions, completion queues (as many as
+ * its queue pairs need within the device's max_cqe), and RC queue pairs
+ * to its peer ranks (a consumer: qps_per_peer to each producer rank it
+ * reads from), set up over librdmacm. The tables for max_qps queue pairs
+ * are sized at open; what a slot needs beyond them (its credit counter,
+ * progress records, notification buffers) is set up when a peer first
+ * takes it and kept. Its memory is registered once and serves every
+ * peer engine for the agent's life, whatever comes and goes.
  *
  *   producer rank                         consumer rank
  *   kvp_agent_open(PRODUCER)              kvp_agent_open(CONSUMER)
@@ -1021,8 +1023,9 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  *    TP size is at most KVP_MAX_TP_SIZE, each poll checks at most one
  *    received blob, and a producer keeps at most max_per_source
  *    consumer ranks per consumer address (at most 8 queue pairs each)
- *    and at most half of max_peers handshakes under way, each for at
- *    most handshake_ms: idle or slow peers cannot hold every slot. A consumer engine's notifications only
+ *    and at most half of max_qps handshakes under way, each for at
+ *    most handshake_ms: idle or slow peers cannot hold every slot. A
+ *    consumer engine's notifications only
  *    ever count for its own requests (see kvp_agent_expect()). Each
  *    consumer rank's credit counter (see Liveness) is an MR of its own 8
  *    bytes: its key reads that counter and nothing else, so no peer
@@ -1113,9 +1116,12 @@ struct kvp_agent_attr {
 	 * Producer: requests tracked at once (expected and not yet reported).
 	 * 0: 64. */
 	uint32_t max_inflight;
-	/* Producer: consumer ranks connected at once. Consumer: producer
-	 * ranks connected at once, over every producer engine added (and so
-	 * at most that many engines). KVP_ROLE_BOTH: each. 0: 64. */
+	/* Peer ranks connected at once (ranks, not queue pairs: see
+	 * max_qps). Producer: consumer ranks; 0: 1024. Consumer: producer
+	 * ranks, over every producer engine added (and so at most that
+	 * many engines); 0: 64. KVP_ROLE_BOTH: each side, with each side's
+	 * default. At most 65535 (32767 for KVP_ROLE_BOTH); a producer's is
+	 * clamped to max_qps. */
 	uint32_t max_peers;
 	/* Consumer: send queue entries per producer rank; 0: 512. Clamped to
 	 * the device's limits. */
@@ -1139,9 +1145,9 @@ struct kvp_agent_attr {
 	 * queue pairs count once: a rank that holds a slot gets its next
 	 * queue pairs (up to 8, as qps_per_peer allows), a new rank beyond
 	 * this is refused with -EUSERS. Consumer engines' ranks on one host
-	 * share an address: allow their count. 0: max_peers / 4, at least 8
-	 * (clamped to max_peers). Every queue pair still takes one of
-	 * max_peers' slots. */
+	 * share an address: allow their count. 0: max_peers (one host may
+	 * fill the producer); clamped to max_peers. Every queue pair still
+	 * takes one of max_qps' slots. */
 	uint32_t max_per_source;
 	/* Producer: bound on one handshake, from connect request to ready,
 	 * in ms; a consumer not done by then is dropped. 0: 10000; at most
@@ -1171,8 +1177,8 @@ struct kvp_agent_attr {
 	 * READs from a rank are striped over them (one QP allows only the
 	 * device's max_qp_init_rd_atom READs in flight: 16 on ConnectX) and
 	 * its notification follows on the first once all are in. Each
-	 * takes one of the producer's max_peers slots (its rank counts once
-	 * against max_per_source). 0: 2; at most 8. */
+	 * takes one of the producer's max_qps slots (its rank counts once
+	 * against max_peers and max_per_source). 0: 2; at most 8. */
 	uint32_t qps_per_peer;
 	/* Traffic class of every connection, so that KV traffic can ride the
 	 * fabric's lossless class: the IP type of service byte plus one (0:
@@ -1199,7 +1205,25 @@ struct kvp_agent_attr {
 	 * completion per part and queue pair). 0: no such events; other
 	 * values: -EINVAL. */
 	uint32_t stream_events;
+	/* Queue pairs connected (or connecting) at once, over every peer
+	 * rank: the agent's QP budget. Producer: 0: 2 x max_peers (two per
+	 * consumer rank, the consumers' default qps_per_peer); a newcomer
+	 * that finds them all taken evicts the least recently used idle
+	 * consumer rank (see kvp_agent_listen()). Consumer: 0: max_peers x
+	 * qps_per_peer; connecting an engine beyond it is refused with
+	 * -ENOSPC. At least 1; at most 65535 (32767 for KVP_ROLE_BOTH). */
+	uint32_t max_qps;
+	/* Producer: a READY consumer rank that sent no notification or
+	 * FOLLOW for idle_ms is disconnected with all its queue pairs
+	 * (KVP_EV_DISCONNECTED, -ETIMEDOUT, and stats.idle_closes here; the
+	 * consumer's engine goes down and is reconnected on demand), unless
+	 * its engine has something in flight here then (a request expected
+	 * or early, or followed): it is checked again idle_ms later. 0:
+	 * 300,000 (5 minutes); KVP_IDLE_NEVER: never; at least 1,000. */
+	uint32_t idle_ms;
 };
+
+#define KVP_IDLE_NEVER UINT32_MAX
 
 #define KVP_MR_MIN (1ull << 16)
 
@@ -1210,9 +1234,10 @@ struct kvp_agent_attr {
  * the device, never assumed: send queue depths (max_qp_wr), SGEs per READ
  * (max_sge and max_sge_rd: cxgb4 and older hns allow 1), bytes per READ
  * (the first port's max_msg_sz, and max_read), READs in flight per queue
- * pair (max_qp_init_rd_atom), and the completion queue (max_cqe: when it
- * cannot hold every queue pair's completions, the queue depths shrink
- * until it does, rather than risk an overrun). Each queue pair's depth is
+ * pair (max_qp_init_rd_atom), and the completion queues (max_cqe and
+ * max_cq: the queue pairs' completions are spread over as many CQs of at
+ * most max_cqe as they need, at most 64 and max_cq; only beyond that do
+ * the queue depths shrink, rather than risk an overrun). Each queue pair's depth is
  * what rdma_create_qp() returned when less than asked, or, when the
  * provider refuses the depth asked for (mlx5 sizes each WQE for max_sge
  * and has a fixed number of WQE blocks), the largest halving of it that
@@ -1220,17 +1245,18 @@ struct kvp_agent_attr {
  * allows it. Returns 0 and an agent owned by the caller
  * (kvp_agent_close()); -EINVAL for a bad attribute (unknown role, non-zero
  * comp_mask, no layout, a device name and an address of different
- * devices, max_inflight above 2^20, max_peers above 65535 (32767 for
- * KVP_ROLE_BOTH), max_ids above 2^24, handshake_ms or stall_ms above
+ * devices, max_inflight above 2^20, max_peers or max_qps above 65535
+ * (32767 for KVP_ROLE_BOTH), idle_ms below 1,000, max_ids above 2^24, handshake_ms or stall_ms above
  * 3,600,000, rq_depth above 65536, qps_per_peer above 8, tos above 256,
  * a secret NULL with a length or a length outside
  * KVP_SECRET_MIN..KVP_SECRET_MAX); -ENODEV when there is no RDMA device or
  * no device of that name or address, or the device cannot serve
- * (no READ in flight, no SGE, queues and completion queue too small for
- * max_peers slots); -ENOMEM; another -errno
- * from the device. Allocates and registers what max_peers peer ranks
- * need (see kvp_agent_stats.mem_bytes). Blocks only as long as opening
- * the device does. */
+ * (no READ in flight, no SGE, queues and completion queues too small for
+ * max_qps slots even at their smallest); -ENOMEM; another -errno from the
+ * device. Sizes the tables of max_qps queue pairs; each slot's own
+ * buffers and MRs are set up when a peer first takes it (see
+ * kvp_agent_stats.mem_bytes). Blocks only as long as opening the device
+ * does. */
 KVP_API KVP_MUST_CHECK int kvp_agent_open(const struct kvp_agent_attr *attr,
 					  kvp_agent **out);
 
@@ -1296,14 +1322,19 @@ KVP_API int kvp_agent_register_dmabuf(kvp_agent *agent, uint32_t region,
  * connections are accepted and handshaken inside kvp_agent_poll(), which the
  * producer must therefore keep calling (a handshake not finished within
  * handshake_ms is dropped; a consumer whose metadata does not match is
- * told why and fails with that error). At most max_peers consumer queue
- * pairs are connected at once, of at most max_per_source consumer ranks
- * from one address, and at most half of max_peers (rounded up) handshake
- * at once; more are refused with a retry hint (see kvp_agent_connect() for
- * what the consumer sees and how it retries).
+ * told why and fails with that error). At most max_peers consumer ranks
+ * and max_qps queue pairs are connected at once, of at most
+ * max_per_source consumer ranks from one address, and at most half of
+ * max_qps (rounded up) handshake at once; more are refused with a retry
+ * hint (see kvp_agent_connect() for what the consumer sees and how it
+ * retries). With no attribute set, that is 1,024 ranks of two queue pairs
+ * each, all from one host if need be.
  *
- * A newcomer that finds no room (its address at max_per_source ranks, or
- * every slot taken) makes some: the least recently used connected consumer
+ * A consumer rank idle for idle_ms (no notification or FOLLOW, and no
+ * request of its engine in flight here when that is checked) is
+ * disconnected with all its queue pairs (-ETIMEDOUT; stats.idle_closes). A newcomer that finds no room (its
+ * address at max_per_source ranks, max_peers ranks or every slot taken)
+ * makes some (stats.evictions): the least recently used connected consumer
  * rank (its last notification or FOLLOW, or its handshake) whose engine
  * has no request in flight here -- none expected and none early, so none
  * being read or followed -- is disconnected with all its queue pairs
@@ -1481,8 +1512,8 @@ KVP_API KVP_MUST_CHECK int kvp_agent_pull(kvp_agent *agent, uint64_t req_id,
  * Returns 0 and the handle in *engine; -EINVAL (not a consumer, bad
  * arguments as for kvp_agent_connect(), timeout_ms 0); -ENXIO when a region
  * is not registered; -EPROTO for a carried blob that fails its checks;
- * -ENOSPC when max_peers engines are held or too few connection slots are
- * free for the engine's notify ranks (known only once its plan is: then
+ * -ENOSPC when max_peers engines are held or too few of max_qps' connection
+ * slots are free for the engine's notify ranks (known only once its plan is: then
  * it is ENGINE_DOWN -ENOSPC); -ENOMEM. */
 KVP_API KVP_MUST_CHECK int kvp_agent_add_engine(kvp_agent *agent,
 						const struct kvp_peer *ranks,
@@ -1842,6 +1873,14 @@ struct kvp_agent_stats {
 			     * data path: connection slots, queues, request
 			     * slots, posting window, plans and engine tables;
 			     * not the registered memory itself */
+	/* Fleet scale: */
+	uint64_t peers;	     /* peer ranks connected now (producer:
+			      * consumer ranks; consumer: producer ranks) */
+	uint64_t qps;	     /* queue pairs open now, any state */
+	uint64_t evictions;  /* producer: consumer ranks disconnected to make
+			      * room for a newcomer */
+	uint64_t idle_closes; /* producer: consumer ranks disconnected after
+			       * idle_ms */
 };
 
 /* Copies the agent's counters into *st. */

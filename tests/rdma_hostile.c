@@ -95,8 +95,12 @@ struct h_seen {
 	uint32_t type;
 };
 
+#define H_SECRET 1	 /* producer flag: with the shared secret */
+#define H_IDLE_SHORT 2	 /* producer flag: idle_ms H_IDLE_MS */
+#define H_IDLE_MS 1500
+
 static int producer_main(const struct rt_env *env, uint16_t port,
-			 int with_secret, int fd)
+			 int flags, int fd)
 {
 	static struct h_seen seen[H_MAX_EV];
 	struct kvp_agent_attr at;
@@ -108,7 +112,9 @@ static int producer_main(const struct rt_env *env, uint16_t port,
 	kvp_agent *a = NULL;
 	uint64_t worst = 0, t0, dt, wait_end = 0;
 	uint32_t nseen = 0, i;
-	const char *who = with_secret ? "P2" : "P1";
+	const char *who = flags & H_SECRET ? "P2" :
+			  flags & H_IDLE_SHORT ? "P3" : "P1";
+	int with_secret = flags & H_SECRET;
 	int ret = 1, err, n, waiting = 0;
 
 	if (!l || kvt_mem_alloc(l, &mem))
@@ -123,6 +129,8 @@ static int producer_main(const struct rt_env *env, uint16_t port,
 	at.max_peers = H_PEERS;
 	at.max_per_source = H_PER_SOURCE;
 	at.handshake_ms = H_HANDSHAKE_MS;
+	if (flags & H_IDLE_SHORT)
+		at.idle_ms = H_IDLE_MS;
 	if (with_secret) {
 		at.secret = secret;
 		at.secret_len = sizeof(secret);
@@ -233,7 +241,7 @@ static int prod_cmd(struct h_prod *p, uint32_t op, uint64_t engine,
 	return rep->rc;
 }
 
-static int prod_start(const struct rt_env *env, uint16_t port, int with_secret,
+static int prod_start(const struct rt_env *env, uint16_t port, int flags,
 		      struct h_prod *p)
 {
 	struct h_reply rep;
@@ -247,7 +255,7 @@ static int prod_start(const struct rt_env *env, uint16_t port, int with_secret,
 	if (p->pid == 0) {
 		close(sv[0]);
 		alarm(600);
-		RT_EXIT(producer_main(env, port, with_secret, sv[1]));
+		RT_EXIT(producer_main(env, port, flags, sv[1]));
 	}
 	close(sv[1]);
 	p->fd = sv[0];
@@ -295,6 +303,9 @@ struct good {
 	int costly;		/* with costly_layout(): refused by itself */
 	uint32_t timeout_ms;	/* the connect's (0: 20000) */
 	const char *why;	/* failed: the reason's text has this */
+	uint32_t idle_ms;	/* > 0: after the first pull, idle this long
+				 * (the producer must drop us), connect again
+				 * and pull the rest */
 };
 
 static kvp_layout *costly_layout(uint64_t engine);
@@ -370,6 +381,62 @@ static int good_main(const struct rt_env *env, void *arg)
 		goto out;
 	}
 	for (i = g->first; i < g->first + g->n; i++) {
+		if (g->idle_ms && i == g->first + 1) {
+			uint32_t k, downs = 0, handle = 0;
+
+			/* Wait for the first, then idle: only the rank's
+			 * DISCONNECTED and the engine's ENGINE_DOWN (the
+			 * producer's idle close) may come. */
+			end = rt_now() + 30;
+			while (done < 1 && rt_now() < end) {
+				n = kvp_agent_poll(a, ev, 8);
+				for (k = 0; n > 0 && k < (uint32_t)n; k++)
+					done += ev[k].type == KVP_EV_DONE;
+			}
+			end = rt_now() + g->idle_ms / 1e3;
+			while (rt_now() < end) {
+				n = kvp_agent_poll(a, ev, 8);
+				if (n < 0)
+					RT_FAIL("poll: %s", kvp_strerror(n));
+				for (k = 0; k < (uint32_t)n; k++) {
+					if (ev[k].type == KVP_EV_DISCONNECTED)
+						continue; /* the rank */
+					if (ev[k].type != KVP_EV_ENGINE_DOWN)
+						RT_FAIL("idle: event %u %s",
+							ev[k].type,
+							kvp_strerror(
+								ev[k].status));
+					handle = ev[k].engine;
+					downs++;
+				}
+				usleep(1000);
+			}
+			if (done != 1 || downs != 1)
+				RT_FAIL("idle: %u DONE, %u ENGINE_DOWN", done,
+					downs);
+			/* The engine comes back on demand: -EAGAIN while
+			 * it reconnects. */
+			end = rt_now() + 20;
+			while ((err = kvp_agent_pull_from(a, handle,
+							  H_REQ0 + i,
+							  &reqs[i].ids)) ==
+				       -EAGAIN &&
+			       rt_now() < end) {
+				n = kvp_agent_poll(a, ev, 8);
+				for (k = 0; n > 0 && k < (uint32_t)n; k++)
+					if (ev[k].type != KVP_EV_ENGINE_UP)
+						RT_FAIL("reconnect: event %u",
+							ev[k].type);
+				usleep(1000);
+			}
+			if (err)
+				RT_FAIL("pull after the idle close: %s",
+					kvp_strerror(err));
+			printf("    idle consumer dropped by the producer, "
+			       "its next pull reconnected\n");
+			kvt_expect_consumer(l, pl, &want, NULL, &reqs[i].ids);
+			continue;
+		}
 		err = kvp_agent_pull(a, H_REQ0 + i, &reqs[i].ids);
 		if (err)
 			RT_FAIL("pull %u: %s", i, kvp_strerror(err));
@@ -381,6 +448,8 @@ static int good_main(const struct rt_env *env, void *arg)
 		if (n < 0)
 			RT_FAIL("poll: %s", kvp_strerror(n));
 		for (i = 0; i < (uint32_t)n; i++) {
+			if (g->idle_ms && ev[i].type == KVP_EV_ENGINE_UP)
+				continue; /* reconnected */
 			if (ev[i].type != KVP_EV_DONE)
 				RT_FAIL("event %u status %s", ev[i].type,
 					kvp_strerror(ev[i].status));
@@ -819,35 +888,50 @@ static int raw_notes(struct raw *r, uint64_t engine, uint32_t rank,
 /* ---- the cases ----------------------------------------------------------- */
 
 struct ctx {
-	struct h_prod p1, p2;
+	struct h_prod p1, p2, p3;
 	uint32_t next; /* next request index for the good consumer */
 	double worst_ms;
 };
 
 /* Expects requests [next, next + n) of the good consumer on p, runs it
  * from `src` and waits until each is RELEASED. */
-static int serve_good(const struct rt_env *env, struct ctx *x, struct h_prod *p,
-		      const char *src, const uint8_t *key, uint32_t n)
+static int serve_good_idle(const struct rt_env *env, struct ctx *x,
+			   struct h_prod *p, const char *src,
+			   const uint8_t *key, uint32_t n, uint32_t idle_ms)
 {
 	struct good g = { .engine = H_CONS, .addr = src, .port = p->port,
-			  .secret = key, .first = x->next, .n = n };
+			  .secret = key, .first = x->next, .n = n,
+			  .idle_ms = idle_ms };
 	struct h_reply rep;
 	uint32_t i;
 
 	if (x->next + n > H_NREQ)
 		return -1;
-	for (i = 0; i < n; i++)
+	/* Idling: only the first is expected (an engine with a request
+	 * expected is never idle); the rest once the consumer is done, their
+	 * notifications waiting as early ones. */
+	for (i = 0; i < (idle_ms ? 1 : n); i++)
 		if (prod_cmd(p, C_EXPECT, H_CONS, H_REQ0 + x->next + i, 60000,
 			     &rep))
 			return -1;
 	x->next += n;
 	if (run_child(good_main, env, &g, 60))
 		return -1;
+	for (i = idle_ms ? 1 : n; i < n; i++)
+		if (prod_cmd(p, C_EXPECT, H_CONS, H_REQ0 + g.first + i, 60000,
+			     &rep))
+			return -1;
 	for (i = 0; i < n; i++)
 		if (prod_cmd(p, C_WAIT, H_CONS, H_REQ0 + g.first + i, 10000,
 			     &rep) != KVP_EV_RELEASED)
 			return -1;
 	return 0;
+}
+
+static int serve_good(const struct rt_env *env, struct ctx *x, struct h_prod *p,
+		      const char *src, const uint8_t *key, uint32_t n)
+{
+	return serve_good_idle(env, x, p, src, key, n, 0);
 }
 
 static int case_stats(struct h_prod *p, struct h_reply *rep)
@@ -1518,6 +1602,89 @@ static int case_evict(const struct rt_env *env, struct ctx *x)
 	return 0;
 }
 
+/* Idle ranks reclaimed, busy ones never (producer P3, idle_ms 1.5 s). A
+ * raw engine's rank joins and stays silent: dropped after idle_ms. A rank
+ * of another engine with a request expected for 4 s: kept while it is in
+ * flight, dropped at the first check after it expired (checks every
+ * idle_ms). Then a good consumer pulls,
+ * idles, is dropped (ENGINE_DOWN), connects again and pulls verified
+ * bytes. */
+#define H_IDLER 0x49444c45ull /* "IDLE" */
+#define H_BUSY 0x42555359ull  /* "BUSY" */
+#define H_BUSY_MS 4000
+static double h_t_expect;
+static int raw_idler(const struct rt_env *env, void *arg)
+{
+	const struct slow *s = arg;
+	const char *who = "idler";
+	struct raw idle, busy;
+	double t0, t_idle, t_busy;
+	int err;
+
+	err = raw_join(&idle, env, s->port, H_IDLER, 1, 0);
+	CHECK(!err, "idle rank: %s", kvp_strerror(err));
+	t0 = rt_now();
+	err = raw_join(&busy, env, s->port, H_BUSY, 1, 0);
+	CHECK(!err, "busy rank: %s", kvp_strerror(err));
+	CHECK(write(s->ready_fd, "r", 1) == 1, "ready");
+	CHECK(!raw_event(&idle, RDMA_CM_EVENT_DISCONNECTED, 15000, NULL, NULL),
+	      "the idle rank was not dropped");
+	t_idle = rt_now() - t0;
+	CHECK(!raw_event(&busy, RDMA_CM_EVENT_DISCONNECTED, 20000, NULL, NULL),
+	      "the busy rank was not dropped after its request expired");
+	t_busy = rt_now() - h_t_expect;
+	printf("    idle rank dropped %.2f s after it joined; busy rank "
+	       "%.2f s after its request was expected (in flight %.1f s, "
+	       "idle_ms %.1f s)\n", t_idle, t_busy, H_BUSY_MS / 1e3,
+	       H_IDLE_MS / 1e3);
+	CHECK(t_idle >= H_IDLE_MS / 1e3 - 0.05, "idle rank dropped early");
+	/* Unused for idle_ms and nothing in flight when that is checked:
+	 * a busy rank is checked again idle_ms later. */
+	CHECK(t_busy >= H_BUSY_MS / 1e3,
+	      "busy rank dropped while its request was in flight");
+	CHECK(t_busy <= (H_BUSY_MS + 2 * H_IDLE_MS) / 1e3 + 2,
+	      "busy rank kept long after its request expired");
+	raw_close(&idle);
+	raw_close(&busy);
+	return 0;
+}
+
+static int case_idle_close(const struct rt_env *env, struct ctx *x)
+{
+	const char *who = "idle close";
+	struct slow s = { .port = x->p3.port };
+	struct h_reply r0, r1, rep;
+	int fd, ok;
+	pid_t pid;
+	char c;
+
+	CHECK(!case_stats(&x->p3, &r0), "stats");
+	h_t_expect = rt_now();
+	CHECK(!prod_cmd(&x->p3, C_EXPECT, H_BUSY, H_REQ0, H_BUSY_MS, &rep),
+	      "expect");
+	pid = raw_child(env, &s, raw_idler, &fd);
+	ok = pid > 0 && read(fd, &c, 1) == 1;
+	if (fd >= 0)
+		close(fd);
+	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "raw child"))
+		ok = 0;
+	CHECK(ok, "the raw ranks");
+	CHECK(!case_stats(&x->p3, &r1), "stats");
+	CHECK(r1.st.idle_closes - r0.st.idle_closes == 2 &&
+	      r1.st.evictions == r0.st.evictions,
+	      "%llu idle closes, %llu evictions; want 2 and 0",
+	      (unsigned long long)(r1.st.idle_closes - r0.st.idle_closes),
+	      (unsigned long long)(r1.st.evictions - r0.st.evictions));
+	CHECK(!serve_good_idle(env, x, &x->p3, env->addr0, NULL, 2,
+			       H_IDLE_MS + 1500),
+	      "a consumer dropped as idle pulls again");
+	CHECK(!case_stats(&x->p3, &r0), "stats");
+	CHECK(r0.st.idle_closes - r1.st.idle_closes == 1,
+	      "the good consumer: %llu idle closes, want 1",
+	      (unsigned long long)(r0.st.idle_closes - r1.st.idle_closes));
+	return 0;
+}
+
 /* Early notes shared between engines: the 4 ranks of one engine send 64
  * notes ahead of expect() each (ids of their own), then another engine
  * (from addr1) 4. Each rank
@@ -1735,6 +1902,11 @@ static struct h_prod *on_p2(struct ctx *x)
 	return &x->p2;
 }
 
+static struct h_prod *on_p3(struct ctx *x)
+{
+	return &x->p3;
+}
+
 static const struct h_case cases[] = {
 	/* first: no early note of another case lingers */
 	{ "early notes: one engine's ranks keep its share, not all",
@@ -1755,6 +1927,8 @@ static const struct h_case cases[] = {
 	  on_p1 },
 	{ "an idle rank evicted for a newcomer, a busy one never",
 	  case_evict, on_p1 },
+	{ "idle ranks dropped after idle_ms, busy ones not; the dropped "
+	  "pull again", case_idle_close, on_p3 },
 	{ "wrong, missing and forged secrets", case_secret, on_p2 },
 	{ "a consumer host gone silent: probed, dropped", case_silent,
 	  on_p1 },
@@ -1767,14 +1941,15 @@ int main(int argc, char **argv)
 	struct ctx x = { 0 };
 	struct h_reply rep;
 	uint32_t i, pass = 0, fail = 0;
-	pid_t pids[2];
+	pid_t pids[3];
 
 	if (rt_start(&env, 18600))
 		return 1;
 	reqs_init();
 	srand(1);
 	if (prod_start(&env, env.port, 0, &x.p1) ||
-	    prod_start(&env, (uint16_t)(env.port + 1), 1, &x.p2)) {
+	    prod_start(&env, (uint16_t)(env.port + 1), H_SECRET, &x.p2) ||
+	    prod_start(&env, (uint16_t)(env.port + 2), H_IDLE_SHORT, &x.p3)) {
 		printf("producers did not start\n0 passed, 1 failed\n");
 		return 1;
 	}
@@ -1800,9 +1975,11 @@ int main(int argc, char **argv)
 	}
 	(void)prod_cmd(&x.p1, C_STOP, 0, 0, 0, &rep);
 	(void)prod_cmd(&x.p2, C_STOP, 0, 0, 0, &rep);
+	(void)prod_cmd(&x.p3, C_STOP, 0, 0, 0, &rep);
 	pids[0] = x.p1.pid;
 	pids[1] = x.p2.pid;
-	if (rt_wait(pids, 2, rt_now() + 30, "producer"))
+	pids[2] = x.p3.pid;
+	if (rt_wait(pids, 3, rt_now() + 30, "producer"))
 		fail++;
 	printf("%u passed, %u failed\n", pass, fail);
 	return fail ? 1 : 0;

@@ -164,10 +164,13 @@ static void test_cq_bounds_queues(void **st)
 	struct kvp_limits l;
 
 	(void)st;
-	/* 64 QPs of 512 do not fit 8192 CQEs: the queues shrink until
-	 * they do, rather than the CQ being clamped and overrun. */
+	/* 64 QPs of 512 do not fit one CQ of 8192 CQEs, and the device
+	 * allows one CQ: the queues shrink until they do, rather than the
+	 * CQ being clamped and overrun. */
 	d.max_cqe = 8192;
+	d.max_cq = 1;
 	assert_int_equal(kvp__limits(&d, NULL, 0, &w, &l), 0);
+	assert_int_equal(l.ncq_cons, 1);
 	assert_true(l.cqe <= 8192);
 	assert_int_equal(l.sq_depth, 64);
 	assert_int_equal(l.cqe, 16 + 64 * (64 + 5));
@@ -176,16 +179,77 @@ static void test_cq_bounds_queues(void **st)
 	assert_int_equal(kvp__limits(&d, NULL, 0, &w, &l), 0);
 	assert_true(l.cqe <= 8192);
 	assert_int_equal(l.rq_depth, 64);
-	/* Both sides share the CQ. */
+	/* Both sides: a CQ each, at least. */
+	d.max_cq = 2;
 	w.ncons = 64;
 	w.sq_depth = 512;
 	w.max_sge = 4;
 	w.consumer = 1;
 	assert_int_equal(kvp__limits(&d, NULL, 0, &w, &l), 0);
-	assert_true(l.cqe <= 8192);
+	assert_true(l.cqe <= 2 * 8192);
+	assert_int_equal(l.ncq_prod + l.ncq_cons, 2);
+	/* One CQ for two sides: refused, not shared and overrun. */
+	d.max_cq = 1;
+	assert_int_equal(kvp__limits(&d, NULL, 0, &w, &l), -ENODEV);
 	/* Too small for the slots at all: refused, not overrun. */
+	d.max_cq = 2;
 	d.max_cqe = 256;
 	assert_int_equal(kvp__limits(&d, NULL, 0, &w, &l), -ENODEV);
+}
+
+/* Fleet defaults on soft-RoCE (max_cqe 32767): 2,048 producer QPs with
+ * 128 notification buffers each, 128 consumer QPs of 512 send entries.
+ * Several CQs, each within max_cqe, and no queue shrinks; the slots'
+ * runs cover every QP. */
+static void test_cq_split(void **st)
+{
+	struct ibv_device_attr d = rxe();
+	struct kvp_want w = producer_want();
+	struct kvp_limits l;
+	uint32_t prod = 5 + 128 + 2, cons = 512 + 5;
+
+	(void)st;
+	w.nprod = 2048;
+	w.ncons = 128;
+	w.sq_depth = 512;
+	w.max_sge = 16;
+	w.consumer = 1;
+	assert_int_equal(kvp__limits(&d, NULL, 0, &w, &l), 0);
+	assert_int_equal(l.rq_depth, 128);
+	assert_int_equal(l.sq_depth, 512);
+	assert_int_equal(l.prod_cqe, prod);
+	assert_int_equal(l.cons_cqe, cons);
+	assert_int_equal(l.prod_per_cq, (32767 - 16) / prod); /* 242 */
+	assert_int_equal(l.ncq_prod, (2048 + 241) / 242);    /* 9 */
+	assert_int_equal(l.cons_per_cq, (32767 - 16) / cons); /* 63 */
+	assert_int_equal(l.ncq_cons, 3);
+	assert_true(16 + (uint64_t)l.prod_per_cq * prod <= 32767);
+	assert_true(16 + (uint64_t)l.cons_per_cq * cons <= 32767);
+	assert_int_equal(l.cqe, 16 * 12 + 2048 * prod + 128 * cons);
+	/* ConnectX: one CQ a side. */
+	d = connectx6();
+	assert_int_equal(kvp__limits(&d, NULL, 0, &w, &l), 0);
+	assert_int_equal(l.ncq_prod, 1);
+	assert_int_equal(l.ncq_cons, 1);
+	assert_int_equal(l.prod_per_cq, 2048);
+	/* More CQs than KVP_MAX_CQS would take: the queues shrink to fit
+	 * that many (65,535 producer QPs: 64 CQs of at most 32767). */
+	d = rxe();
+	w.nprod = 65535;
+	w.ncons = 0;
+	w.consumer = 0;
+	assert_int_equal(kvp__limits(&d, NULL, 0, &w, &l), 0);
+	assert_true(l.ncq_prod <= KVP_MAX_CQS);
+	assert_true(l.rq_depth < 128);
+	assert_true(16 + (uint64_t)l.prod_per_cq * l.prod_cqe <= 32767);
+	assert_true((uint64_t)l.prod_per_cq * l.ncq_prod >= 65535);
+	/* The device's max_cq is obeyed too. */
+	w.nprod = 2048;
+	d.max_cq = 4;
+	assert_int_equal(kvp__limits(&d, NULL, 0, &w, &l), 0);
+	assert_true(l.ncq_prod <= 4);
+	assert_true(l.rq_depth < 128);
+	assert_true((uint64_t)l.prod_per_cq * l.ncq_prod >= 2048);
 }
 
 static void test_unusable(void **st)
@@ -461,6 +525,7 @@ int main(void)
 		cmocka_unit_test(test_iwarp_one_read_sge),
 		cmocka_unit_test(test_soft_roce),
 		cmocka_unit_test(test_cq_bounds_queues),
+		cmocka_unit_test(test_cq_split),
 		cmocka_unit_test(test_unusable),
 		cmocka_unit_test(test_sq_usable),
 		cmocka_unit_test(test_qp_fit),

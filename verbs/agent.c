@@ -14,7 +14,10 @@
 
 #define DEF_MAX_IDS 256
 #define DEF_INFLIGHT 64
-#define DEF_PEERS 64
+#define DEF_PEERS_PROD 1024 /* consumer ranks on a producer */
+#define DEF_PEERS_CONS 64   /* producer ranks on a consumer */
+#define DEF_IDLE_MS 300000
+#define MIN_IDLE_MS 1000
 #define DEF_SQ 512
 #define DEF_SGE KVP_DEFAULT_MAX_SGE /* see kvp_agent_attr.max_sge */
 /* max_read 0: limits.c's cap, which kvpull.h publishes. */
@@ -103,8 +106,8 @@ static int device_limits(kvp_agent *a)
 		memset(&pa, 0, sizeof(pa));
 	iwarp = a->ctx->device->transport_type == IBV_TRANSPORT_IWARP;
 	memset(&w, 0, sizeof(w));
-	a->nprod = a->producer ? a->max_peers : 0;
-	a->nconns = a->nprod + (a->consumer ? a->max_peers : 0);
+	a->nprod = a->producer ? a->prod_qps : 0;
+	a->nconns = a->nprod + (a->consumer ? a->cons_qps : 0);
 	w.nprod = a->nprod;
 	w.ncons = a->nconns - a->nprod;
 	w.sq_depth = a->sq_depth;
@@ -127,13 +130,37 @@ static int device_limits(kvp_agent *a)
 	return 0;
 }
 
-/* The one CQ of every connection, at most the device's size. */
-static int cq_make(kvp_agent *a, uint64_t want)
+/* Queue pairs for `peers` ranks of `per` each, at most `max`. */
+static uint32_t qps_of(uint32_t peers, uint32_t per, uint32_t max)
 {
-	if (want > (uint64_t)a->dattr.max_cqe)
-		want = (uint64_t)a->dattr.max_cqe;
-	a->cq_size = (uint32_t)want;
-	return kvp__create_cq(a->ctx, (int)want, a->cch, &a->cq);
+	uint64_t n = (uint64_t)peers * per;
+
+	return n > max ? max : (uint32_t)n;
+}
+
+/* The CQs: runs of slots share one, each within the device's max_cqe
+ * (limits.c chose how many and their QPs). Each is created when the
+ * first slot of its run is taken (kvp__cq_make()): an agent sized for a
+ * thousand peers has the CQs of the peers it has. */
+static int cqs_make(kvp_agent *a)
+{
+	a->ncq = a->lim.ncq_prod + a->lim.ncq_cons;
+	a->cqs = calloc(a->ncq + 1, sizeof(*a->cqs));
+	if (!a->cqs)
+		return -ENOMEM;
+	a->cq_size = 0;
+	return 0;
+}
+
+static void cqs_destroy(kvp_agent *a)
+{
+	uint32_t k;
+
+	for (k = 0; a->cqs && k < a->ncq; k++)
+		kvp__destroy_cq(a->cqs[k]);
+	free(a->cqs);
+	a->cqs = NULL;
+	a->ncq = 0;
 }
 
 /* Everything both sides need for any number of peers, sized once from the
@@ -144,14 +171,17 @@ static int cq_make(kvp_agent *a, uint64_t want)
  * plan (shared by geometry), its tables and its connections' queues. */
 static int open_sides(kvp_agent *a)
 {
-	uint32_t i, ncons = a->consumer ? a->max_peers : 0;
+	uint32_t i, ncons = a->nconns - a->nprod;
 	int err;
 
 	a->ncons_free = ncons;
+	a->prod_hw = 0;
+	a->cons_end = a->nprod; /* no slot used yet */
+	a->idle_at = UINT64_MAX;
 	if (a->producer)
-		a->ev_cap += a->max_inflight + 2 * a->max_peers + 8;
+		a->ev_cap += a->max_inflight + 2 * a->nprod + 8;
 	if (a->consumer)
-		a->ev_cap += a->max_inflight + 4 * a->max_peers + 8 +
+		a->ev_cap += a->max_inflight + 4 * ncons + 8 +
 			     (a->stream_events ? 2 * a->max_inflight : 0);
 	a->evq = calloc(a->ev_cap, sizeof(*a->evq));
 	a->conns = kvp__conns_alloc(a->nconns);
@@ -168,28 +198,21 @@ static int open_sides(kvp_agent *a)
 	err = kvp__ctl_alloc(a, a->nconns);
 	if (err)
 		return err;
-	err = cq_make(a, a->lim.cqe);
+	err = cqs_make(a);
 	if (err)
 		return err;
 	if (a->producer) {
 		err = kvp__serve_alloc(a);
 		if (err)
 			return err;
+		/* Consumers READ their slot's counter for credit, each
+		 * through an MR of that counter alone (least privilege: a
+		 * peer's key reveals no other peer's progress), registered
+		 * when the slot is first taken (kvp__slot_prepare()). */
 		a->ctr = calloc(a->nprod, sizeof(*a->ctr));
 		a->ctr_mr = calloc(a->nprod, sizeof(*a->ctr_mr));
 		if (!a->ctr || !a->ctr_mr)
 			return -ENOMEM;
-		/* Consumers READ their slot's counter for credit, each
-		 * through an MR of that counter alone (least privilege: a
-		 * peer's key reveals no other peer's progress). Registered
-		 * once, here, like every other MR. */
-		for (i = 0; i < a->nprod; i++) {
-			err = kvp__reg_mr(a->pd, &a->ctr[i], sizeof(*a->ctr),
-					  IBV_ACCESS_REMOTE_READ,
-					  &a->ctr_mr[i]);
-			if (err)
-				return err;
-		}
 	}
 	if (a->consumer) {
 		err = kvp__engines_alloc(a);
@@ -227,8 +250,7 @@ static void close_sides(kvp_agent *a)
 	a->ctr = NULL;
 	kvp__serve_free(a);
 	kvp__ctl_free(a);
-	kvp__destroy_cq(a->cq);
-	a->cq = NULL;
+	cqs_destroy(a);
 	free(a->conns);
 	a->conns = NULL;
 	a->nconns = 0;
@@ -239,7 +261,7 @@ static void close_sides(kvp_agent *a)
 int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 {
 	kvp_agent *a;
-	uint32_t n;
+	uint32_t n, qp_max;
 	int err;
 
 	if (!attr || !out || !attr->layout || attr->role >= KVP_ROLE_COUNT ||
@@ -253,30 +275,41 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	a->consumer = attr->role != KVP_ROLE_PRODUCER;
 	a->max_ids = attr->max_ids ? attr->max_ids : DEF_MAX_IDS;
 	a->max_inflight = attr->max_inflight ? attr->max_inflight : DEF_INFLIGHT;
-	a->max_peers = attr->max_peers ? attr->max_peers : DEF_PEERS;
+	/* max_peers counts ranks, max_qps queue pairs, per side. */
+	a->max_peers = attr->max_peers ? attr->max_peers : DEF_PEERS_CONS;
+	a->prod_peers = attr->max_peers ? attr->max_peers : DEF_PEERS_PROD;
 	a->sq_depth = attr->sq_depth ? attr->sq_depth : DEF_SQ;
 	a->max_sge = attr->max_sge ? attr->max_sge : DEF_SGE;
 	a->next_deadline = UINT64_MAX;
 	a->handshake_ns = (uint64_t)(attr->handshake_ms ? attr->handshake_ms :
 					       DEF_HANDSHAKE_MS) * 1000000ull;
+	a->qps = attr->qps_per_peer ? attr->qps_per_peer : DEF_QPS;
+	qp_max = a->producer && a->consumer ? 0x7fffu : 0xffffu;
+	a->prod_qps = attr->max_qps ? attr->max_qps :
+		      qps_of(a->prod_peers, DEF_QPS, qp_max);
+	a->cons_qps = attr->max_qps ? attr->max_qps :
+		      qps_of(a->max_peers, a->qps, qp_max);
+	if (a->prod_peers > a->prod_qps) /* a rank takes one at least */
+		a->prod_peers = a->prod_qps;
 	a->max_per_source = attr->max_per_source;
-	if (!a->max_per_source)
-		a->max_per_source = a->max_peers / 4 > 8 ? a->max_peers / 4 : 8;
-	if (a->max_per_source > a->max_peers)
-		a->max_per_source = a->max_peers;
-	a->max_half_open = (a->max_peers + 1) / 2;
+	if (!a->max_per_source || a->max_per_source > a->prod_peers)
+		a->max_per_source = a->prod_peers;
+	a->max_half_open = (a->prod_qps + 1) / 2;
+	a->idle_ns = attr->idle_ms == KVP_IDLE_NEVER ? UINT64_MAX :
+		     (uint64_t)(attr->idle_ms ? attr->idle_ms : DEF_IDLE_MS) *
+			     1000000ull;
 	a->rq_depth = attr->rq_depth;
 	a->max_read = attr->max_read;
 	a->tos = attr->tos;
 	a->plan_flags = attr->plan_flags;
 	a->stream_events = attr->stream_events;
 	a->max_mr = attr->max_mr;
-	a->qps = attr->qps_per_peer ? attr->qps_per_peer : DEF_QPS;
 	a->stall_ns = (uint64_t)(attr->stall_ms ? attr->stall_ms :
 				 DEF_STALL_MS) * 1000000ull;
 	/* wr_ids carry a connection index in 16 bits. */
 	if (a->max_inflight > (1u << 20) ||
-	    a->max_peers > (a->producer && a->consumer ? 0x7fffu : 0xffffu) ||
+	    a->max_peers > qp_max || attr->max_qps > qp_max ||
+	    (attr->idle_ms && attr->idle_ms < MIN_IDLE_MS) ||
 	    a->max_ids > (1u << 24) || attr->handshake_ms > 3600000 ||
 	    attr->stall_ms > 3600000 || attr->rq_depth > KVP_CREDIT_MAX ||
 	    attr->tos > 256 || a->qps > MAX_QPS || attr->stream_events > 1 ||
@@ -381,7 +414,7 @@ static void flush_notes(kvp_agent *a)
 
 	for (;;) {
 		pending = 0;
-		for (i = a->nprod; i < a->nconns; i++) {
+		for (i = a->nprod; i < a->cons_end; i++) {
 			const struct kvp_conn *c = &a->conns[i];
 
 			if (c->state == CS_READY && c->c_head != c->c_tail)
@@ -471,11 +504,13 @@ static uint64_t mem_bytes(const kvp_agent *a)
 		m += (uint64_t)(a->max_inflight + a->early_cap) *
 		     (KVP_BM_WORDS * sizeof(*a->bm) + sizeof(*a->bm_free));
 		m += (uint64_t)a->gone_cap * sizeof(*a->gone);
-		m += (uint64_t)a->max_peers * sizeof(*a->peng);
+		m += (uint64_t)a->prod_peers * sizeof(*a->peng);
 		m += (uint64_t)a->nprod * (sizeof(*a->ctr) +
-					   sizeof(*a->ctr_mr));
-		/* streaming followers and their records */
-		m += (uint64_t)a->nprod * a->fol_per *
+					   sizeof(*a->ctr_mr) +
+					   sizeof(*a->fol_mr));
+		/* streaming followers and their records, of the slots
+		 * taken so far (the rest is reserved, never touched) */
+		m += (uint64_t)a->nprepared[0] * a->fol_per *
 		     (sizeof(*a->fol) + KVP_PROG_REC);
 	}
 	if (a->consumer) {
@@ -483,9 +518,9 @@ static uint64_t mem_bytes(const kvp_agent *a)
 		 * slot's progress records */
 		m += (uint64_t)a->max_inflight * (KVP_NOTE_LEN +
 						  sizeof(*a->sreq));
-		m += (uint64_t)(a->nconns - a->nprod) *
-		     (2ull * a->max_inflight * KVP_PROG_REC +
-		      sizeof(*a->ptab_mr));
+		m += (uint64_t)(a->nconns - a->nprod) * sizeof(*a->ptab_mr) +
+		     (uint64_t)a->nprepared[1] * 2 * a->max_inflight *
+			     KVP_PROG_REC;
 		m += (uint64_t)a->max_inflight *
 		     (sizeof(*a->reqs) + KVP_NOTE_LEN +
 		      ng * (2 * a->max_ids * sizeof(uint32_t) +
@@ -512,7 +547,8 @@ static uint64_t mem_bytes(const kvp_agent *a)
 				      sizeof(*e->src_note));
 		}
 	}
-	for (i = 0; i < a->nconns; i++) {
+	for (i = kvp__slot_next(a, 0); i < a->nconns;
+	     i = kvp__slot_next(a, i + 1)) {
 		const struct kvp_conn *c = &a->conns[i];
 
 		m += c->blob_len;
@@ -526,12 +562,44 @@ static uint64_t mem_bytes(const kvp_agent *a)
 	return m;
 }
 
+/* Peer ranks connected and queue pairs open now: a walk of the slots
+ * (stats are not the hot path). A producer's consumer rank counts once
+ * (its first live QP); a consumer's producer rank when its first QP is
+ * READY. */
+static void live_counts(const kvp_agent *a, struct kvp_agent_stats *st)
+{
+	uint32_t i, r;
+
+	st->peers = st->qps = 0;
+	for (i = kvp__slot_next(a, 0); i < a->nconns;
+	     i = kvp__slot_next(a, i + 1)) {
+		const struct kvp_conn *c = &a->conns[i];
+
+		if (c->state == CS_FREE)
+			continue;
+		st->qps++;
+		st->peers += c->side == KVP_ROLE_PRODUCER && c->rank_head &&
+			     c->state == CS_READY;
+	}
+	for (i = 0; a->consumer && a->engs && i < a->max_peers; i++) {
+		const struct kvp_eng *e = &a->engs[i];
+
+		for (r = 0; e->state && e->rank_conn && r < e->n; r++) {
+			uint32_t ci = e->rank_conn[r * e->nq];
+
+			st->peers += ci != NO_CONN &&
+				     a->conns[ci].state == CS_READY;
+		}
+	}
+}
+
 void kvp_agent_get_stats(const kvp_agent *a, struct kvp_agent_stats *st)
 {
 	if (!a || !st)
 		return;
 	*st = a->st;
 	st->mem_bytes = mem_bytes(a);
+	live_counts(a, st);
 }
 
 int kvp_agent_fds(const kvp_agent *a, int *fds, int max)
@@ -563,7 +631,8 @@ static void async_events(kvp_agent *a)
 		case IBV_EVENT_QP_REQ_ERR:
 		case IBV_EVENT_QP_ACCESS_ERR:
 		case IBV_EVENT_PATH_MIG_ERR:
-			for (i = 0; i < a->nconns; i++)
+			for (i = kvp__slot_next(a, 0); i < a->nconns;
+			     i = kvp__slot_next(a, i + 1))
 				if (a->conns[i].qp == ev.qp)
 					kvp__conn_fail(a, &a->conns[i], -EIO);
 			a->st.async_errors++;
@@ -572,7 +641,8 @@ static void async_events(kvp_agent *a)
 		case IBV_EVENT_DEVICE_FATAL:
 			err = ev.type == IBV_EVENT_PORT_ERR ? -ENETDOWN :
 							      -ENODEV;
-			for (i = 0; i < a->nconns; i++)
+			for (i = kvp__slot_next(a, 0); i < a->nconns;
+			     i = kvp__slot_next(a, i + 1))
 				kvp__conn_fail(a, &a->conns[i], err);
 			a->st.async_errors++;
 			break;
@@ -640,24 +710,26 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 	}
 }
 
-/* Polls the CQ in arrays of 32, a bounded number of times. */
+/* Polls each CQ in arrays of 32, a bounded number of times. */
 static int cq_drain(kvp_agent *a)
 {
 	int b, i, n, total = 0;
+	uint32_t k;
 
-	if (!a->cq)
-		return 0;
-	for (b = 0; b < CQ_BATCHES; b++) {
-		n = kvp__poll_cq(a->cq, 32, a->wc);
-		if (kvp_unlikely(n < 0))
-			return n; /* the CQ failed: overrun, device error */
-		if (!n)
-			break;
-		for (i = 0; i < n; i++)
-			dispatch(a, &a->wc[i]);
-		total += n;
-		if (n < 32)
-			break;
+	for (k = 0; k < a->ncq; k++) {
+		for (b = 0; a->cqs[k] && b < CQ_BATCHES; b++) {
+			n = kvp__poll_cq(a->cqs[k], 32, a->wc);
+			if (kvp_unlikely(n < 0))
+				return n; /* the CQ failed: overrun,
+					   * device error */
+			if (!n)
+				break;
+			for (i = 0; i < n; i++)
+				dispatch(a, &a->wc[i]);
+			total += n;
+			if (n < 32)
+				break;
+		}
 	}
 	return total;
 }
@@ -668,7 +740,7 @@ static void flush_backlog(kvp_agent *a)
 {
 	uint32_t i;
 
-	for (i = a->nprod; i < a->nconns; i++) {
+	for (i = a->nprod; i < a->cons_end; i++) {
 		struct kvp_conn *c = &a->conns[i];
 
 		if (c->state == CS_READY &&
@@ -782,6 +854,8 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 		async_events(a);
 		cm_events(a, CM_BUDGET, now + POLL_BUDGET_NS);
 		kvp__conn_timers(a, now);
+		if (a->producer && now >= a->idle_at)
+			kvp__idle_sweep(a, now);
 		if (a->consumer)
 			kvp__pull_timers(a, now);
 		a->next_cm_ns = now + CM_INTERVAL_NS;
@@ -808,14 +882,16 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 {
 	uint64_t wake = UINT64_MAX, now = kvp__now_ns();
-	uint32_t i;
+	uint32_t i, k;
 	int err;
 
 	if (!a || !wake_ns)
 		return -EINVAL;
 	if (a->producer)
-		wake = a->next_deadline;
-	for (i = 0; i < a->nconns; i++) {
+		wake = a->next_deadline < a->idle_at ? a->next_deadline :
+						       a->idle_at;
+	for (i = kvp__slot_next(a, 0); i < a->nconns;
+	     i = kvp__slot_next(a, i + 1)) {
 		const struct kvp_conn *c = &a->conns[i];
 
 		/* Drain and handshake bounds (kvp__conn_timers()). */
@@ -852,9 +928,11 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 			wake = r->t0 + a->stall_ns;
 	}
 	*wake_ns = wake;
-	err = kvp__req_notify_cq(a->cq);
-	if (err)
-		return err;
+	for (k = 0; k < a->ncq; k++) {
+		err = a->cqs[k] ? kvp__req_notify_cq(a->cqs[k]) : 0;
+		if (err)
+			return err;
+	}
 	a->armed = 1;
 	/* Completions that arrived before arming raise no event. */
 	if (cq_drain(a) > 0 && a->consumer)

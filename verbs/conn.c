@@ -171,6 +171,82 @@ struct kvp_conn *kvp__conns_alloc(uint32_t n)
 	return c;
 }
 
+/* CQ k of the runs limits.c chose (see kvp__cq_idx()). */
+int kvp__cq_make(kvp_agent *a, uint32_t k)
+{
+	const struct kvp_limits *l = &a->lim;
+	int prod = k < l->ncq_prod, err;
+	uint32_t per, need, nside, first, n;
+
+	if (a->cqs[k])
+		return 0;
+	per = prod ? l->prod_per_cq : l->cons_per_cq;
+	need = prod ? l->prod_cqe : l->cons_cqe;
+	nside = prod ? a->nprod : a->nconns - a->nprod;
+	first = (prod ? k : k - l->ncq_prod) * per;
+	n = nside - first < per ? nside - first : per;
+	err = kvp__create_cq(a->ctx, (int)(16 + n * need), a->cch,
+			     &a->cqs[k]);
+	if (err)
+		return err;
+	a->cq_size += 16 + n * need;
+	/* An armed agent sleeps on every CQ: this one too. */
+	if (a->armed)
+		(void)kvp__req_notify_cq(a->cqs[k]);
+	return 0;
+}
+
+/* What a slot needs beyond its fixed part, set up the first time it is
+ * taken and kept for the agent's life, so that an agent opened for many
+ * peers costs little until they come (the arrays are reserved at open and
+ * only these slots' pages touched): its run's CQ, if the first; producer:
+ * the credit counter's MR and
+ * the follower records' MR; consumer: the progress table's MR. One MR
+ * each, for least privilege: a peer's keys reach its slot's alone. */
+int kvp__slot_prepare(kvp_agent *a, struct kvp_conn *c)
+{
+	int err;
+
+	if (c->prepared)
+		return 0;
+	err = kvp__cq_make(a, kvp__cq_idx(a, c));
+	if (err)
+		return err;
+	if (c->side == KVP_ROLE_PRODUCER) {
+		const size_t fl = (size_t)a->fol_per * KVP_PROG_REC;
+
+		err = kvp__reg_mr(a->pd, &a->ctr[c->idx], sizeof(*a->ctr),
+				  IBV_ACCESS_REMOTE_READ, &a->ctr_mr[c->idx]);
+		/* Only ever the source of WRITEs: local read access. */
+		if (!err)
+			err = kvp__reg_mr(a->pd, a->fol_rec + c->idx * fl, fl,
+					  0, &a->fol_mr[c->idx]);
+		if (err) {
+			kvp__dereg_mr(a->ctr_mr[c->idx]);
+			a->ctr_mr[c->idx] = NULL;
+			return err;
+		}
+	} else {
+		const uint32_t ci = c->idx - a->nprod;
+		const size_t pl = 2 * (size_t)a->max_inflight * KVP_PROG_REC;
+
+		/* Written by its producer rank alone. */
+		err = kvp__reg_mr(a->pd, a->ptab + ci * pl, pl,
+				  IBV_ACCESS_LOCAL_WRITE |
+					  IBV_ACCESS_REMOTE_WRITE,
+				  &a->ptab_mr[ci]);
+		if (err)
+			return err;
+	}
+	c->prepared = 1;
+	a->nprepared[c->side == KVP_ROLE_CONSUMER]++;
+	if (c->side == KVP_ROLE_PRODUCER && c->idx >= a->prod_hw)
+		a->prod_hw = c->idx + 1;
+	if (c->side == KVP_ROLE_CONSUMER && c->idx >= a->cons_end)
+		a->cons_end = c->idx + 1;
+	return 0;
+}
+
 int kvp__post_send1(struct kvp_conn *c, uint64_t wr_id, void *buf,
 		    uint32_t len, uint32_t lkey)
 {
@@ -310,7 +386,7 @@ static void rank_head_pass(kvp_agent *a, const struct kvp_conn *c)
 {
 	uint32_t i;
 
-	for (i = 0; i < a->nprod; i++) {
+	for (i = 0; i < a->prod_hw; i++) {
 		struct kvp_conn *o = &a->conns[i];
 
 		if (o != c && o->state != CS_FREE &&
@@ -516,7 +592,8 @@ void kvp__conn_timers(kvp_agent *a, uint64_t now)
 {
 	uint32_t i;
 
-	for (i = 0; i < a->nconns; i++) {
+	for (i = kvp__slot_next(a, 0); i < a->nconns;
+	     i = kvp__slot_next(a, i + 1)) {
 		struct kvp_conn *c = &a->conns[i];
 
 		if (c->state == CS_DRAINING && now >= c->drain_deadline) {

@@ -157,8 +157,8 @@ static int consumer_route(kvp_agent *a, struct kvp_conn *c)
 	int err;
 
 	memset(&qa, 0, sizeof(qa));
-	qa.send_cq = a->cq;
-	qa.recv_cq = a->cq;
+	qa.send_cq = kvp__cq_of(a, c);
+	qa.recv_cq = qa.send_cq;
 	qa.qp_type = IBV_QPT_RC;
 	qa.cap.max_send_wr = a->sq_depth;
 	qa.cap.max_recv_wr = 3; /* control, blob, drain marker */
@@ -344,6 +344,9 @@ int kvp__conn_start(kvp_agent *a, struct kvp_conn *c, struct kvp_eng *e,
 		if (err)
 			return err;
 	}
+	err = kvp__slot_prepare(a, c);
+	if (err)
+		return err;
 	c->rank = rank;
 	c->eng = (uint32_t)(e - a->engs);
 	err = kvp__create_id(a->ech, c, &c->id);

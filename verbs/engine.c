@@ -257,10 +257,11 @@ static struct kvp_conn *free_cons_slot(kvp_agent *a)
 {
 	uint32_t i;
 
-	for (i = a->nprod; i < a->nconns; i++)
+	for (i = a->nprod; i < a->cons_end; i++)
 		if (a->conns[i].state == CS_FREE)
 			return &a->conns[i];
-	return NULL;
+	/* Never used yet: the next above the mark (prepared when taken). */
+	return a->cons_end < a->nconns ? &a->conns[a->cons_end] : NULL;
 }
 
 /* Queue pair q of producer rank r. */

@@ -577,6 +577,7 @@ struct kvp_conn {
 				   * FOLLOW (the eviction order) */
 	int evicted;		  /* producer: disconnected to make room */
 	uint32_t evict_mark;	  /* producer: skipped in search evict_gen */
+	int prepared;		  /* its memory set up (kvp__slot_prepare()) */
 
 	/* Producer: notification receive buffers and the request count. */
 	uint8_t *notes;
@@ -754,6 +755,18 @@ struct kvp_agent {
 	uint8_t *secret; /* NULL: none */
 	uint32_t secret_len;
 	uint32_t max_per_source, max_half_open;
+	uint32_t prod_peers;	/* producer: consumer ranks at once */
+	uint32_t prod_qps, cons_qps; /* each side's queue pair slots */
+	uint64_t idle_ns;	/* producer: idle bound; UINT64_MAX: none */
+	uint64_t idle_at;	/* producer: the next idle check (the earliest
+				 * bound of a READY rank), UINT64_MAX: none */
+	uint32_t nprepared[2];	/* slots whose memory is set up, per side
+				 * (producer, consumer) */
+	/* Slots are taken lowest first and prepared once: those at or
+	 * above each side's high-water mark were never used, and loops
+	 * over the slots stop there (kvp__slot_next()). */
+	uint32_t prod_hw;	/* producer slots [0, prod_hw) */
+	uint32_t cons_end;	/* consumer slots [nprod, cons_end) */
 	uint32_t nevicting;	/* producer: evicted connections draining */
 	uint32_t evict_gen;	/* producer: marks one eviction's search */
 	uint64_t handshake_ns;
@@ -763,8 +776,9 @@ struct kvp_agent {
 	struct ibv_device_attr dattr;
 	struct ibv_pd *pd;
 	struct ibv_comp_channel *cch;
-	struct ibv_cq *cq;
-	uint32_t cq_size;
+	struct ibv_cq **cqs;	/* lim.ncq_prod + lim.ncq_cons (kvp__cq_of()) */
+	uint32_t ncq;
+	uint32_t cq_size;	/* entries over every CQ */
 	struct rdma_event_channel *ech;
 	struct rdma_cm_id *listen_id;
 
@@ -805,7 +819,7 @@ struct kvp_agent {
 	struct kvp_fol *fol;
 	uint32_t fol_per;
 	uint8_t *fol_rec;
-	struct ibv_mr *fol_mr;
+	struct ibv_mr **fol_mr;	/* one a slot: its records alone */
 
 	/* Consumer: engines, plans, requests (engine.c, post.c). */
 	struct kvp_eng *engs;	/* max_peers */
@@ -917,6 +931,10 @@ KVP_HIDDEN void kvp__engine_leave(kvp_agent *a, struct kvp_conn *c);
  * or early (so possibly followed, or being read). One pass over the
  * table. */
 KVP_HIDDEN int kvp__engine_busy(const kvp_agent *a, uint64_t engine);
+/* Producer: disconnects each consumer rank (-ETIMEDOUT) READY and unused
+ * for idle_ns with nothing of its engine in flight here (one that has
+ * something is checked again idle_ns later). */
+KVP_HIDDEN void kvp__idle_sweep(kvp_agent *a, uint64_t now);
 
 /* conn.c: what both sides' connections share */
 KVP_HIDDEN void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err);
@@ -942,6 +960,35 @@ KVP_HIDDEN void kvp__hello_fill(const kvp_agent *a, uint32_t side,
 KVP_HIDDEN int kvp__blob_make(kvp_agent *a);
 KVP_HIDDEN void kvp__blob_free(kvp_agent *a);
 KVP_HIDDEN struct kvp_conn *kvp__conns_alloc(uint32_t n);
+int kvp__slot_prepare(kvp_agent *a, struct kvp_conn *c);
+
+/* The CQ index of connection slot c: slots share CQs in runs (limits.h);
+ * kvp__cq_make() creates it with the run's first slot. */
+static inline uint32_t kvp__cq_idx(const kvp_agent *a,
+				   const struct kvp_conn *c)
+{
+	if (c->idx < a->nprod)
+		return c->idx / a->lim.prod_per_cq;
+	return a->lim.ncq_prod + (c->idx - a->nprod) / a->lim.cons_per_cq;
+}
+
+static inline struct ibv_cq *kvp__cq_of(const kvp_agent *a,
+					const struct kvp_conn *c)
+{
+	return a->cqs[kvp__cq_idx(a, c)];
+}
+
+int kvp__cq_make(kvp_agent *a, uint32_t k);
+
+/* Walks the slots ever used, both sides:
+ *   for (i = kvp__slot_next(a, 0); i < a->nconns; i = kvp__slot_next(a, i + 1))
+ */
+static inline uint32_t kvp__slot_next(const kvp_agent *a, uint32_t i)
+{
+	if (i >= a->prod_hw && i < a->nprod)
+		i = a->nprod;
+	return i >= a->cons_end ? a->nconns : i;
+}
 /* The control buffers of n connection slots, registered. */
 KVP_HIDDEN int kvp__ctl_alloc(kvp_agent *a, uint32_t n);
 KVP_HIDDEN void kvp__ctl_free(kvp_agent *a);

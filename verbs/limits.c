@@ -10,6 +10,7 @@
 
 #define MIN_SQ 4
 #define MIN_RQ 8
+#define CQ_SPARE 16 /* entries each CQ has beyond its QPs' */
 
 static uint32_t min32(uint32_t a, uint32_t b)
 {
@@ -22,32 +23,67 @@ static uint32_t dev(int v)
 	return v > 0 ? (uint32_t)v : 0;
 }
 
-static uint64_t cq_need(const struct kvp_want *w, uint32_t sq, uint32_t rq)
+/* Completion entries one QP may need at once. Consumer QP: its send
+ * queue, and receives for the handshake's control message, the blob and
+ * the drain marker, one spare. Producer QP: its sends, the notification
+ * buffers, the control receive and the drain marker. */
+static uint32_t cons_need(uint32_t sq)
 {
-	/* Consumer QP: its send queue, and receives for the handshake's
-	 * control message, the blob and the drain marker, one spare.
-	 * Producer QP: its sends, the notification buffers, the control
-	 * receive and the drain marker. */
-	return 16 + (uint64_t)w->ncons * (sq + 5) +
-	       (uint64_t)w->nprod * (w->prod_sq + rq + 2);
+	return sq + 5;
+}
+
+static uint32_t prod_need(const struct kvp_want *w, uint32_t rq)
+{
+	return w->prod_sq + rq + 2;
+}
+
+/* CQs for n QPs of `need` entries each in CQs of `cqe`: 0 when none fits
+ * one. *per: QPs per CQ. */
+static uint32_t cqs_for(uint32_t n, uint64_t need, uint64_t cqe,
+			uint32_t *per)
+{
+	uint64_t k = cqe > CQ_SPARE ? (cqe - CQ_SPARE) / need : 0;
+
+	*per = k > n ? n : (uint32_t)k;
+	if (!n)
+		return 0;
+	return *per ? (n + *per - 1) / *per : UINT32_MAX;
+}
+
+/* The CQs the queues need, or UINT32_MAX when they do not fit. */
+static uint32_t cqs_need(const struct kvp_want *w, uint32_t sq, uint32_t rq,
+			 uint64_t cqe, struct kvp_limits *out)
+{
+	uint32_t np = cqs_for(w->nprod, prod_need(w, rq), cqe,
+			      &out->prod_per_cq);
+	uint32_t nc = cqs_for(w->ncons, cons_need(sq), cqe,
+			      &out->cons_per_cq);
+
+	out->ncq_prod = np;
+	out->ncq_cons = nc;
+	return np == UINT32_MAX || nc == UINT32_MAX ? UINT32_MAX : np + nc;
 }
 
 int kvp__limits(const struct ibv_device_attr *d, const struct ibv_port_attr *p,
 		int iwarp, const struct kvp_want *w, struct kvp_limits *out)
 {
 	uint32_t qp_wr = dev(d->max_qp_wr), sge, sge_rd, len;
-	uint32_t sq, rq;
+	uint32_t sq, rq, maxcq = KVP_MAX_CQS;
 	uint64_t cqe = dev(d->max_cqe);
 
 	if (qp_wr < MIN_SQ || (w->producer && qp_wr < w->prod_sq + 2))
 		return -ENODEV;
+	if (d->max_cq > 0 && (uint32_t)d->max_cq < maxcq)
+		maxcq = (uint32_t)d->max_cq;
 	sq = min32(w->sq_depth, qp_wr);
 	if (sq < MIN_SQ)
 		sq = MIN_SQ;
 	rq = w->rq_depth ? min32(w->rq_depth, qp_wr - 2) : 0;
-	/* One CQ serves every QP: shrink the queues rather than let it
-	 * overrun (an overrun is fatal to every connection). */
-	while (cq_need(w, w->ncons ? sq : 0, w->nprod ? rq : 0) > cqe) {
+	/* As many CQs as the QPs need; beyond the most allowed, shrink
+	 * the queues rather than let a CQ overrun (an overrun is fatal to
+	 * every connection on it). */
+	while (cqs_need(w, w->ncons ? sq : 0, w->nprod ? rq : 0, cqe, out) >
+	       maxcq) {
 		if (w->ncons && sq > MIN_SQ && (sq >= rq || rq <= MIN_RQ))
 			sq = sq / 2 > MIN_SQ ? sq / 2 : MIN_SQ;
 		else if (w->nprod && rq > MIN_RQ)
@@ -55,6 +91,8 @@ int kvp__limits(const struct ibv_device_attr *d, const struct ibv_port_attr *p,
 		else
 			return -ENODEV;
 	}
+	out->prod_cqe = w->nprod ? prod_need(w, rq) : 0;
+	out->cons_cqe = w->ncons ? cons_need(sq) : 0;
 	sge = dev(d->max_sge);
 	/* max_sge_rd: 0 on providers that do not report it (the same as
 	 * max_sge then). */
@@ -81,7 +119,9 @@ int kvp__limits(const struct ibv_device_attr *d, const struct ibv_port_attr *p,
 		return -ENODEV; /* cannot READ */
 	if (w->producer && !out->resp_res)
 		return -ENODEV; /* cannot be READ from */
-	out->cqe = (uint32_t)cq_need(w, w->ncons ? sq : 0, w->nprod ? rq : 0);
+	out->cqe = (uint32_t)(CQ_SPARE * (out->ncq_prod + out->ncq_cons) +
+			      (uint64_t)w->nprod * out->prod_cqe +
+			      (uint64_t)w->ncons * out->cons_cqe);
 	/* Relaxed ordering is an optional flag: providers that cannot do
 	 * it ignore it; PCIe devices (and GPU memory behind them) gain
 	 * from it. Completions stay ordered after the data. */

@@ -37,8 +37,15 @@ struct kvp_limits {
 				 * the slice asked for, at most 2^31 */
 	uint32_t rd_atom;	/* READs in flight per QP (initiator depth) */
 	uint32_t resp_res;	/* incoming READs per QP (responder) */
-	uint32_t cqe;		/* completion queue entries: what every QP it
-				 * serves can complete at once */
+	uint32_t cqe;		/* completion queue entries over every CQ:
+				 * what every QP can complete at once */
+	/* The CQs: the producer's slots first, prod_per_cq QPs each (the
+	 * last CQ may serve fewer), then the consumer's, cons_per_cq each;
+	 * a CQ of n QPs has 16 + n x (its side's need per QP) entries, at
+	 * most the device's max_cqe. */
+	uint32_t ncq_prod, ncq_cons;
+	uint32_t prod_per_cq, cons_per_cq;
+	uint32_t prod_cqe, cons_cqe; /* entries per QP of each side */
 	uint64_t max_mr;	/* bytes one MR may cover: the device's
 				 * max_mr_size, or less if asked */
 	int sink_access;	/* consumer memory: local write (and remote
@@ -49,12 +56,16 @@ struct kvp_limits {
 
 #define KVP_MAX_WR_LEN (1u << 31) /* IB's largest message */
 
+#define KVP_MAX_CQS 64 /* CQs of an agent at most */
+
 /* Cuts *w down to device d's and port p's limits into *out. iwarp: the
- * device's transport is iWARP. Queue depths shrink (to at least 4 send
- * entries and 8 notification buffers) until every QP's completions fit
- * one CQ of the device's max_cqe. Returns 0, or -ENODEV for a device
- * that cannot serve at all (no READ in flight, no SGE, queues or CQ too
- * small for the slots asked: ask for fewer max_peers). */
+ * device's transport is iWARP. The QPs are spread over as many CQs of
+ * the device's max_cqe as their completions need, at most KVP_MAX_CQS
+ * and the device's max_cq (0: not said); only when that many cannot hold
+ * them do the queue depths shrink (to at least 4 send entries and 8
+ * notification buffers). Returns 0, or -ENODEV for a device that cannot
+ * serve at all (no READ in flight, no SGE, queues or CQs too small for
+ * the slots asked: ask for fewer max_qps). */
 int kvp__limits(const struct ibv_device_attr *d, const struct ibv_port_attr *p,
 		int iwarp, const struct kvp_want *w, struct kvp_limits *out);
 

@@ -52,7 +52,7 @@ int kvp_agent_listen(kvp_agent *a, const char *ip, uint16_t port)
 	err = -EINVAL;
 	if (a->listen_id->verbs && a->listen_id->verbs != a->ctx)
 		goto err_id;
-	err = kvp__listen(a->listen_id, (int)a->max_peers);
+	err = kvp__listen(a->listen_id, (int)a->nprod);
 	if (err)
 		goto err_id;
 	a->listening = 1;
@@ -92,9 +92,9 @@ static struct kvp_conn *slot_for(kvp_agent *a, const uint8_t *src,
 				 int *err, uint32_t *retry_ms, int *full)
 {
 	struct kvp_conn *free_slot = NULL;
-	uint32_t i, ranks = 0, qps = 0, half = 0;
+	uint32_t i, ranks = 0, all = 0, qps = 0, half = 0;
 
-	for (i = 0; i < a->nprod; i++) {
+	for (i = 0; i < a->prod_hw; i++) {
 		struct kvp_conn *c = &a->conns[i];
 
 		if (c->state == CS_FREE) {
@@ -104,16 +104,22 @@ static struct kvp_conn *slot_for(kvp_agent *a, const uint8_t *src,
 		}
 		if (c->state == CS_CONNECTING || c->state == CS_HANDSHAKE)
 			half++;
+		all += c->rank_head != 0;
 		if (memcmp(c->src, src, sizeof(c->src)))
 			continue;
 		ranks += c->rank_head != 0;
 		qps += c->engine_id == engine && c->rank == rank;
 	}
+	/* Never used yet: the next above the mark (prepared when taken). */
+	if (!free_slot && a->prod_hw < a->nprod)
+		free_slot = &a->conns[a->prod_hw];
 	*head = !qps;
 	*err = qps ? (qps >= KVP_MAX_QPS ? -EUSERS : 0) :
 		     (ranks >= a->max_per_source ? -EUSERS : 0);
 	*full = *err && !qps ? 1 : 0; /* a new rank, its address full */
-	if (!*err && (half >= a->max_half_open || !free_slot))
+	/* A new rank beyond max_peers, or a queue pair beyond max_qps. */
+	if (!*err && (half >= a->max_half_open || !free_slot ||
+		      (!qps && all >= a->prod_peers)))
 		*err = -EBUSY;
 	if (*err == -EBUSY && half < a->max_half_open)
 		*full = 2; /* every slot taken */
@@ -121,6 +127,32 @@ static struct kvp_conn *slot_for(kvp_agent *a, const uint8_t *src,
 		    half >= a->max_half_open ? KVP_RETRY_HALF_MS :
 					       KVP_RETRY_FULL_MS;
 	return *err ? NULL : free_slot;
+}
+
+/* Disconnects every READY queue pair of c's consumer rank (its address,
+ * engine and rank) with err; evict: to make room (a newcomer waits for
+ * the slots to drain). */
+static void rank_drop(kvp_agent *a, const struct kvp_conn *r, int evict,
+		      int err)
+{
+	uint64_t engine = r->engine_id;
+	uint32_t i, rank = r->rank;
+	uint8_t src[sizeof(r->src)];
+
+	memcpy(src, r->src, sizeof(src)); /* r goes with the others */
+
+	for (i = 0; i < a->prod_hw; i++) {
+		struct kvp_conn *c = &a->conns[i];
+
+		if (c->state != CS_READY || c->engine_id != engine ||
+		    c->rank != rank || memcmp(c->src, src, sizeof(src)))
+			continue;
+		if (evict) {
+			c->evicted = 1;
+			a->nevicting++;
+		}
+		kvp__conn_fail(a, c, err);
+	}
 }
 
 /* Room for a newcomer that found none (from address src, or NULL: any
@@ -141,7 +173,7 @@ static int evict_idle(kvp_agent *a, const uint8_t *src)
 	gen = ++a->evict_gen;
 	for (tries = 0; tries < EVICT_TRIES; tries++) {
 		lru = NULL;
-		for (i = 0; i < a->nprod; i++) {
+		for (i = 0; i < a->prod_hw; i++) {
 			struct kvp_conn *c = &a->conns[i];
 
 			if (c->state != CS_READY || c->evict_mark == gen ||
@@ -152,26 +184,43 @@ static int evict_idle(kvp_agent *a, const uint8_t *src)
 		}
 		if (!lru || !kvp__engine_busy(a, lru->engine_id))
 			break;
-		for (i = 0; i < a->nprod; i++)
+		for (i = 0; i < a->prod_hw; i++)
 			if (a->conns[i].engine_id == lru->engine_id)
 				a->conns[i].evict_mark = gen;
 		lru = NULL;
 	}
 	if (!lru)
 		return 0;
-	for (i = 0; i < a->nprod; i++) {
+	a->st.evictions++;
+	rank_drop(a, lru, 1, -ECONNRESET);
+	return 1;
+}
+
+void kvp__idle_sweep(kvp_agent *a, uint64_t now)
+{
+	uint64_t next = UINT64_MAX;
+	uint32_t i;
+
+	for (i = 0; i < a->prod_hw; i++) {
 		struct kvp_conn *c = &a->conns[i];
 
-		if (c != lru && (c->state != CS_READY ||
-				 c->engine_id != lru->engine_id ||
-				 c->rank != lru->rank ||
-				 memcmp(c->src, lru->src, sizeof(c->src))))
+		if (!c->rank_head || c->state != CS_READY)
 			continue;
-		c->evicted = 1;
-		a->nevicting++;
-		kvp__conn_fail(a, c, -ECONNRESET);
+		if (now < c->last_used || now - c->last_used < a->idle_ns) {
+			if (c->last_used + a->idle_ns < next)
+				next = c->last_used + a->idle_ns;
+			continue;
+		}
+		if (kvp__engine_busy(a, c->engine_id)) {
+			c->last_used = now; /* checked again idle_ns later */
+			if (now + a->idle_ns < next)
+				next = now + a->idle_ns;
+			continue;
+		}
+		a->st.idle_closes++;
+		rank_drop(a, c, 0, -ETIMEDOUT);
 	}
-	return 1;
+	a->idle_at = next;
 }
 
 int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
@@ -199,7 +248,7 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 	}
 	/* Refused while too many DISCONNECTED events wait to be polled:
 	 * that bounds the event queue. */
-	if (kvp__ev_room(a) <= (int)(a->max_inflight + a->max_peers)) {
+	if (kvp__ev_room(a) <= (int)(a->max_inflight + a->nprod)) {
 		reject(a, id, -EBUSY, KVP_REASON_PEER_FULL,
 		       KVP_RETRY_HALF_MS);
 		return 0;
@@ -216,6 +265,10 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 		reject(a, id, err, KVP_REASON_PEER_FULL, retry_ms);
 		return 0;
 	}
+	if (kvp__slot_prepare(a, c)) {
+		reject(a, id, -EBUSY, KVP_REASON_PEER_FULL, KVP_RETRY_FULL_MS);
+		return 0;
+	}
 	c->id = id;
 	c->rank_head = head;
 	a->ctr[c->idx] = 0;
@@ -226,8 +279,8 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 	memcpy(c->src, src, sizeof(c->src));
 	memcpy(c->hello_c, pdata, KVP_HELLO_LEN);
 	memset(&qa, 0, sizeof(qa));
-	qa.send_cq = a->cq;
-	qa.recv_cq = a->cq;
+	qa.send_cq = kvp__cq_of(a, c);
+	qa.recv_cq = qa.send_cq;
 	qa.qp_type = IBV_QPT_RC;
 	qa.cap.max_send_wr = PROD_SQ;
 	qa.cap.max_recv_wr = a->rq_depth + 2;
@@ -391,6 +444,9 @@ static int producer_meta(kvp_agent *a, struct kvp_conn *c)
 	c->state = CS_READY;
 	c->last_used = kvp__now_ns();
 	c->probe_at = c->last_used + KVP_PROBE_NS;
+	/* Its idle bound; the others' come earlier or at the same time. */
+	if (a->idle_ns != UINT64_MAX && a->idle_at == UINT64_MAX)
+		a->idle_at = c->last_used + a->idle_ns;
 	a->st.connects++;
 	return 0;
 }
@@ -400,16 +456,16 @@ void kvp__blob_check_one(kvp_agent *a)
 	uint32_t i, k;
 	int err;
 
-	for (k = 0; k < a->nprod; k++) {
-		i = (a->next_pending + k) % a->nprod;
+	for (k = 0; k < a->prod_hw; k++) {
+		i = (a->next_pending + k) % a->prod_hw;
 		if (a->conns[i].blob_pending)
 			break;
 	}
-	if (k == a->nprod) {
+	if (k == a->prod_hw) {
 		a->npending = 0; /* unreachable */
 		return;
 	}
-	a->next_pending = (i + 1) % a->nprod;
+	a->next_pending = (i + 1) % a->prod_hw;
 	a->conns[i].blob_pending = 0;
 	a->npending--;
 	/* A connection that failed (draining, or drained and awaiting its
@@ -498,7 +554,7 @@ static int last_of_rank(const kvp_agent *a, const struct kvp_conn *c)
 {
 	uint32_t i;
 
-	for (i = 0; i < a->nprod; i++) {
+	for (i = 0; i < a->prod_hw; i++) {
 		const struct kvp_conn *o = &a->conns[i];
 
 		if (o != c && o->state == CS_READY &&

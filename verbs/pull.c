@@ -521,7 +521,7 @@ void kvp__pull_timers(kvp_agent *a, uint64_t now)
 	}
 	/* Notifications starved of credit: read the counter again, and give
 	 * up on a rank that has not re-posted a buffer for stall_ns. */
-	for (i = a->nprod; i < a->nconns; i++) {
+	for (i = a->nprod; i < a->cons_end; i++) {
 		struct kvp_conn *c = &a->conns[i];
 
 		if (c->state != CS_READY || !c->starved)
@@ -584,7 +584,6 @@ int kvp__data_alloc(kvp_agent *a)
 	const uint32_t ng = a->li.ngroups, mi = a->max_inflight;
 	uint32_t i, *ids;
 	struct kvp_ids *gids;
-	int err;
 
 	a->chunk_mask = kvp__pow2_at_least(mi) - 1;
 	a->pq_mask = kvp__pow2_at_least(2 * mi) - 1;
@@ -639,16 +638,8 @@ int kvp__data_alloc(kvp_agent *a)
 	}
 	a->free_req = 0;
 	/* Only ever the source of SENDs: local read access suffices. */
-	err = kvp__reg_mr(a->pd, a->note_buf, 2 * (size_t)mi * KVP_NOTE_LEN,
-			  0, &a->note_mr);
-	/* Each connection's progress records: written by its producer rank
-	 * alone (an MR each: least privilege, as the credit counters). */
-	for (i = 0; !err && i < a->nconns - a->nprod; i++)
-		err = kvp__reg_mr(a->pd,
-				  a->ptab + (size_t)i * 2 * mi * KVP_PROG_REC,
-				  2 * (size_t)mi * KVP_PROG_REC,
-				  IBV_ACCESS_LOCAL_WRITE |
-					  IBV_ACCESS_REMOTE_WRITE,
-				  &a->ptab_mr[i]);
-	return err;
+	/* Each connection's progress records (ptab) get their MR when
+	 * the slot is first taken: kvp__slot_prepare(). */
+	return kvp__reg_mr(a->pd, a->note_buf,
+			   2 * (size_t)mi * KVP_NOTE_LEN, 0, &a->note_mr);
 }

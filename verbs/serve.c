@@ -40,22 +40,16 @@ int kvp__serve_alloc(kvp_agent *a)
 	a->bm = calloc((size_t)nbm * KVP_BM_WORDS, sizeof(*a->bm));
 	a->bm_free = calloc(nbm, sizeof(*a->bm_free));
 	a->gone = calloc(a->gone_cap, sizeof(*a->gone));
-	a->peng = calloc(a->max_peers, sizeof(*a->peng));
+	a->peng = calloc(a->prod_peers, sizeof(*a->peng));
 	a->hint = calloc((size_t)a->tab_mask + 1, sizeof(*a->hint));
 	/* Streaming: a follower record per request the producer can hold,
 	 * per connection slot, and the records their WRITEs send. */
 	a->fol_per = a->max_inflight;
 	a->fol = calloc((size_t)a->nprod * a->fol_per, sizeof(*a->fol));
 	a->fol_rec = calloc((size_t)a->nprod * a->fol_per, KVP_PROG_REC);
+	a->fol_mr = calloc(a->nprod, sizeof(*a->fol_mr));
 	if (!a->tab || !a->bm || !a->bm_free || !a->gone || !a->peng ||
-	    !a->hint || !a->fol || !a->fol_rec) {
-		kvp__serve_free(a);
-		return -ENOMEM;
-	}
-	/* Only ever the source of WRITEs: local read access suffices. */
-	if (kvp__reg_mr(a->pd, a->fol_rec,
-			(size_t)a->nprod * a->fol_per * KVP_PROG_REC, 0,
-			&a->fol_mr)) {
+	    !a->hint || !a->fol || !a->fol_rec || !a->fol_mr) {
 		kvp__serve_free(a);
 		return -ENOMEM;
 	}
@@ -68,7 +62,11 @@ int kvp__serve_alloc(kvp_agent *a)
 
 void kvp__serve_free(kvp_agent *a)
 {
-	kvp__dereg_mr(a->fol_mr);
+	uint32_t i;
+
+	for (i = 0; a->fol_mr && i < a->nprod; i++)
+		kvp__dereg_mr(a->fol_mr[i]);
+	free(a->fol_mr);
 	a->fol_mr = NULL;
 	free(a->fol);
 	free(a->fol_rec);
@@ -106,7 +104,7 @@ static struct kvp_peng *engine_find(kvp_agent *a, uint64_t engine_id)
 {
 	uint32_t i;
 
-	for (i = 0; i < a->max_peers; i++)
+	for (i = 0; i < a->prod_peers; i++)
 		if (a->peng[i].nconns && a->peng[i].engine_id == engine_id)
 			return &a->peng[i];
 	return NULL;
@@ -126,9 +124,9 @@ int kvp__engine_join(kvp_agent *a, struct kvp_conn *c)
 			return -EPROTO;
 		}
 	} else {
-		for (i = 0; i < a->max_peers && a->peng[i].nconns; i++)
+		for (i = 0; i < a->prod_peers && a->peng[i].nconns; i++)
 			;
-		if (i == a->max_peers)
+		if (i == a->prod_peers)
 			return -EBUSY; /* unreachable: a record per slot */
 		e = &a->peng[i];
 		e->engine_id = c->engine_id;
@@ -308,7 +306,7 @@ static void fol_write(kvp_agent *a, struct kvp_conn *c, uint32_t i,
 	memset(&wr, 0, sizeof(wr));
 	sge.addr = (uint64_t)(uintptr_t)rec;
 	sge.length = KVP_PROG_REC;
-	sge.lkey = a->fol_mr->lkey;
+	sge.lkey = a->fol_mr[i / a->fol_per]->lkey;
 	wr.wr_id = kvp__wrid(WK_PROGRESS, c->gen, c->idx, i);
 	wr.sg_list = &sge;
 	wr.num_sge = 1;
@@ -467,7 +465,7 @@ static int early_share_full(const kvp_agent *a, uint64_t engine)
 
 	if (a->nearly < a->early_cap / 2)
 		return 0;
-	for (i = 0; i < a->max_peers; i++)
+	for (i = 0; i < a->prod_peers; i++)
 		engines += a->peng[i].nconns != 0;
 	if (engines < 2)
 		return 0;

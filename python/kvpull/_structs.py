@@ -402,7 +402,8 @@ class AgentAttr(Struct):
         ("rq_depth", c_uint32), ("max_read", c_uint32),
         ("qps_per_peer", c_uint32), ("tos", c_uint32),
         ("plan_flags", c_uint32), ("max_mr", c_uint64),
-        ("stream_events", c_uint32),
+        ("stream_events", c_uint32), ("max_qps", c_uint32),
+        ("idle_ms", c_uint32),
     ]
 
 
@@ -487,7 +488,8 @@ class AgentStats(Struct):
         "credit_waits", "plan_compiles", "plan_hits", "probes",
         "rnr_timer_unset", "striped", "dmabuf_fallbacks", "async_errors",
         "publishes", "follows", "progress_writes", "progress_seen",
-        "arrivals", "mem_bytes")]
+        "arrivals", "mem_bytes", "peers", "qps", "evictions",
+        "idle_closes")]
 
 
 def _dtype(cls):

@@ -56,11 +56,12 @@ ATTR_DEFAULTS = {
     "addr": "none (consumer: the route picks the source address)",
     "max_ids": 256,
     "max_inflight": 64,
-    "max_peers": 64,
+    "max_peers": "1024 consumer ranks (producer), 64 producer ranks "
+                 "(consumer)",
     "sq_depth": 512,
     "max_sge": 16,
     "secret": "none",
-    "max_per_source": "max_peers / 4, at least 8",
+    "max_per_source": "max_peers",
     "handshake_ms": 10000,
     "stall_ms": 10000,
     "rq_depth": "max_inflight, at least 128",
@@ -70,13 +71,17 @@ ATTR_DEFAULTS = {
     "plan_flags": 0,
     "max_mr": "the device's max_mr_size",
     "stream_events": 0,
+    "max_qps": "2 x max_peers (producer), max_peers x qps_per_peer "
+               "(consumer)",
+    "idle_ms": 300000,
     "comp_mask": 0,
 }
 
 _U32_ATTRS = frozenset((
     "comp_mask", "max_ids", "max_inflight", "max_peers", "sq_depth",
     "max_sge", "max_per_source", "handshake_ms", "stall_ms", "rq_depth",
-    "max_read", "qps_per_peer", "tos", "plan_flags", "stream_events"))
+    "max_read", "qps_per_peer", "tos", "plan_flags", "stream_events",
+    "max_qps", "idle_ms"))
 
 _IDS = struct.Struct("@QQIIQ")      # struct kvp_ids (checked by the tests)
 assert _IDS.size == ctypes.sizeof(S.Ids)
@@ -555,7 +560,8 @@ class Agent(Handle):
     ``max_ids``, ``max_inflight``, ``max_peers``, ``sq_depth``,
     ``max_sge``, ``secret`` (bytes), ``max_per_source``, ``handshake_ms``,
     ``stall_ms``, ``rq_depth``, ``max_read``, ``qps_per_peer``, ``tos``,
-    ``plan_flags``, ``max_mr``, ``stream_events``, ``comp_mask``.
+    ``plan_flags``, ``max_mr``, ``stream_events``, ``max_qps``,
+    ``idle_ms``, ``comp_mask``.
 
     :class:`Error` -ENODEV without an RDMA device (or none of that name or
     address), -EINVAL for a bad attribute (as the C call refuses it), and
@@ -1088,7 +1094,7 @@ class Agent(Handle):
         descriptors (:meth:`arm`, then :meth:`fileno`, the GIL released)
         until at least one event comes or the time is up (then ``[]``).
         At most ``max_events`` events are returned; the rest wait for the
-        next call.  :class:`Error` -EIO when polling the completion queue
+        next call.  :class:`Error` -EIO when polling a completion queue
         failed (close the agent)."""
         evs = self._poll(max_events)
         if evs or timeout == 0:
@@ -1253,7 +1259,8 @@ class Agent(Handle):
 
     def stats(self):
         """The agent's counters since open, an :class:`AgentStats`
-        (``kvp_agent_get_stats()``)."""
+        (``kvp_agent_get_stats()``); ``mem_bytes``, ``peers`` (peer ranks
+        connected) and ``qps`` (queue pairs open) are its state now."""
         st = S.AgentStats()
         with self._lock:
             h = self._live()

@@ -289,13 +289,18 @@ def test_attr_defaults_match_the_c_source():
     src = open(os.path.join(REPO, "verbs", "agent.c")).read()
     defs = dict(re.findall(r"#define (DEF_\w+) (\w+)", src))
     want = {"max_ids": "DEF_MAX_IDS", "max_inflight": "DEF_INFLIGHT",
-            "max_peers": "DEF_PEERS", "sq_depth": "DEF_SQ",
+            "sq_depth": "DEF_SQ",
             "max_sge": "DEF_SGE", "handshake_ms": "DEF_HANDSHAKE_MS",
-            "stall_ms": "DEF_STALL_MS", "qps_per_peer": "DEF_QPS"}
+            "stall_ms": "DEF_STALL_MS", "qps_per_peer": "DEF_QPS",
+            "idle_ms": "DEF_IDLE_MS"}
     for attr, name in want.items():
         v = defs[name]
         v = kvpull.DEFAULT_MAX_SGE if v == "KVP_DEFAULT_MAX_SGE" else int(v)
         assert kvpull.ATTR_DEFAULTS[attr] == v, attr
+    # max_peers: a default per side, both named.
+    peers = kvpull.ATTR_DEFAULTS["max_peers"]
+    assert peers.startswith(defs["DEF_PEERS_PROD"] + " consumer ranks")
+    assert defs["DEF_PEERS_CONS"] + " producer ranks" in peers
 
 
 def test_attrs_reach_open(fake, layout):
@@ -304,7 +309,7 @@ def test_attrs_reach_open(fake, layout):
               secret=b"s" * 32, max_per_source=3, handshake_ms=500,
               stall_ms=700, rq_depth=99, max_read=1 << 20,
               qps_per_peer=3, tos=27, plan_flags=1, max_mr=1 << 30,
-              stream_events=True)
+              stream_events=True, max_qps=20, idle_ms=5000)
     with kvpull.Agent(layout, "both", **kw) as a:
         assert a.role == kvpull.Role.BOTH
     seen = fake.seen["open"]
@@ -314,7 +319,8 @@ def test_attrs_reach_open(fake, layout):
     assert seen["stream_events"] == 1
     for k in ("max_ids", "max_inflight", "max_peers", "sq_depth", "max_sge",
               "max_per_source", "handshake_ms", "stall_ms", "rq_depth",
-              "max_read", "qps_per_peer", "tos", "plan_flags", "max_mr"):
+              "max_read", "qps_per_peer", "tos", "plan_flags", "max_mr",
+              "max_qps", "idle_ms"):
         assert seen[k] == kw[k], k
     # the layout handed over is the caller's (C copies it)
     assert seen["layout_info"] == layout.info.to_dict()
@@ -715,7 +721,7 @@ def test_stats(fake, agent):
     assert isinstance(st, kvpull.AgentStats)
     assert (st.pulls, st.mem_bytes, st.arrivals, st.done) == (3, 1 << 20, 9,
                                                              0)
-    assert len(st.to_dict()) == 33
+    assert len(st.to_dict()) == 37
 
 
 # ---- events -----------------------------------------------------------------
