@@ -1023,8 +1023,10 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  *    TP size is at most KVP_MAX_TP_SIZE, each poll checks at most one
  *    received blob, and a producer keeps at most max_per_source
  *    consumer ranks per consumer address (at most 8 queue pairs each)
- *    and at most half of max_qps handshakes under way, each for at
- *    most handshake_ms: idle or slow peers cannot hold every slot. A
+ *    and at most 64 (and half of max_qps) handshakes under way, each
+ *    for at most handshake_ms, the connect requests beyond them waiting
+ *    in arrival order for at most as long: idle or slow peers cannot
+ *    hold every slot. A
  *    consumer engine's notifications only
  *    ever count for its own requests (see kvp_agent_expect()). Each
  *    consumer rank's credit counter (see Liveness) is an MR of its own 8
@@ -1325,24 +1327,29 @@ KVP_API int kvp_agent_register_dmabuf(kvp_agent *agent, uint32_t region,
  * told why and fails with that error). At most max_peers consumer ranks
  * and max_qps queue pairs are connected at once, of at most
  * max_per_source consumer ranks from one address, and at most half of
- * max_qps (rounded up) handshake at once; more are refused with a retry
- * hint (see kvp_agent_connect() for what the consumer sees and how it
- * retries). With no attribute set, that is 1,024 ranks of two queue pairs
- * each, all from one host if need be.
+ * max_qps (rounded up), and at most 64, handshake at once. Connect
+ * requests beyond those 64 wait, in arrival order, for a handshake to end
+ * (at most max_qps of them, each at most handshake_ms: rdma_cm tells the
+ * consumer to expect a late answer); beyond the other limits they are
+ * refused with a retry hint (see kvp_agent_connect() for what the
+ * consumer sees and how it retries). With no attribute set, that is 1,024
+ * ranks of two queue pairs each, all from one host if need be.
  *
- * A consumer rank idle for idle_ms (no notification or FOLLOW, and no
- * request of its engine in flight here when that is checked) is
- * disconnected with all its queue pairs (-ETIMEDOUT; stats.idle_closes). A newcomer that finds no room (its
- * address at max_per_source ranks, max_peers ranks or every slot taken)
- * makes some (stats.evictions): the least recently used connected consumer
- * rank (its last notification or FOLLOW, or its handshake) whose engine
- * has no request in flight here -- none expected and none early, so none
- * being read or followed -- is disconnected with all its queue pairs
- * (KVP_EV_DISCONNECTED here, -ECONNRESET there: that consumer's engine
- * goes down and is reconnected on demand), and the newcomer, refused with
- * -EBUSY and a 20 ms hint, gets the slots once they drain. A rank of an
- * engine with a request in flight is never evicted; while one rank's
- * queue pairs drain no other is. Returns 0; -EINVAL (not a producer, bad address,
+ * A rank has a request in flight here while its engine has one expected
+ * or early that this rank has not notified yet (it may be reading or
+ * following it); one that notified every such request has none, whatever
+ * its engine's other ranks do. A consumer rank idle for idle_ms (no
+ * notification or FOLLOW, and nothing in flight when that is checked) is
+ * disconnected with all its queue pairs (-ETIMEDOUT; stats.idle_closes).
+ * A newcomer that finds no room (its address at max_per_source ranks,
+ * max_peers ranks or every slot taken) makes some (stats.evictions): the
+ * least recently used connected consumer rank (its last notification or
+ * FOLLOW, or its handshake) with nothing in flight is disconnected with
+ * all its queue pairs (KVP_EV_DISCONNECTED here, -ECONNRESET there: that
+ * consumer's engine goes down and is reconnected on demand), and the
+ * newcomer, refused with -EBUSY and a 20 ms hint, gets the slots once
+ * they drain. A rank with a request in flight is never evicted; while one
+ * rank's queue pairs drain no other is. Returns 0; -EINVAL (not a producer, bad address,
  * an address of another device); -EBUSY when already listening; -ENXIO when
  * a region is not registered; -EADDRINUSE; another -errno. */
 KVP_API KVP_MUST_CHECK int kvp_agent_listen(kvp_agent *agent, const char *ip,

@@ -19,6 +19,7 @@
 #   scripts/rdma-bench.sh --smoke
 #   scripts/rdma-bench.sh --stream [CASE]
 #   scripts/rdma-bench.sh --python
+#   scripts/rdma-bench.sh --storm [N [kvpull-storm options]]
 #
 # Side by side on KV-shaped workloads of real model pairs (kvpull-rdma-bench
 # --pair; default: llama-3.1-70b-tp8to2-hnd, llama-3.1-70b-tp4to8-nhd,
@@ -62,6 +63,22 @@
 # inside ibv_post_send()), printed beside it ("python-vm:"), where TCG
 # inflates every CPU cost many times. Also printed: the pull through a
 # prepared kvpull.Request (pull_extra_req_us), the binding's fastest path.
+#
+# --storm: issue 23's fleet-scale benchmark (tools/kvpull-storm.c), in one
+# VM boot (one rxe device, KVP_VM_MEM 10240 unless set: rxe maps each
+# connected consumer rank's queue pairs into its process, ~5 MiB a rank,
+# and 6 GiB were not enough for 1024 ranks): one producer agent
+# with default attributes against N consumer agents (engines of TP 8, in 8
+# processes) released at once, each pulling verified bytes; the cases
+# N = 64, 256 and 1024, then 1024 with a QP budget of 512 (--budget 512)
+# pulling twice (--rounds 2) so that pulls force evictions and reopens.
+# Each case prints its lines and one summary line,
+#   storm: peers=N qps=Q budget=B all_ready_ms=T p50_ms=A p99_ms=P
+#     refused=R timeouts=X worst_poll_ms=W evictions=E reopens=O
+#     bytes_per_peer=M wrong_bytes=K
+# and the summary lines are repeated at the end. --storm N runs one case
+# of N ranks (KVP_VM_MEM 2048 up to 256 ranks), with any further
+# kvpull-storm options: --storm 1024 --budget 512 --rounds 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -214,6 +231,41 @@ stream() {
 		"build/tools/kvpull-stream-bench ${only:+--case $only}"
 }
 
+# ---------------------------------------------------------- storm
+# scripts/rdma-bench.sh --storm [N [kvpull-storm options]]: see the top.
+storm() {
+	shift
+	local bin=$PWD/build/tools/kvpull-storm log rc=0 mem=10240 cmds=()
+	if [[ $# -gt 0 ]]; then
+		[[ $1 =~ ^[1-9][0-9]*$ ]] || {
+			echo "usage: scripts/rdma-bench.sh --storm [N [kvpull-storm options]]" >&2
+			exit 2
+		}
+		cmds=("$bin --ranks $*")
+		(($1 > 256)) || mem=2048
+	else
+		# A port per case: nothing of one case's producer can be
+		# mistaken for the next's.
+		cmds=("$bin --ranks 64 --port 24800"
+			"$bin --ranks 256 --port 24810"
+			"$bin --ranks 1024 --port 24820"
+			"$bin --ranks 1024 --budget 512 --rounds 2 --port 24830")
+	fi
+	bash scripts/install-deps.sh
+	make -s BUILD=build build/tools/kvpull-storm
+	log=$(mktemp "${TMPDIR:-/tmp}/kvp-storm.XXXXXX")
+	# Each case bounds itself (setup, rounds, closing: its alarm() is
+	# below 20 minutes for 1024 ranks and 2 rounds); the VM bounds all.
+	KVP_VM_MEM=${KVP_VM_MEM:-$mem} scripts/rxe-vm.sh -q --devices 1 \
+		--timeout 4800 --cmd-timeout 1500 --files "$bin" -- \
+		"${cmds[@]}" | tee "$log" || rc=$?
+	echo
+	echo "storm: summary (soft-RoCE under QEMU TCG, one rxe device, 2 vCPUs; not hardware):"
+	grep '^storm: peers=' "$log" || echo "storm: no summary line"
+	rm -f "$log"
+	return "$rc"
+}
+
 # ---------------------------------------------------------- Python
 # scripts/rdma-bench.sh --python: bench_emit.py and bench_pull.py --host on
 # the host, bench_pull.py --vm in one VM boot (one rxe device; Debian's
@@ -269,6 +321,7 @@ case ${1:-} in
 --side-by-side|--smoke) side_by_side "$@"; exit ;;
 --stream) stream "$@"; exit ;;
 --python) python_bench "$@"; exit ;;
+--storm) storm "$@"; exit ;;
 esac
 rounds=${1:-3}
 requests=${2:-32}
@@ -278,6 +331,8 @@ requests=${2:-32}
 	echo "                             [--blocks N] [--pair NAME]... [--ids MODE]..." >&2
 	echo "       scripts/rdma-bench.sh --smoke" >&2
 	echo "       scripts/rdma-bench.sh --python" >&2
+	echo "       scripts/rdma-bench.sh --stream [CASE]" >&2
+	echo "       scripts/rdma-bench.sh --storm [N [kvpull-storm options]]" >&2
 	exit 2
 }
 reads=$((requests * 128 * 2))

@@ -129,7 +129,7 @@ static int dump_consumer(const struct rt_env *env, const struct rt_req *rq)
 	if (!l || !r0 || kvt_mem_alloc(l, &mem))
 		RT_FAIL("layout or memory");
 	kvt_fill_background(&mem, 5);
-	if (rt_copy_mem(&exp, &mem))
+	if (kvt_mem_copy(&exp, &mem))
 		RT_FAIL("memory");
 	/* The plan kvpull-plan compiles with default options. */
 	tool_plan_attr(&pa, 0, 0);

@@ -623,7 +623,7 @@ static struct cons *cons_new(const struct eng_spec *cs, uint32_t rank,
 	if (!c->l || kvt_mem_alloc(c->l, &c->mem))
 		RT_FAIL("layout or memory");
 	kvt_fill_background(&c->mem, 7 + rank);
-	if (rt_copy_mem(&c->bg, &c->mem))
+	if (kvt_mem_copy(&c->bg, &c->mem))
 		RT_FAIL("memory");
 	at.role = KVP_ROLE_CONSUMER;
 	at.layout = c->l;
@@ -920,7 +920,7 @@ static void blame(const struct cons *c, const struct kvt_mem *exp)
 	uint32_t k, r, shown = 0;
 	uint64_t o, bad;
 
-	if (rt_copy_mem(&need, &c->bg) || rt_copy_mem(&tmp, &c->bg))
+	if (kvt_mem_copy(&need, &c->bg) || kvt_mem_copy(&tmp, &c->bg))
 		goto out;
 	for (r = 0; r < need.nregions; r++)
 		memset(need.buf[r], 0, need.size[r]);
@@ -960,7 +960,7 @@ static int cons_check_mem(struct cons *c)
 	uint64_t o;
 	int ret = -1;
 
-	if (rt_copy_mem(&exp, &c->bg) || rt_copy_mem(&need, &c->bg))
+	if (kvt_mem_copy(&exp, &c->bg) || kvt_mem_copy(&need, &c->bg))
 		RT_FAIL("memory");
 	for (r = 0; r < need.nregions; r++)
 		memset(need.buf[r], 0, need.size[r]);

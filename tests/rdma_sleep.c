@@ -149,7 +149,7 @@ static int sleepy_consumer(const struct rt_env *env, const struct rt_req *rq)
 	if (!l || !r0 || kvt_mem_alloc(l, &mem))
 		RT_FAIL("layout");
 	kvt_fill_background(&mem, 3);
-	if (rt_copy_mem(&exp, &mem))
+	if (kvt_mem_copy(&exp, &mem))
 		RT_FAIL("memory");
 	memset(&at, 0, sizeof(at));
 	at.role = KVP_ROLE_CONSUMER;

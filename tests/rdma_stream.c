@@ -416,7 +416,7 @@ static int consumer(const struct scase *sc, const struct rt_env *env,
 		RT_FAIL("layout or memory");
 	kvp_layout_get_info(l, &li);
 	kvt_fill_background(&mem, 7 + rank);
-	if (rt_copy_mem(&exp, &mem))
+	if (kvt_mem_copy(&exp, &mem))
 		RT_FAIL("memory");
 	memset(&at, 0, sizeof(at));
 	at.role = KVP_ROLE_CONSUMER;

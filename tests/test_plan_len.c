@@ -305,26 +305,6 @@ static void test_too_many_pieces(void **state)
 
 /* ---- the identity contract under caps ------------------------------------ */
 
-static int mem_like(struct kvt_mem *dst, const struct kvt_mem *src, int copy)
-{
-	uint32_t i;
-
-	dst->nregions = src->nregions;
-	dst->buf = calloc(src->nregions, sizeof(*dst->buf));
-	dst->size = calloc(src->nregions, sizeof(*dst->size));
-	if (!dst->buf || !dst->size)
-		return -1;
-	for (i = 0; i < src->nregions; i++) {
-		dst->size[i] = src->size[i];
-		dst->buf[i] = calloc(1, src->size[i] ? src->size[i] : 1);
-		if (!dst->buf[i])
-			return -1;
-		if (copy)
-			memcpy(dst->buf[i], src->buf[i], src->size[i]);
-	}
-	return 0;
-}
-
 /* kvt_check_pull() with a plan attribute: also checks that no READ is
  * longer than the plan's max_len nor has more than max_sge SGEs, and that
  * the counts stay within kvp_plan_emit_bound(). Returns the WR count. */
@@ -360,9 +340,9 @@ static int check_pull_attr(const kvp_layout *local, kvp_layout *const *remote,
 	}
 	assert_int_equal(kvt_mem_alloc(local, &mem), 0);
 	kvt_fill_background(&mem, 7);
-	assert_int_equal(mem_like(&exp, &mem, 1), 0);
-	assert_int_equal(mem_like(&need, &mem, 0), 0);
-	assert_int_equal(mem_like(&seen, &mem, 0), 0);
+	assert_int_equal(kvt_mem_like(&exp, &mem, 1), 0);
+	assert_int_equal(kvt_mem_like(&need, &mem, 0), 0);
+	assert_int_equal(kvt_mem_like(&seen, &mem, 0), 0);
 	kvt_expect_consumer(local, remote[0], &exp, &need, ids);
 	kvp_plan_emit_bound(plan, maxids, &maxw, &maxs);
 	wr = calloc(maxw + 1, sizeof(*wr));

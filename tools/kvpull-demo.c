@@ -564,19 +564,6 @@ static void print_plan(struct rank_out *r, const kvp_plan *plan,
 	}
 }
 
-/* A copy of `src`, the memory of layout `l`. */
-static int copy_mem(const kvp_layout *l, struct kvt_mem *dst,
-		    const struct kvt_mem *src)
-{
-	uint32_t i;
-
-	if (kvt_mem_alloc(l, dst))
-		return -1;
-	for (i = 0; i < src->nregions; i++)
-		memcpy(dst->buf[i], src->buf[i], src->size[i]);
-	return 0;
-}
-
 /* Per group: the READs the plan emits for the batch (what the agent posts),
  * and the naive count: one READ per local block per (source, region pair)
  * stream of the group, what a per-block transfer list would post. */
@@ -649,7 +636,7 @@ static int decode_rank(const struct demo *d, uint32_t rank)
 		goto out;
 	}
 	kvt_fill_background(&mem, 11 + rank);
-	if (copy_mem(l, &exp, &mem)) {
+	if (kvt_mem_copy(&exp, &mem)) {
 		fprintf(stderr, "decode %u: out of memory\n", rank);
 		goto out;
 	}

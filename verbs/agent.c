@@ -29,6 +29,9 @@ _Static_assert(KVP_MAX_WR_LEN == KVP_DEFAULT_MAX_READ, "READ cap");
 #define CM_INTERVAL_NS 1000000ull    /* rdma_cm channel check, busy polling */
 #define CQ_BATCHES 8
 #define CM_BUDGET 16 /* rdma_cm events per poll */
+#define MAX_HALF_OPEN 64 /* producer: handshakes under way at most */
+#define RELEASE_BUDGET 8 /* drained connections a poll releases */
+#define TIMER_INTERVAL_NS 10000000ull /* connection timers, busy polling */
 /* The time after which a poll takes no further rdma_cm event (it takes
  * one at least): each costs a syscall or more, and on soft-RoCE under
  * emulation a QP's creation or teardown tens of ms. */
@@ -203,6 +206,8 @@ static int open_sides(kvp_agent *a)
 		return err;
 	if (a->producer) {
 		err = kvp__serve_alloc(a);
+		if (!err)
+			err = kvp__wait_alloc(a);
 		if (err)
 			return err;
 		/* Consumers READ their slot's counter for credit, each
@@ -240,6 +245,7 @@ static void close_sides(kvp_agent *a)
 			(void)kvp__disconnect(c->id);
 		kvp__conn_release(a, c);
 	}
+	kvp__slots_free(a);
 	kvp__engines_free(a);
 	kvp__data_free(a);
 	for (i = 0; a->ctr_mr && i < a->nprod; i++)
@@ -248,6 +254,7 @@ static void close_sides(kvp_agent *a)
 	a->ctr_mr = NULL;
 	free(a->ctr);
 	a->ctr = NULL;
+	kvp__wait_free(a);
 	kvp__serve_free(a);
 	kvp__ctl_free(a);
 	cqs_destroy(a);
@@ -295,6 +302,8 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	if (!a->max_per_source || a->max_per_source > a->prod_peers)
 		a->max_per_source = a->prod_peers;
 	a->max_half_open = (a->prod_qps + 1) / 2;
+	if (a->max_half_open > MAX_HALF_OPEN)
+		a->max_half_open = MAX_HALF_OPEN;
 	a->idle_ns = attr->idle_ms == KVP_IDLE_NEVER ? UINT64_MAX :
 		     (uint64_t)(attr->idle_ms ? attr->idle_ms : DEF_IDLE_MS) *
 			     1000000ull;
@@ -832,12 +841,14 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 		return -EINVAL;
 	if (a->consumer)
 		kvp__req_reap(a);
+	a->release_left = RELEASE_BUDGET;
 	now = kvp__now_ns();
 	if (a->armed) {
 		while (kvp__get_cq_event(a->cch) > 0)
 			;
 		a->armed = 0;
 		a->next_cm_ns = 0;
+		a->next_timer_ns = 0;
 	}
 	n = cq_drain(a);
 	if (kvp_unlikely(n < 0))
@@ -853,9 +864,16 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 	if (now >= a->next_cm_ns) {
 		async_events(a);
 		cm_events(a, CM_BUDGET, now + POLL_BUDGET_NS);
-		kvp__conn_timers(a, now);
+		/* Every TIMER_INTERVAL_NS while busy polling (a walk of the
+		 * slots), at once after a sleep (arm's wake is a deadline). */
+		if (now >= a->next_timer_ns) {
+			kvp__conn_timers(a, now);
+			a->next_timer_ns = now + TIMER_INTERVAL_NS;
+		}
 		if (a->producer && now >= a->idle_at)
 			kvp__idle_sweep(a, now);
+		if (a->wq_n)
+			(void)kvp__accept_waiting(a, now);
 		if (a->consumer)
 			kvp__pull_timers(a, now);
 		a->next_cm_ns = now + CM_INTERVAL_NS;
@@ -890,6 +908,10 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 	if (a->producer)
 		wake = a->next_deadline < a->idle_at ? a->next_deadline :
 						       a->idle_at;
+	/* Connect requests waiting for a handshake slot: each handshake's
+	 * end raises an event; the oldest's bound does not. */
+	if (a->wq_n && a->wq[a->wq_head].since + a->handshake_ns < wake)
+		wake = a->wq[a->wq_head].since + a->handshake_ns;
 	for (i = kvp__slot_next(a, 0); i < a->nconns;
 	     i = kvp__slot_next(a, i + 1)) {
 		const struct kvp_conn *c = &a->conns[i];
@@ -902,7 +924,7 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 			wake = c->drain_deadline;
 		/* The liveness probe of a consumer rank. */
 		if (c->side == KVP_ROLE_PRODUCER && c->state == CS_READY &&
-		    c->probe_at < wake)
+		    c->rank_head && c->probe_at < wake)
 			wake = c->probe_at;
 		/* A notification waiting for credit: the counter is read
 		 * again each millisecond. */
@@ -964,6 +986,7 @@ static int wait_engine(kvp_agent *a, struct kvp_eng *e, uint64_t deadline)
 		pfd.events = POLLIN;
 		pfd.revents = 0;
 		(void)poll(&pfd, 1, 1);
+		a->release_left = RELEASE_BUDGET;
 		(void)cq_drain(a);
 		cm_events(a, 64, UINT64_MAX);
 		now = kvp__now_ns();

@@ -247,6 +247,18 @@ int kvp__slot_prepare(kvp_agent *a, struct kvp_conn *c)
 	return 0;
 }
 
+void kvp__slots_free(kvp_agent *a)
+{
+	uint32_t i;
+
+	for (i = 0; a->conns && i < a->nconns; i++) {
+		kvp__dereg_mr(a->conns[i].notes_mr);
+		free(a->conns[i].notes);
+		a->conns[i].notes_mr = NULL;
+		a->conns[i].notes = NULL;
+	}
+}
+
 int kvp__post_send1(struct kvp_conn *c, uint64_t wr_id, void *buf,
 		    uint32_t len, uint32_t lkey)
 {
@@ -411,8 +423,7 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	kvp__destroy_id(c->id);
 	kvp__dereg_mr(c->blob_mr);
 	free(c->blob);
-	kvp__dereg_mr(c->notes_mr);
-	free(c->notes);
+	/* c->notes stays with the slot (kvp__slots_free()). */
 	kvp_layout_destroy(c->peer);
 	if (c->blob_pending)
 		a->npending--;
@@ -460,8 +471,6 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->retrying = 0;
 	c->last_used = 0;
 	c->evicted = 0;
-	c->notes = NULL;
-	c->notes_mr = NULL;
 	c->expected = 0;
 	c->probing = 0;
 	c->probe_at = 0;
@@ -517,6 +526,14 @@ void kvp__conn_drained(kvp_agent *a, struct kvp_conn *c)
 {
 	if (c->state != CS_DRAINING)
 		return;
+	/* Destroying a QP is a syscall or more (tens of ms under emulation):
+	 * a poll releases a bounded number; the rest at once in the next
+	 * (kvp__conn_timers(): the deadline passed). */
+	if (!a->release_left) {
+		c->drain_deadline = 0;
+		return;
+	}
+	a->release_left--;
 	a->ndraining--;
 	c->drains = 0;
 	/* Every WR posted on it has completed or been flushed: nothing of it
@@ -559,6 +576,8 @@ void kvp__conn_report(kvp_agent *a, struct kvp_conn *c, int last,
 /* Producer: a zero-length READ to the consumer rank: its NIC answers
  * without touching memory or checking a key, so only a consumer that is
  * gone (no answer: the transport's retries run out) fails it. */
+#define PROBE_BUDGET 8 /* probes posted per kvp__conn_timers() */
+
 static void probe(kvp_agent *a, struct kvp_conn *c, uint64_t now)
 {
 	struct ibv_send_wr wr, *bad;
@@ -590,7 +609,7 @@ void kvp__probe_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 
 void kvp__conn_timers(kvp_agent *a, uint64_t now)
 {
-	uint32_t i;
+	uint32_t i, probes = PROBE_BUDGET;
 
 	for (i = kvp__slot_next(a, 0); i < a->nconns;
 	     i = kvp__slot_next(a, i + 1)) {
@@ -605,10 +624,15 @@ void kvp__conn_timers(kvp_agent *a, uint64_t now)
 			   now >= c->drain_deadline) {
 			kvp__conn_fail(a, c, -ETIMEDOUT);
 		} else if (c->side == KVP_ROLE_PRODUCER &&
-			   c->state == CS_READY && now >= c->probe_at) {
+			   c->state == CS_READY && c->rank_head &&
+			   now >= c->probe_at) {
+			/* One QP a consumer rank tells whether its host
+			 * answers (when it goes, the next QP of the rank
+			 * takes its place); a bounded number a call, the
+			 * rest in the next. */
 			if (c->probing)
 				kvp__conn_fail(a, c, -ETIMEDOUT);
-			else
+			else if (probes && probes--)
 				probe(a, c, now);
 		}
 	}

@@ -344,7 +344,7 @@ static int eng_start(kvp_agent *a, struct kvp_eng *e, uint32_t timeout_ms)
 	e->nq = a->qps;
 	e->rank_conn = malloc((size_t)e->n * e->nq * sizeof(*e->rank_conn));
 	e->retry_at = calloc((size_t)e->n * e->nq, sizeof(*e->retry_at));
-	e->nretry = e->refusals = 0;
+	e->nretry = e->refusals = e->resets = 0;
 	if (!e->rank_conn || !e->retry_at)
 		return -ENOMEM;
 	for (r = 0; r < e->n * e->nq; r++)
@@ -689,6 +689,8 @@ static int last_of_rank(const kvp_agent *a, const struct kvp_conn *c)
  * doubled with each refusal of this handshake (up to 64x) and jittered to
  * 50-150 %, if that is before the handshake's deadline. The engine keeps
  * connecting meanwhile; the connection drains and lets its slot go. */
+#define RESET_RETRIES 3 /* resets during one handshake tried again */
+
 static int retry_later(kvp_agent *a, struct kvp_eng *e, struct kvp_conn *c)
 {
 	uint64_t now = kvp__now_ns(), wait;
@@ -718,6 +720,14 @@ void kvp__consumer_failed(kvp_agent *a, struct kvp_conn *c, int was_ready)
 {
 	struct kvp_eng *e = &a->engs[c->eng];
 
+	/* Reset during the handshake: the producer took us and dropped us
+	 * (its handshake bound passed while it was swamped): tried again
+	 * like a refusal, a few times. */
+	if (!was_ready && !c->retry_ms && c->status == -ECONNRESET &&
+	    e->resets < RESET_RETRIES) {
+		e->resets++;
+		c->retry_ms = KVP_RETRY_FULL_MS;
+	}
 	if (!was_ready && c->retry_ms && retry_later(a, e, c))
 		return;
 

@@ -327,6 +327,17 @@ static inline uint64_t kvp__prog_check(uint64_t tag, uint64_t all,
 #define KVP_REFUSE_HINT_LEN 16
 /* The hints: handshakes under way finish in milliseconds; a slot held by
  * a connected rank frees only when it goes. */
+/* A connect request waiting for a handshake slot (listen.c). Its private
+ * data: rdma_cm's over InfiniBand and RoCE is at most 56 bytes. */
+#define KVP_WAIT_PDATA 64
+struct kvp_wait {
+	struct rdma_cm_id *id;
+	uint64_t since;
+	uint32_t plen;
+	uint8_t rr;
+	uint8_t pdata[KVP_WAIT_PDATA];
+};
+
 #define KVP_RETRY_HALF_MS 20u
 #define KVP_RETRY_FULL_MS 250u
 #define KVP_RETRY_MAX_MS 60000u /* a larger hint is read as this */
@@ -671,6 +682,7 @@ struct kvp_eng {
 				 * attempt (ns), or 0 */
 	uint32_t nretry;	/* entries of retry_at set */
 	uint32_t refusals;	/* this handshake's: the backoff's exponent */
+	uint32_t resets;	/* this handshake's resets tried again */
 	int32_t retry_err;	/* the last refusal's (-EBUSY or -EUSERS) */
 	uint32_t *note_conn;	/* per notify index: its rank's nq
 				 * connections, nq entries each */
@@ -758,6 +770,11 @@ struct kvp_agent {
 	uint32_t prod_peers;	/* producer: consumer ranks at once */
 	uint32_t prod_qps, cons_qps; /* each side's queue pair slots */
 	uint64_t idle_ns;	/* producer: idle bound; UINT64_MAX: none */
+	uint64_t next_timer_ns;	/* next kvp__conn_timers() while busy */
+	uint32_t release_left;	/* drained connections a poll may still
+				 * release (kvp__conn_drained()) */
+	struct kvp_wait *wq;	/* producer: connect requests waiting */
+	uint32_t wq_cap, wq_head, wq_n;
 	uint64_t idle_at;	/* producer: the next idle check (the earliest
 				 * bound of a READY rank), UINT64_MAX: none */
 	uint32_t nprepared[2];	/* slots whose memory is set up, per side
@@ -927,10 +944,13 @@ KVP_HIDDEN void kvp__serve_timers(kvp_agent *a, uint64_t now);
  * the engine's other ranks; -EBUSY when no record is free) or leaves. */
 KVP_HIDDEN int kvp__engine_join(kvp_agent *a, struct kvp_conn *c);
 KVP_HIDDEN void kvp__engine_leave(kvp_agent *a, struct kvp_conn *c);
-/* Whether consumer engine `engine` has a request in flight here: expected
- * or early (so possibly followed, or being read). One pass over the
- * table. */
-KVP_HIDDEN int kvp__engine_busy(const kvp_agent *a, uint64_t engine);
+/* Whether consumer rank `rank` of engine `engine` has a request in flight
+ * here: one of its engine's expected or early that it has not notified
+ * yet (so possibly followed, or being read). A rank that notified every
+ * one is done with them, whatever its engine's other ranks do. One pass
+ * over the table. */
+KVP_HIDDEN int kvp__rank_busy(const kvp_agent *a, uint64_t engine,
+			      uint32_t rank);
 /* Producer: disconnects each consumer rank (-ETIMEDOUT) READY and unused
  * for idle_ns with nothing of its engine in flight here (one that has
  * something is checked again idle_ns later). */
@@ -961,6 +981,9 @@ KVP_HIDDEN int kvp__blob_make(kvp_agent *a);
 KVP_HIDDEN void kvp__blob_free(kvp_agent *a);
 KVP_HIDDEN struct kvp_conn *kvp__conns_alloc(uint32_t n);
 int kvp__slot_prepare(kvp_agent *a, struct kvp_conn *c);
+/* Frees what slots keep between peers (a producer slot's notification
+ * buffers, registered with its first handshake). At close. */
+void kvp__slots_free(kvp_agent *a);
 
 /* The CQ index of connection slot c: slots share CQs in runs (limits.h);
  * kvp__cq_make() creates it with the run's first slot. */
@@ -1010,10 +1033,18 @@ KVP_HIDDEN int kvp__refusal_errno(int32_t err);
 /* listen.c: the producer's connections */
 KVP_HIDDEN extern const struct kvp_conn_ops kvp__producer_ops;
 /* Returns 1 when it set up a connection slot (a QP), 0 when it refused
- * the request outright. */
+ * the request outright or queued it (max_half_open handshakes under way,
+ * or others waiting before it). */
 KVP_HIDDEN int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 				const uint8_t *pdata, uint32_t plen,
 				uint8_t responder_resources);
+/* The connect requests waiting for a handshake to end, in arrival order:
+ * the first is taken once fewer than max_half_open are under way (1: a
+ * QP was set up); one waiting longer than handshake_ms is refused with a
+ * retry hint. */
+KVP_HIDDEN int kvp__accept_waiting(kvp_agent *a, uint64_t now);
+KVP_HIDDEN int kvp__wait_alloc(kvp_agent *a);
+KVP_HIDDEN void kvp__wait_free(kvp_agent *a);
 KVP_HIDDEN void kvp__producer_event(kvp_agent *a, struct kvp_conn *c,
 				    enum rdma_cm_event_type type);
 KVP_HIDDEN void kvp__producer_wc(kvp_agent *a, struct kvp_conn *c,

@@ -157,12 +157,12 @@ static void rank_drop(kvp_agent *a, const struct kvp_conn *r, int evict,
 
 /* Room for a newcomer that found none (from address src, or NULL: any
  * slot): the least recently used connected consumer rank (all its queue
- * pairs) whose engine has nothing in flight here -- no request expected
- * or early, so none being read or followed -- is disconnected; its slots
- * free once they drain. Engines found busy are passed over, at most
- * EVICT_TRIES of them a call. While one rank's slots drain no other goes.
+ * pairs) with nothing in flight here -- it notified every request of its
+ * engine expected or early, so it reads or follows none -- is
+ * disconnected; its slots free once they drain. Ranks found busy are
+ * passed over, at most EVICT_TRIES of them a call. While one rank's slots drain no other goes.
  * 1 when room is coming. */
-#define EVICT_TRIES 4
+#define EVICT_TRIES 16
 static int evict_idle(kvp_agent *a, const uint8_t *src)
 {
 	struct kvp_conn *lru = NULL;
@@ -182,10 +182,11 @@ static int evict_idle(kvp_agent *a, const uint8_t *src)
 			if (!lru || c->last_used < lru->last_used)
 				lru = c;
 		}
-		if (!lru || !kvp__engine_busy(a, lru->engine_id))
+		if (!lru || !kvp__rank_busy(a, lru->engine_id, lru->rank))
 			break;
 		for (i = 0; i < a->prod_hw; i++)
-			if (a->conns[i].engine_id == lru->engine_id)
+			if (a->conns[i].engine_id == lru->engine_id &&
+			    a->conns[i].rank == lru->rank)
 				a->conns[i].evict_mark = gen;
 		lru = NULL;
 	}
@@ -211,7 +212,7 @@ void kvp__idle_sweep(kvp_agent *a, uint64_t now)
 				next = c->last_used + a->idle_ns;
 			continue;
 		}
-		if (kvp__engine_busy(a, c->engine_id)) {
+		if (kvp__rank_busy(a, c->engine_id, c->rank)) {
 			c->last_used = now; /* checked again idle_ns later */
 			if (now + a->idle_ns < next)
 				next = now + a->idle_ns;
@@ -223,8 +224,84 @@ void kvp__idle_sweep(kvp_agent *a, uint64_t now)
 	a->idle_at = next;
 }
 
+int kvp__wait_alloc(kvp_agent *a)
+{
+	a->wq_cap = a->nprod;
+	a->wq = calloc(a->wq_cap, sizeof(*a->wq));
+	return a->wq ? 0 : -ENOMEM;
+}
+
+void kvp__wait_free(kvp_agent *a)
+{
+	for (; a->wq && a->wq_n; a->wq_n--) {
+		kvp__destroy_id(a->wq[a->wq_head].id);
+		a->wq_head = (a->wq_head + 1) % a->wq_cap;
+	}
+	free(a->wq);
+	a->wq = NULL;
+}
+
+/* Queues a connect request behind the others; 0, or -ENOSPC when as many
+ * wait as there are slots. */
+static int wait_push(kvp_agent *a, struct rdma_cm_id *id,
+		     const uint8_t *pdata, uint32_t plen, uint8_t rr)
+{
+	struct kvp_wait *w;
+
+	if (a->wq_n == a->wq_cap || plen > KVP_WAIT_PDATA)
+		return -ENOSPC;
+	w = &a->wq[(a->wq_head + a->wq_n++) % a->wq_cap];
+	w->id = id;
+	w->since = kvp__now_ns();
+	w->plen = plen;
+	w->rr = rr;
+	memcpy(w->pdata, pdata, plen);
+	return 0;
+}
+
+static uint32_t half_open(const kvp_agent *a)
+{
+	uint32_t i, n = 0;
+
+	for (i = 0; i < a->prod_hw; i++)
+		n += a->conns[i].state == CS_CONNECTING ||
+		     a->conns[i].state == CS_HANDSHAKE;
+	return n;
+}
+
+static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
+		      const uint8_t *pdata, uint32_t plen, uint8_t rr,
+		      int queued);
+
+int kvp__accept_waiting(kvp_agent *a, uint64_t now)
+{
+	struct kvp_wait w;
+
+	/* Waited the handshake's bound: come back later. */
+	while (a->wq_n && now - a->wq[a->wq_head].since > a->handshake_ns) {
+		reject(a, a->wq[a->wq_head].id, -EBUSY, KVP_REASON_PEER_FULL,
+		       KVP_RETRY_FULL_MS);
+		a->wq_head = (a->wq_head + 1) % a->wq_cap;
+		a->wq_n--;
+	}
+	if (!a->wq_n || half_open(a) >= a->max_half_open)
+		return 0;
+	w = a->wq[a->wq_head];
+	a->wq_head = (a->wq_head + 1) % a->wq_cap;
+	a->wq_n--;
+	return accept_one(a, w.id, w.pdata, w.plen, w.rr, 1);
+}
+
 int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 		     const uint8_t *pdata, uint32_t plen, uint8_t rr)
+{
+	return accept_one(a, id, pdata, plen, rr, 0);
+}
+
+/* queued: taken from the waiting requests (never queued again). */
+static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
+		      const uint8_t *pdata, uint32_t plen, uint8_t rr,
+		      int queued)
 {
 	uint8_t pd[KVP_HELLO_ACCEPT_LEN], src[16];
 	struct rdma_conn_param param;
@@ -253,8 +330,20 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 		       KVP_RETRY_HALF_MS);
 		return 0;
 	}
+	/* Others wait for a handshake slot: after them. */
+	if (!queued && a->wq_n) {
+		if (!wait_push(a, id, pdata, plen, rr))
+			return 0;
+		reject(a, id, -EBUSY, KVP_REASON_PEER_FULL, KVP_RETRY_FULL_MS);
+		return 0;
+	}
 	c = slot_for(a, src, h.engine_id, h.tp_rank, &head, &err, &retry_ms,
 		     &full);
+	/* Handshakes under way fill max_half_open: wait for one to end
+	 * (rdma_cm told the consumer to expect a late answer). */
+	if (!c && err == -EBUSY && !full && !queued &&
+	    !wait_push(a, id, pdata, plen, rr))
+		return 0;
 	if (!c) {
 		/* No room: an idle rank makes some, the newcomer comes back
 		 * as soon as it drains. */
@@ -374,10 +463,15 @@ static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 		return -EPERM;
 	if (kvp__peer_blob_alloc(a, c))
 		return -EBUSY;
-	c->notes = calloc(a->rq_depth, KVP_NOTE_LEN);
+	/* The slot's notification buffers: registered with its first
+	 * handshake, kept for the next peers (a registration each
+	 * handshake would cost two syscalls and page pinning). */
+	if (!c->notes)
+		c->notes = calloc(a->rq_depth, KVP_NOTE_LEN);
 	if (!c->notes ||
-	    kvp__reg_mr(a->pd, c->notes, (size_t)a->rq_depth * KVP_NOTE_LEN,
-			IBV_ACCESS_LOCAL_WRITE, &c->notes_mr))
+	    (!c->notes_mr &&
+	     kvp__reg_mr(a->pd, c->notes, (size_t)a->rq_depth * KVP_NOTE_LEN,
+			 IBV_ACCESS_LOCAL_WRITE, &c->notes_mr)))
 		return -EBUSY;
 	if (kvp__post_recv1(c, kvp__wrid(WK_META_RECV, c->gen, c->idx, 0),
 			    c->blob, c->blob_len, c->blob_mr->lkey))
@@ -447,7 +541,7 @@ static int producer_meta(kvp_agent *a, struct kvp_conn *c)
 	/* Its idle bound; the others' come earlier or at the same time. */
 	if (a->idle_ns != UINT64_MAX && a->idle_at == UINT64_MAX)
 		a->idle_at = c->last_used + a->idle_ns;
-	a->st.connects++;
+	a->st.connects += c->rank_head; /* ranks, as disconnects */
 	return 0;
 }
 

@@ -88,15 +88,22 @@ void kvp__serve_free(kvp_agent *a)
 
 /* ---- consumer engines ---------------------------------------------------- */
 
-int kvp__engine_busy(const kvp_agent *a, uint64_t engine)
+int kvp__rank_busy(const kvp_agent *a, uint64_t engine, uint32_t rank)
 {
+	const struct kvp_ent *e;
 	uint32_t i;
 
-	for (i = 0; i <= a->tab_mask; i++)
-		if ((a->tab[i].state == EN_EXPECTED ||
-		     a->tab[i].state == EN_EARLY) &&
-		    a->tab[i].engine_id == engine)
+	for (i = 0; i <= a->tab_mask; i++) {
+		e = &a->tab[i];
+		if ((e->state != EN_EXPECTED && e->state != EN_EARLY) ||
+		    e->engine_id != engine)
+			continue;
+		/* Not yet notified by this rank: it may be reading it. */
+		if (e->bm == NO_BM || rank >= KVP_MAX_TP_SIZE ||
+		    !(a->bm[(size_t)e->bm * KVP_BM_WORDS + rank / 64] &
+		      1ull << (rank % 64)))
 			return 1;
+	}
 	return 0;
 }
 

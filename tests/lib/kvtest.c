@@ -106,6 +106,31 @@ int kvt_mem_alloc(const kvp_layout *l, struct kvt_mem *m)
 	return 0;
 }
 
+int kvt_mem_like(struct kvt_mem *dst, const struct kvt_mem *src, int copy)
+{
+	uint32_t i;
+
+	dst->nregions = src->nregions;
+	dst->buf = calloc(src->nregions + 1, sizeof(*dst->buf));
+	dst->size = calloc(src->nregions + 1, sizeof(*dst->size));
+	if (!dst->buf || !dst->size)
+		return -1;
+	for (i = 0; i < src->nregions; i++) {
+		dst->size[i] = src->size[i];
+		dst->buf[i] = calloc(1, src->size[i] ? src->size[i] : 1);
+		if (!dst->buf[i])
+			return -1;
+		if (copy)
+			memcpy(dst->buf[i], src->buf[i], src->size[i]);
+	}
+	return 0;
+}
+
+int kvt_mem_copy(struct kvt_mem *dst, const struct kvt_mem *src)
+{
+	return kvt_mem_like(dst, src, 1);
+}
+
 void kvt_mem_free(struct kvt_mem *m)
 {
 	uint32_t i;
@@ -130,41 +155,9 @@ void kvt_fill_background(struct kvt_mem *m, uint32_t salt)
 				(uint8_t)(mix(mix(salt, r), o >> 3) >> (8 * (o & 7)));
 }
 
-static int mem_copy(struct kvt_mem *dst, const struct kvt_mem *src)
-{
-	uint32_t i;
-
-	dst->nregions = src->nregions;
-	dst->buf = calloc(src->nregions + 1, sizeof(*dst->buf));
-	dst->size = calloc(src->nregions + 1, sizeof(*dst->size));
-	if (!dst->buf || !dst->size)
-		return -1;
-	for (i = 0; i < src->nregions; i++) {
-		dst->size[i] = src->size[i];
-		dst->buf[i] = malloc(src->size[i]);
-		if (!dst->buf[i])
-			return -1;
-		memcpy(dst->buf[i], src->buf[i], src->size[i]);
-	}
-	return 0;
-}
-
 static int mem_zero_like(struct kvt_mem *dst, const struct kvt_mem *src)
 {
-	uint32_t i;
-
-	dst->nregions = src->nregions;
-	dst->buf = calloc(src->nregions + 1, sizeof(*dst->buf));
-	dst->size = calloc(src->nregions + 1, sizeof(*dst->size));
-	if (!dst->buf || !dst->size)
-		return -1;
-	for (i = 0; i < src->nregions; i++) {
-		dst->size[i] = src->size[i];
-		dst->buf[i] = calloc(1, src->size[i]);
-		if (!dst->buf[i])
-			return -1;
-	}
-	return 0;
+	return kvt_mem_like(dst, src, 0);
 }
 
 /* Visits every element of field `f` (of view `v`, group `g`, layer) in the
@@ -487,7 +480,7 @@ int kvt_check_pull(const kvp_layout *local, kvp_layout *const *remote,
 	if (kvt_mem_alloc(local, &mem))
 		goto out;
 	kvt_fill_background(&mem, 7);
-	if (mem_copy(&exp, &mem) || mem_zero_like(&need, &mem) ||
+	if (kvt_mem_copy(&exp, &mem) || mem_zero_like(&need, &mem) ||
 	    mem_zero_like(&seen, &mem))
 		goto out;
 	kvt_expect_consumer(local, remote[0], &exp, &need, ids);

@@ -26,6 +26,11 @@ struct kvt_mem {
 
 int kvt_mem_alloc(const kvp_layout *l, struct kvt_mem *m);
 void kvt_mem_free(struct kvt_mem *m);
+/* dst shaped as src (its regions), its bytes copied (copy) or zero; -1
+ * when out of memory (dst then holds what was allocated: kvt_mem_free()
+ * it). kvt_mem_copy(): copied. */
+int kvt_mem_like(struct kvt_mem *dst, const struct kvt_mem *src, int copy);
+int kvt_mem_copy(struct kvt_mem *dst, const struct kvt_mem *src);
 
 /* Fills every byte with a per-(rank, region, offset) background value that
  * no identity pattern uses the same way. */

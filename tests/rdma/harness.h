@@ -633,25 +633,6 @@ out:
 
 /* ---- consumer rank ------------------------------------------------------ */
 
-static int rt_copy_mem(struct kvt_mem *dst, const struct kvt_mem *src)
-{
-	uint32_t i;
-
-	dst->nregions = src->nregions;
-	dst->buf = calloc(src->nregions + 1, sizeof(*dst->buf));
-	dst->size = calloc(src->nregions + 1, sizeof(*dst->size));
-	if (!dst->buf || !dst->size)
-		return -1;
-	for (i = 0; i < src->nregions; i++) {
-		dst->size[i] = src->size[i];
-		dst->buf[i] = malloc(src->size[i] ? src->size[i] : 1);
-		if (!dst->buf[i])
-			return -1;
-		memcpy(dst->buf[i], src->buf[i], src->size[i]);
-	}
-	return 0;
-}
-
 static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 		       const struct rt_req *rq, uint32_t rank, int posted_fd)
 {
@@ -678,7 +659,7 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 	kvt_fill_background(&mem, 7 + rank);
 	/* The expectation is computed after the transfer (it is slow under
 	 * TCG, and producers' deadlines run meanwhile) from this copy. */
-	if (rt_copy_mem(&exp, &mem))
+	if (kvt_mem_copy(&exp, &mem))
 		RT_FAIL("memory");
 	memset(&at, 0, sizeof(at));
 	at.role = KVP_ROLE_CONSUMER;
@@ -847,7 +828,7 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 		 * byte must be exact. */
 		if (!failed)
 			RT_FAIL("no request failed although a producer died");
-		if (rt_copy_mem(&need, &mem))
+		if (kvt_mem_copy(&need, &mem))
 			RT_FAIL("memory");
 		for (r = 0; r < need.nregions; r++)
 			memset(need.buf[r], 0, need.size[r]);
