@@ -17,7 +17,7 @@ __all__ = [
     "MR_MAX_KEYS", "META_VERSION", "META_VERSION_KEYS", "META_MIN_LEN",
     "MAX_LAYERS", "PLAN_MAX_WORK", "TOKENS_END", "WHY_LEN",
     "DEFAULT_MAX_SGE", "DEFAULT_MAX_READ", "VERSION", "mr_window",
-    "MR_MIN", "SECRET_MIN", "SECRET_MAX", "AGENT_FDS",
+    "MR_MIN", "SECRET_MIN", "SECRET_MAX", "AGENT_FDS", "IDLE_NEVER",
 ]
 
 
@@ -205,6 +205,10 @@ MR_MIN = 1 << 16
 #: ``KVP_SECRET_MIN``, ``KVP_SECRET_MAX``: a shared secret's length bounds.
 SECRET_MIN = 16
 SECRET_MAX = 256
+
+#: ``KVP_IDLE_NEVER``: ``idle_ms`` of a producer that never drops idle
+#: consumer ranks.
+IDLE_NEVER = 0xFFFFFFFF
 #: ``KVP_AGENT_FDS``: the file descriptors an agent has to sleep on.
 AGENT_FDS = 3
 #: The header's version (KVP_VERSION_MAJOR, _MINOR, _PATCH).
