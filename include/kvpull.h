@@ -1239,7 +1239,13 @@ struct kvp_agent_attr {
  * pair (max_qp_init_rd_atom), and the completion queues (max_cqe and
  * max_cq: the queue pairs' completions are spread over as many CQs of at
  * most max_cqe as they need, at most 64 and max_cq; only beyond that do
- * the queue depths shrink, rather than risk an overrun). Each queue pair's depth is
+ * the queue depths shrink, rather than risk an overrun). How many peers a
+ * device serves at the default depths: a producer QP needs 143 completion
+ * entries (13 sends, rq_depth 128 notification buffers, 2), a consumer QP
+ * 517 (sq_depth 512, 5), 16 more per CQ; so 64 CQs of soft-RoCE's 32,767
+ * entries hold 14,656 producer QPs (7,328 consumer ranks of two) or 4,032
+ * consumer QPs, and ConnectX's 4,194,303 entries far more than max_qps
+ * allows; the device's max_qp bounds them too. Each queue pair's depth is
  * what rdma_create_qp() returned when less than asked, or, when the
  * provider refuses the depth asked for (mlx5 sizes each WQE for max_sge
  * and has a fixed number of WQE blocks), the largest halving of it that
@@ -1332,8 +1338,13 @@ KVP_API int kvp_agent_register_dmabuf(kvp_agent *agent, uint32_t region,
  * (at most max_qps of them, each at most handshake_ms: rdma_cm tells the
  * consumer to expect a late answer); beyond the other limits they are
  * refused with a retry hint (see kvp_agent_connect() for what the
- * consumer sees and how it retries). With no attribute set, that is 1,024
- * ranks of two queue pairs each, all from one host if need be.
+ * consumer sees and how it retries). A rank's queue pairs are admitted
+ * together: a new rank only when the free slots, less those held for
+ * other ranks, take all of them (its hello says how many: qps_per_peer),
+ * the slots for its next ones held until they come or the rank goes; so
+ * no rank holds part of what it needs while others do the same. With no
+ * attribute set, that is 1,024 ranks of two queue pairs each, all from
+ * one host if need be.
  *
  * A rank has a request in flight here while its engine has one expected
  * or early that this rank has not notified yet (it may be reading or
@@ -1550,9 +1561,10 @@ KVP_API int kvp_agent_remove_engine(kvp_agent *agent, uint32_t engine);
 /* Consumer: starts pulling request `req_id` from engine `engine`, as
  * kvp_agent_pull() does. Returns what kvp_agent_pull() returns, and
  * -ENOENT for an unknown handle; -EAGAIN while the engine is connecting,
- * or when it is down: then a reconnect with its last addresses starts
- * here (ENGINE_UP or ENGINE_DOWN follows), so a pull retried after
- * ENGINE_UP succeeds; -ENOTCONN while the engine is going down. */
+ * or when it is down: then a reconnect with its last addresses and
+ * timeout_ms starts here (ENGINE_UP or ENGINE_DOWN follows), so a pull
+ * retried after ENGINE_UP succeeds; -ENOTCONN while the engine is going
+ * down. */
 KVP_API KVP_MUST_CHECK int kvp_agent_pull_from(kvp_agent *agent,
 					       uint32_t engine,
 					       uint64_t req_id,

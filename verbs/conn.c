@@ -46,6 +46,8 @@ void kvp__hello_fill(const kvp_agent *a, uint32_t side, struct kvp_hello *h)
 	h->blob_len = (uint32_t)a->blob_len;
 	h->engine_id = a->li.engine_id;
 	h->flags = a->secret ? KVP_HELLO_AUTH : 0;
+	if (side == KVP_ROLE_CONSUMER)
+		h->flags |= a->qps << KVP_HELLO_QPS_SHIFT;
 }
 
 int kvp__regions_ready(const kvp_agent *a)
@@ -393,8 +395,8 @@ int kvp__refusal_errno(int32_t err)
 
 /* Producer: c, the first of its consumer rank's live connections, goes;
  * the rank's next live one (if any) now counts the rank against
- * max_per_source. */
-static void rank_head_pass(kvp_agent *a, const struct kvp_conn *c)
+ * max_per_source and holds its reserved slots; without one, they free. */
+static void rank_head_pass(kvp_agent *a, struct kvp_conn *c)
 {
 	uint32_t i;
 
@@ -405,9 +407,13 @@ static void rank_head_pass(kvp_agent *a, const struct kvp_conn *c)
 		    o->engine_id == c->engine_id && o->rank == c->rank &&
 		    !memcmp(o->src, c->src, sizeof(c->src))) {
 			o->rank_head = 1;
+			o->resv = c->resv;
+			c->resv = 0;
 			return;
 		}
 	}
+	a->nreserved -= c->resv;
+	c->resv = 0;
 }
 
 void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
@@ -480,7 +486,7 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	/* Completions of this life still queued in the CQ carry the old
 	 * generation and are dropped. */
 	c->gen = gen + 1;
-	c->state = CS_FREE;
+	kvp__set_state(a, c, CS_FREE);
 }
 
 void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err)
@@ -493,7 +499,7 @@ void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err)
 		return;
 	if (!c->status) /* a refusal's reason wins over the disconnect */
 		c->status = err ? err : -ECONNRESET;
-	c->state = CS_DRAINING;
+	kvp__set_state(a, c, CS_DRAINING);
 	c->drains = 0;
 	c->drain_deadline = kvp__now_ns() + DRAIN_NS;
 	a->ndraining++;

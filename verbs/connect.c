@@ -63,7 +63,7 @@ static int consumer_established(kvp_agent *a, struct kvp_conn *c,
 	err = kvp__post_ctl_send(a, c, KVP_AUTH_LEN);
 	if (err)
 		return err;
-	c->state = CS_HANDSHAKE;
+	kvp__set_state(a, c, CS_HANDSHAKE);
 	return 0;
 }
 
@@ -197,7 +197,7 @@ static int consumer_route(kvp_agent *a, struct kvp_conn *c)
 	err = kvp__connect(c->id, &param);
 	if (err)
 		return err;
-	c->state = CS_CONNECTING;
+	kvp__set_state(a, c, CS_CONNECTING);
 	return 0;
 }
 
@@ -220,7 +220,7 @@ void kvp__consumer_event(kvp_agent *a, struct kvp_conn *c,
 		if (!err)
 			err = kvp__resolve_route(c->id, RESOLVE_MS);
 		if (!err)
-			c->state = CS_ROUTE;
+			kvp__set_state(a, c, CS_ROUTE);
 		break;
 	case RDMA_CM_EVENT_ROUTE_RESOLVED:
 		if (c->state != CS_ROUTE)
@@ -322,7 +322,7 @@ void kvp__consumer_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 		return;
 	}
 	if (c->state == CS_HANDSHAKE && c->meta_sent && c->meta_recv) {
-		c->state = CS_READY;
+		kvp__set_state(a, c, CS_READY);
 		/* For the producer's BYE when it closes; without one, its
 		 * close reads as a reset. */
 		(void)kvp__post_ctl_recv(a, c);
@@ -352,7 +352,7 @@ int kvp__conn_start(kvp_agent *a, struct kvp_conn *c, struct kvp_eng *e,
 	err = kvp__create_id(a->ech, c, &c->id);
 	if (err)
 		return err;
-	c->state = CS_ADDR;
+	kvp__set_state(a, c, CS_ADDR);
 	ms = e->deadline > now ? (int)((e->deadline - now) / 1000000ull) : 1;
 	err = kvp__resolve_addr(c->id,
 				a->src_addr ? (struct sockaddr *)&src : NULL,
@@ -361,7 +361,7 @@ int kvp__conn_start(kvp_agent *a, struct kvp_conn *c, struct kvp_eng *e,
 	if (err) {
 		kvp__destroy_id(c->id);
 		c->id = NULL;
-		c->state = CS_FREE;
+		kvp__set_state(a, c, CS_FREE);
 		return err;
 	}
 	a->ncons_free--;

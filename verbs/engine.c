@@ -339,6 +339,7 @@ static int eng_start(kvp_agent *a, struct kvp_eng *e, uint32_t timeout_ms)
 	kvp__why_clear(&e->why);
 	e->t0 = kvp__now_ns();
 	e->deadline = e->t0 + (uint64_t)timeout_ms * 1000000ull;
+	e->timeout_ms = timeout_ms;
 	e->state = KVP_ENGINE_CONNECTING;
 	a->nconnecting++;
 	e->nq = a->qps;

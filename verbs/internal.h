@@ -194,6 +194,10 @@ static inline uint64_t kvp__wrid(uint32_t kind, uint32_t gen, uint32_t conn,
 #define KVP_HELLO_LEN 48
 #define KVP_HELLO_ACCEPT_LEN (KVP_HELLO_LEN + KVP_MAC_LEN)
 #define KVP_HELLO_AUTH 1u /* flags: the sender holds a shared secret */
+/* flags bits 8-11: a consumer rank's queue pairs to each producer rank
+ * (qps_per_peer; 0: not said), so that a producer admits them together */
+#define KVP_HELLO_QPS_SHIFT 8
+#define KVP_HELLO_QPS_MASK (0xfu << KVP_HELLO_QPS_SHIFT)
 #define KVP_NONCE_LEN 16
 #define KVP_MAC_LEN 32
 struct kvp_hello {
@@ -589,6 +593,8 @@ struct kvp_conn {
 	int evicted;		  /* producer: disconnected to make room */
 	uint32_t evict_mark;	  /* producer: skipped in search evict_gen */
 	int prepared;		  /* its memory set up (kvp__slot_prepare()) */
+	uint32_t resv;		  /* producer, rank head: slots held for the
+				   * rank's queue pairs still to come */
 
 	/* Producer: notification receive buffers and the request count. */
 	uint8_t *notes;
@@ -671,6 +677,7 @@ struct kvp_eng {
 	uint32_t ups;		/* handshakes that succeeded */
 	uint64_t engine_id;
 	uint64_t t0, deadline;	/* the handshake's */
+	uint32_t timeout_ms;	/* its last handshake's bound: on demand's */
 	struct kvp_peer_addr *addr;	/* n */
 	uint8_t **craw;		/* carried blobs as given, or NULL */
 	uint32_t *craw_len;
@@ -771,6 +778,8 @@ struct kvp_agent {
 	uint32_t prod_qps, cons_qps; /* each side's queue pair slots */
 	uint64_t idle_ns;	/* producer: idle bound; UINT64_MAX: none */
 	uint64_t next_timer_ns;	/* next kvp__conn_timers() while busy */
+	uint32_t nhalf;		/* producer connections handshaking */
+	uint32_t nreserved;	/* producer slots held for ranks' next QPs */
 	uint32_t release_left;	/* drained connections a poll may still
 				 * release (kvp__conn_drained()) */
 	struct kvp_wait *wq;	/* producer: connect requests waiting */
@@ -1002,6 +1011,23 @@ static inline struct ibv_cq *kvp__cq_of(const kvp_agent *a,
 }
 
 int kvp__cq_make(kvp_agent *a, uint32_t k);
+
+/* A producer connection handshaking (counted in a->nhalf). */
+static inline int kvp__half_open(const struct kvp_conn *c)
+{
+	return c->side == KVP_ROLE_PRODUCER &&
+	       (c->state == CS_CONNECTING || c->state == CS_HANDSHAKE);
+}
+
+/* Every change of a connection's state goes through here: the count of
+ * handshakes under way stays exact without a walk of the slots. */
+static inline void kvp__set_state(kvp_agent *a, struct kvp_conn *c,
+				  uint32_t state)
+{
+	a->nhalf -= (uint32_t)kvp__half_open(c);
+	c->state = state;
+	a->nhalf += (uint32_t)kvp__half_open(c);
+}
 
 /* Walks the slots ever used, both sides:
  *   for (i = kvp__slot_next(a, 0); i < a->nconns; i = kvp__slot_next(a, i + 1))

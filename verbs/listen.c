@@ -88,37 +88,50 @@ static void reject(kvp_agent *a, struct rdma_cm_id *id, int err,
  * every slot taken: -EBUSY. *head: the rank's first. *retry_ms: the hint
  * for the refused. */
 static struct kvp_conn *slot_for(kvp_agent *a, const uint8_t *src,
-				 uint64_t engine, uint32_t rank, int *head,
-				 int *err, uint32_t *retry_ms, int *full)
+				 uint64_t engine, uint32_t rank, uint32_t nq,
+				 struct kvp_conn **hd, int *err,
+				 uint32_t *retry_ms, int *full)
 {
 	struct kvp_conn *free_slot = NULL;
-	uint32_t i, ranks = 0, all = 0, qps = 0, half = 0;
+	uint32_t i, ranks = 0, all = 0, qps = 0, half = a->nhalf;
+	uint32_t nfree = a->nprod - a->prod_hw, room;
 
+	*hd = NULL;
 	for (i = 0; i < a->prod_hw; i++) {
 		struct kvp_conn *c = &a->conns[i];
 
 		if (c->state == CS_FREE) {
 			if (!free_slot)
 				free_slot = c;
+			nfree++;
 			continue;
 		}
-		if (c->state == CS_CONNECTING || c->state == CS_HANDSHAKE)
-			half++;
 		all += c->rank_head != 0;
 		if (memcmp(c->src, src, sizeof(c->src)))
 			continue;
 		ranks += c->rank_head != 0;
-		qps += c->engine_id == engine && c->rank == rank;
+		if (c->engine_id == engine && c->rank == rank) {
+			qps++;
+			if (c->rank_head)
+				*hd = c;
+		}
 	}
 	/* Never used yet: the next above the mark (prepared when taken). */
 	if (!free_slot && a->prod_hw < a->nprod)
 		free_slot = &a->conns[a->prod_hw];
-	*head = !qps;
+	/* A rank's queue pairs come in together: a new rank needs room for
+	 * all of them beyond the slots held for others' (so that no rank
+	 * holds some of its QPs and waits for the rest while others do the
+	 * same); a rank's next QP takes one held for it. */
+	room = nfree > a->nreserved ? nfree - a->nreserved : 0;
+	if (qps && *hd && (*hd)->resv)
+		room = nfree;
 	*err = qps ? (qps >= KVP_MAX_QPS ? -EUSERS : 0) :
 		     (ranks >= a->max_per_source ? -EUSERS : 0);
 	*full = *err && !qps ? 1 : 0; /* a new rank, its address full */
 	/* A new rank beyond max_peers, or a queue pair beyond max_qps. */
 	if (!*err && (half >= a->max_half_open || !free_slot ||
+		      room < (qps ? 1 : nq) ||
 		      (!qps && all >= a->prod_peers)))
 		*err = -EBUSY;
 	if (*err == -EBUSY && half < a->max_half_open)
@@ -259,16 +272,6 @@ static int wait_push(kvp_agent *a, struct rdma_cm_id *id,
 	return 0;
 }
 
-static uint32_t half_open(const kvp_agent *a)
-{
-	uint32_t i, n = 0;
-
-	for (i = 0; i < a->prod_hw; i++)
-		n += a->conns[i].state == CS_CONNECTING ||
-		     a->conns[i].state == CS_HANDSHAKE;
-	return n;
-}
-
 static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 		      const uint8_t *pdata, uint32_t plen, uint8_t rr,
 		      int queued);
@@ -284,7 +287,7 @@ int kvp__accept_waiting(kvp_agent *a, uint64_t now)
 		a->wq_head = (a->wq_head + 1) % a->wq_cap;
 		a->wq_n--;
 	}
-	if (!a->wq_n || half_open(a) >= a->max_half_open)
+	if (!a->wq_n || a->nhalf >= a->max_half_open)
 		return 0;
 	w = a->wq[a->wq_head];
 	a->wq_head = (a->wq_head + 1) % a->wq_cap;
@@ -307,9 +310,9 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 	struct rdma_conn_param param;
 	struct ibv_qp_init_attr qa;
 	struct kvp_hello h, mine;
-	struct kvp_conn *c;
-	uint32_t retry_ms;
-	int err, head, full;
+	struct kvp_conn *c, *hd;
+	uint32_t retry_ms, nq;
+	int err, full;
 
 	/* Everything in the hello is checked before anything is set up. */
 	if (kvp__hello_get(pdata, plen, &h) || h.role != KVP_ROLE_CONSUMER ||
@@ -337,8 +340,10 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 		reject(a, id, -EBUSY, KVP_REASON_PEER_FULL, KVP_RETRY_FULL_MS);
 		return 0;
 	}
-	c = slot_for(a, src, h.engine_id, h.tp_rank, &head, &err, &retry_ms,
-		     &full);
+	nq = (h.flags & KVP_HELLO_QPS_MASK) >> KVP_HELLO_QPS_SHIFT;
+	nq = nq < 1 ? 1 : nq > KVP_MAX_QPS ? KVP_MAX_QPS : nq;
+	c = slot_for(a, src, h.engine_id, h.tp_rank, nq, &hd, &err,
+		     &retry_ms, &full);
 	/* Handshakes under way fill max_half_open: wait for one to end
 	 * (rdma_cm told the consumer to expect a late answer). */
 	if (!c && err == -EBUSY && !full && !queued &&
@@ -359,7 +364,15 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 		return 0;
 	}
 	c->id = id;
-	c->rank_head = head;
+	c->rank_head = !hd;
+	if (!hd) {
+		/* The rank's first: slots held for the rest. */
+		c->resv = nq - 1;
+		a->nreserved += nq - 1;
+	} else if (hd->resv) {
+		hd->resv--;
+		a->nreserved--;
+	}
 	a->ctr[c->idx] = 0;
 	c->rank = h.tp_rank;
 	c->engine_id = h.engine_id;
@@ -375,7 +388,7 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 	qa.cap.max_recv_wr = a->rq_depth + 2;
 	qa.cap.max_send_sge = 1;
 	qa.cap.max_recv_sge = 1;
-	c->state = CS_CONNECTING; /* counted as half-open from here */
+	kvp__set_state(a, c, CS_CONNECTING); /* counted as half-open from here */
 	if (kvp__create_qp(id, a->pd, &qa))
 		goto err_conn;
 	c->qp = id->qp;
@@ -437,7 +450,7 @@ static void refuse(kvp_agent *a, struct kvp_conn *c, int err)
 	kvp__put32(m + 8, c->reason);
 	c->status = err;
 	c->refused = 1;
-	c->state = CS_HANDSHAKE;
+	kvp__set_state(a, c, CS_HANDSHAKE);
 	a->st.refused++;
 	if (kvp__post_send1(c, kvp__wrid(WK_CTL_SEND, c->gen, c->idx, 0), m,
 			    KVP_REFUSE_LEN, a->ctl_mr->lkey))
@@ -488,7 +501,7 @@ static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 	kvp__put32(kvp__ctl_tx(a, c) + 16, a->ctr_mr[c->idx]->rkey);
 	if (kvp__post_ctl_send(a, c, KVP_GO_LEN))
 		return -EBUSY;
-	c->state = CS_HANDSHAKE;
+	kvp__set_state(a, c, CS_HANDSHAKE);
 	return 0;
 }
 
@@ -535,7 +548,7 @@ static int producer_meta(kvp_agent *a, struct kvp_conn *c)
 			      a->blob_mr->lkey);
 	if (err)
 		return -EBUSY;
-	c->state = CS_READY;
+	kvp__set_state(a, c, CS_READY);
 	c->last_used = kvp__now_ns();
 	c->probe_at = c->last_used + KVP_PROBE_NS;
 	/* Its idle bound; the others' come earlier or at the same time. */

@@ -311,10 +311,9 @@ static inline int pull_engine(kvp_agent *a, uint32_t engine, uint64_t req_id,
 		return kvp__why(&a->last, -ENOTCONN, KVP_REASON_NOT_UP,
 				"engine %u is going down", engine);
 	if (e->state == KVP_ENGINE_DOWN) {
-		/* On demand: with the addresses it had. */
+		/* On demand: with the addresses and the time it had. */
 		err = kvp_agent_reconnect_engine(a, engine, NULL, 0,
-						 (uint32_t)(a->handshake_ns /
-							    1000000ull));
+						 e->timeout_ms);
 		if (err)
 			return err;
 	}
