@@ -151,7 +151,6 @@ static int cqs_make(kvp_agent *a)
 	a->cqs = calloc(a->ncq + 1, sizeof(*a->cqs));
 	if (!a->cqs)
 		return -ENOMEM;
-	a->cq_size = 0;
 	return 0;
 }
 
@@ -917,9 +916,7 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 		const struct kvp_conn *c = &a->conns[i];
 
 		/* Drain and handshake bounds (kvp__conn_timers()). */
-		if ((c->state == CS_DRAINING ||
-		     (c->side == KVP_ROLE_PRODUCER &&
-		      (c->state == CS_CONNECTING || c->state == CS_HANDSHAKE))) &&
+		if ((c->state == CS_DRAINING || kvp__half_open(c)) &&
 		    c->drain_deadline < wake)
 			wake = c->drain_deadline;
 		/* The liveness probe of a consumer rank. */

@@ -187,11 +187,10 @@ int kvp__cq_make(kvp_agent *a, uint32_t k)
 	nside = prod ? a->nprod : a->nconns - a->nprod;
 	first = (prod ? k : k - l->ncq_prod) * per;
 	n = nside - first < per ? nside - first : per;
-	err = kvp__create_cq(a->ctx, (int)(16 + n * need), a->cch,
+	err = kvp__create_cq(a->ctx, (int)(KVP_CQ_SPARE + n * need), a->cch,
 			     &a->cqs[k]);
 	if (err)
 		return err;
-	a->cq_size += 16 + n * need;
 	/* An armed agent sleeps on every CQ: this one too. */
 	if (a->armed)
 		(void)kvp__req_notify_cq(a->cqs[k]);
@@ -624,10 +623,7 @@ void kvp__conn_timers(kvp_agent *a, uint64_t now)
 		if (c->state == CS_DRAINING && now >= c->drain_deadline) {
 			c->drains = 0;
 			kvp__conn_drained(a, c);
-		} else if (c->side == KVP_ROLE_PRODUCER &&
-			   (c->state == CS_CONNECTING ||
-			    c->state == CS_HANDSHAKE) &&
-			   now >= c->drain_deadline) {
+		} else if (kvp__half_open(c) && now >= c->drain_deadline) {
 			kvp__conn_fail(a, c, -ETIMEDOUT);
 		} else if (c->side == KVP_ROLE_PRODUCER &&
 			   c->state == CS_READY && c->rank_head &&

@@ -804,7 +804,6 @@ struct kvp_agent {
 	struct ibv_comp_channel *cch;
 	struct ibv_cq **cqs;	/* lim.ncq_prod + lim.ncq_cons (kvp__cq_of()) */
 	uint32_t ncq;
-	uint32_t cq_size;	/* entries over every CQ */
 	struct rdma_event_channel *ech;
 	struct rdma_cm_id *listen_id;
 

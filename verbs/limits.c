@@ -10,7 +10,6 @@
 
 #define MIN_SQ 4
 #define MIN_RQ 8
-#define CQ_SPARE 16 /* entries each CQ has beyond its QPs' */
 
 static uint32_t min32(uint32_t a, uint32_t b)
 {
@@ -42,7 +41,7 @@ static uint32_t prod_need(const struct kvp_want *w, uint32_t rq)
 static uint32_t cqs_for(uint32_t n, uint64_t need, uint64_t cqe,
 			uint32_t *per)
 {
-	uint64_t k = cqe > CQ_SPARE ? (cqe - CQ_SPARE) / need : 0;
+	uint64_t k = cqe > KVP_CQ_SPARE ? (cqe - KVP_CQ_SPARE) / need : 0;
 
 	*per = k > n ? n : (uint32_t)k;
 	if (!n)
@@ -119,7 +118,7 @@ int kvp__limits(const struct ibv_device_attr *d, const struct ibv_port_attr *p,
 		return -ENODEV; /* cannot READ */
 	if (w->producer && !out->resp_res)
 		return -ENODEV; /* cannot be READ from */
-	out->cqe = (uint32_t)(CQ_SPARE * (out->ncq_prod + out->ncq_cons) +
+	out->cqe = (uint32_t)(KVP_CQ_SPARE * (out->ncq_prod + out->ncq_cons) +
 			      (uint64_t)w->nprod * out->prod_cqe +
 			      (uint64_t)w->ncons * out->cons_cqe);
 	/* Relaxed ordering is an optional flag: providers that cannot do

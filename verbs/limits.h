@@ -57,6 +57,7 @@ struct kvp_limits {
 #define KVP_MAX_WR_LEN (1u << 31) /* IB's largest message */
 
 #define KVP_MAX_CQS 64 /* CQs of an agent at most */
+#define KVP_CQ_SPARE 16 /* entries each CQ has beyond its QPs' */
 
 /* Cuts *w down to device d's and port p's limits into *out. iwarp: the
  * device's transport is iWARP. The QPs are spread over as many CQs of
