@@ -1446,7 +1446,9 @@ struct kvp_peer {
  * doubled at each refusal of the same handshake up to 64 times, jittered
  * to 50-150 % so that refused ranks do not return together; the call
  * (and kvp_agent_add_engine()'s handshake) fails with the refusal's code
- * only once the next try would be past its deadline, with the reason
+ * only once the next try would be past its deadline or the deadline
+ * passes while a queue pair tried again is still connecting, with the
+ * reason
  * "producer full: refused N times before the handshake's deadline". A
  * refusal that is retried raises no event. */
 KVP_API KVP_MUST_CHECK int kvp_agent_connect(kvp_agent *agent,

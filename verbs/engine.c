@@ -587,7 +587,9 @@ void kvp__engines_step(kvp_agent *a, uint64_t now)
 		if (e->state != KVP_ENGINE_CONNECTING)
 			continue;
 		err = now >= e->deadline ? -ETIMEDOUT : eng_step(a, e, now);
-		if (err == -ETIMEDOUT && e->nretry)
+		/* Refused before: the refusal is why, whether a retry was
+		 * still waiting or already connecting again. */
+		if (err == -ETIMEDOUT && e->refusals)
 			err = full_why(e);
 		if (err)
 			kvp__engine_fail(a, e, err);
