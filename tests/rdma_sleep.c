@@ -5,7 +5,9 @@
  * it asks for. Checks that completions, connection requests and deadlines
  * all wake them: the consumer's pulls finish, the producer accepts while
  * asleep, releases the pulled requests and expires the unpulled one on
- * time, and notices the consumer leaving.
+ * time, and notices the consumer leaving. Then a consumer whose handshake
+ * a full producer refuses sleeps too: the retry time the producer hinted
+ * must wake it (kvp_agent_arm()'s wake time), not its deadline.
  *
  *   rdma_sleep
  */
@@ -213,12 +215,201 @@ out:
 	return ret;
 }
 
+/* ---- a refused handshake retried while asleep ---------------------------
+ * The producer takes one consumer rank (max_peers 1). Consumer A holds it
+ * with a request the producer expects for 2.5 s, so A is busy and may not
+ * be evicted. Consumer B adds the engine with a 20 s deadline and sleeps
+ * on its fds: the producer refuses it (full, a 250 ms hint), its agent
+ * retries after 0.125-0.375 s, then twice that and so on; once A's
+ * request expired, a retry evicts A and B is up, within about 6 s. Had
+ * B's agent hidden the retry times from kvp_agent_arm(), B would sleep to
+ * its deadline and fail. */
+#define RETRY_A RT_CONS_ENGINE
+#define RETRY_B (RT_CONS_ENGINE + 1)
+#define RETRY_UP_S 10.0
+
+static int retry_producer(const struct rt_env *env, int ready_fd, int stop_fd)
+{
+	struct kvp_agent_attr at;
+	struct kvt_mem mem = { 0 };
+	struct kvp_event ev[8];
+	kvp_layout *l = rt_layout(&sc, 1, 0);
+	kvp_agent *a = NULL;
+	struct pollfd p = { .fd = stop_fd, .events = POLLIN };
+	double end = rt_now() + 60;
+	const char *who = "producer, one rank";
+	int ret = 1, err, n;
+
+	alarm(80);
+	if (!l || kvt_mem_alloc(l, &mem))
+		RT_FAIL("layout");
+	memset(&at, 0, sizeof(at));
+	at.role = KVP_ROLE_PRODUCER;
+	at.layout = l;
+	at.addr = env->addr0;
+	at.max_peers = 1;
+	err = kvp_agent_open(&at, &a);
+	if (!err)
+		err = rt_register_all(a, &mem);
+	if (!err)
+		err = kvp_agent_listen(a, env->addr0, env->port + 1);
+	if (!err)
+		err = kvp_agent_expect(a, RETRY_A, 1,
+				       rt_now_ns() + 2500000000ull);
+	if (err)
+		RT_FAIL("setup: %s", kvp_strerror(err));
+	if (write(ready_fd, "r", 1) != 1)
+		RT_FAIL("pipe");
+	while (poll(&p, 1, 0) == 0) {
+		n = kvp_agent_poll(a, ev, 8);
+		if (n < 0)
+			RT_FAIL("poll: %s", kvp_strerror(n));
+		if (!n && sleep_on(a, 100) < 0)
+			RT_FAIL("sleep");
+		if (rt_now() > end)
+			RT_FAIL("not stopped in 60 s");
+	}
+	ret = 0;
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvp_layout_destroy(l);
+	return ret;
+}
+
+/* Consumer A (engine RETRY_A) connects, says so, and polls until the
+ * producer evicts it (ENGINE_DOWN) or 30 s. Consumer B (RETRY_B) adds the
+ * engine and sleeps on its fds until ENGINE_UP; it prints how long that
+ * took and how many refusals its agent retried. */
+static int retry_consumer(const struct rt_env *env, uint64_t engine,
+			  int ready_fd)
+{
+	struct kvp_agent_attr at;
+	struct kvt_mem mem = { 0 };
+	struct kvp_peer peer = { .addr = env->addr0, .port = env->port + 1 };
+	struct kvp_event ev[8];
+	struct kvp_agent_stats st;
+	kvp_layout *l = rt_layout_engine(&sc, 0, 0, engine);
+	kvp_agent *a = NULL;
+	uint32_t h, i, up = 0, down = 0, wakes = 0;
+	double t0, end;
+	const char *who = engine == RETRY_A ? "consumer A" : "consumer B";
+	int ret = 1, err, n;
+
+	alarm(80);
+	if (!l || kvt_mem_alloc(l, &mem))
+		RT_FAIL("layout");
+	memset(&at, 0, sizeof(at));
+	at.role = KVP_ROLE_CONSUMER;
+	at.layout = l;
+	at.addr = env->addr0;
+	err = kvp_agent_open(&at, &a);
+	if (!err)
+		err = rt_register_all(a, &mem);
+	if (err)
+		RT_FAIL("setup: %s", kvp_strerror(err));
+	t0 = rt_now();
+	if (engine == RETRY_A) {
+		err = kvp_agent_connect(a, &peer, 1, 20000);
+		if (err)
+			RT_FAIL("connect: %s", kvp_strerror(err));
+		if (write(ready_fd, "a", 1) != 1)
+			RT_FAIL("pipe");
+	} else {
+		err = kvp_agent_add_engine(a, &peer, 1, 20000, &h);
+		if (err)
+			RT_FAIL("add_engine: %s", kvp_strerror(err));
+	}
+	end = t0 + 30;
+	while (engine == RETRY_A ? !down : !up) {
+		n = kvp_agent_poll(a, ev, 8);
+		if (n < 0)
+			RT_FAIL("poll: %s", kvp_strerror(n));
+		for (i = 0; i < (uint32_t)n; i++) {
+			if (ev[i].type == KVP_EV_ENGINE_UP)
+				up++;
+			else if (ev[i].type == KVP_EV_ENGINE_DOWN)
+				down++;
+		}
+		if (engine == RETRY_B && down)
+			RT_FAIL("ENGINE_DOWN after %.2f s: %s", rt_now() - t0,
+				kvp_strerror(ev[0].status));
+		if (n)
+			continue;
+		/* B: no cap on the sleep but the agent's own wake time. */
+		err = sleep_on(a, engine == RETRY_A ? 100 : 30000);
+		if (err < 0)
+			RT_FAIL("sleep");
+		wakes += err == 1;
+		if (rt_now() > end)
+			RT_FAIL("%s not seen in 30 s",
+				engine == RETRY_A ? "ENGINE_DOWN" :
+						    "ENGINE_UP");
+	}
+	if (engine == RETRY_B) {
+		kvp_agent_get_stats(a, &st);
+		printf("    B up after %.2f s asleep, %u fd wake-ups, %llu "
+		       "handshake failures (bound %.0f s, deadline 20 s)\n",
+		       rt_now() - t0, wakes,
+		       (unsigned long long)st.handshake_failures, RETRY_UP_S);
+		if (rt_now() - t0 > RETRY_UP_S)
+			RT_FAIL("up after %.2f s", rt_now() - t0);
+	}
+	ret = 0;
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvp_layout_destroy(l);
+	return ret;
+}
+
+static int run_retry(const struct rt_env *env)
+{
+	int ready[2], stop[2], ok = 0;
+	pid_t prod = -1, cons[2] = { -1, -1 };
+	double t0 = rt_now();
+	char c;
+
+	if (pipe(ready) || pipe(stop))
+		goto out;
+	fflush(NULL);
+	prod = fork();
+	if (prod == 0) {
+		close(ready[0]);
+		close(stop[1]);
+		RT_EXIT(retry_producer(env, ready[1], stop[0]));
+	}
+	close(stop[0]);
+	if (prod < 0 || read(ready[0], &c, 1) != 1)
+		goto out;
+	cons[0] = fork();
+	if (cons[0] == 0)
+		RT_EXIT(retry_consumer(env, RETRY_A, ready[1]));
+	if (cons[0] < 0 || read(ready[0], &c, 1) != 1)
+		goto out;
+	cons[1] = fork();
+	if (cons[1] == 0)
+		RT_EXIT(retry_consumer(env, RETRY_B, -1));
+	ok = cons[1] > 0 && !rt_wait(cons, 2, rt_now() + 40, "consumers");
+out:
+	close(ready[0]);
+	close(ready[1]);
+	if (write(stop[1], "s", 1) != 1)
+		ok = 0;
+	close(stop[1]);
+	if (prod > 0 && rt_wait(&prod, 1, rt_now() + 30, "producer"))
+		ok = 0;
+	printf("%s a refused handshake retried while asleep (%.2f s)\n",
+	       ok ? "ok  " : "FAIL", rt_now() - t0);
+	return ok;
+}
+
 int main(void)
 {
 	static struct rt_req rq[RT_MAX_REQ];
 	struct rt_env env;
 	pid_t prod[1], cons[1];
-	int ready[2], ok = 0;
+	int ready[2], ok = 0, ok2;
 	double t0;
 	char c;
 
@@ -250,6 +441,7 @@ int main(void)
 		ok = 0;
 out:
 	printf("%s %s (%.2f s)\n", ok ? "ok  " : "FAIL", sc.name, rt_now() - t0);
-	printf("%d passed, %d failed\n", ok, !ok);
-	return ok ? 0 : 1;
+	ok2 = run_retry(&env);
+	printf("%d passed, %d failed\n", ok + ok2, !ok + !ok2);
+	return ok && ok2 ? 0 : 1;
 }

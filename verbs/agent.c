@@ -932,8 +932,11 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 	for (i = 0; a->consumer && i < a->max_peers; i++) {
 		const struct kvp_eng *e = &a->engs[i];
 
-		if (e->state == KVP_ENGINE_CONNECTING && e->deadline < wake)
-			wake = e->deadline;
+		/* Its deadline, and the retry times of queue pairs a full
+		 * producer refused. */
+		if (e->state == KVP_ENGINE_CONNECTING &&
+		    kvp__engine_wake(e) < wake)
+			wake = kvp__engine_wake(e);
 	}
 	/* A streamed request learns of progress from records the producer
 	 * WRITEs, which raise no completion: poll again within 100 us. */

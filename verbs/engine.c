@@ -576,6 +576,17 @@ static int eng_step(kvp_agent *a, struct kvp_eng *e, uint64_t now)
 	return eng_up(a, e);
 }
 
+uint64_t kvp__engine_wake(const struct kvp_eng *e)
+{
+	uint64_t wake = e->deadline;
+	uint32_t i;
+
+	for (i = 0; e->nretry && i < e->n * e->nq; i++)
+		if (e->retry_at[i] && e->retry_at[i] < wake)
+			wake = e->retry_at[i];
+	return wake;
+}
+
 void kvp__engines_step(kvp_agent *a, uint64_t now)
 {
 	uint32_t i;

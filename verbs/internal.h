@@ -1123,6 +1123,9 @@ KVP_HIDDEN int kvp__engines_alloc(kvp_agent *a);
 KVP_HIDDEN void kvp__engines_free(kvp_agent *a);
 /* Moves handshaking engines on (after completions and rdma_cm events). */
 KVP_HIDDEN void kvp__engines_step(kvp_agent *a, uint64_t now);
+/* When kvp__engines_step() must run next for a handshaking engine: its
+ * deadline, or a refused queue pair's retry time if earlier. */
+KVP_HIDDEN uint64_t kvp__engine_wake(const struct kvp_eng *e);
 /* A consumer connection of engine e was released (drained, failed). */
 KVP_HIDDEN void kvp__engine_conn_gone(kvp_agent *a, struct kvp_eng *e,
 				      uint32_t idx, int err);
