@@ -51,6 +51,23 @@ static int sleep_on(kvp_agent *a, int max_ms)
 	return r < 0 ? -1 : r > 0;
 }
 
+/* Allocates l's memory, opens an agent of this role on addr0 with the
+ * rest of *at as set, and registers the memory. */
+static int open_agent(const struct rt_env *env, struct kvp_agent_attr *at,
+		      int role, kvp_layout *l, struct kvt_mem *mem,
+		      kvp_agent **a)
+{
+	int err;
+
+	if (!l || kvt_mem_alloc(l, mem))
+		return -ENOMEM;
+	at->role = role;
+	at->layout = l;
+	at->addr = env->addr0;
+	err = kvp_agent_open(at, a);
+	return err ? err : rt_register_all(*a, mem);
+}
+
 static int sleepy_producer(const struct rt_env *env, const struct rt_req *rq,
 			   int ready_fd)
 {
@@ -66,17 +83,10 @@ static int sleepy_producer(const struct rt_env *env, const struct rt_req *rq,
 	int ret = 1, err, n;
 
 	alarm(80);
-	if (!l || kvt_mem_alloc(l, &mem))
-		RT_FAIL("layout");
-	for (i = 0; i < sc.nreq; i++)
-		kvt_fill_producer(l, &mem, rq[i].ids);
 	memset(&at, 0, sizeof(at));
-	at.role = KVP_ROLE_PRODUCER;
-	at.layout = l;
-	at.addr = env->addr0;
-	err = kvp_agent_open(&at, &a);
-	if (!err)
-		err = rt_register_all(a, &mem);
+	err = open_agent(env, &at, KVP_ROLE_PRODUCER, l, &mem, &a);
+	for (i = 0; !err && i < sc.nreq; i++)
+		kvt_fill_producer(l, &mem, rq[i].ids);
 	if (!err)
 		err = kvp_agent_listen(a, env->addr0, env->port);
 	if (err)
@@ -148,21 +158,16 @@ static int sleepy_consumer(const struct rt_env *env, const struct rt_req *rq)
 	int ret = 1, err, n;
 
 	alarm(80);
-	if (!l || !r0 || kvt_mem_alloc(l, &mem))
-		RT_FAIL("layout");
-	kvt_fill_background(&mem, 3);
-	if (kvt_mem_copy(&exp, &mem))
-		RT_FAIL("memory");
 	memset(&at, 0, sizeof(at));
-	at.role = KVP_ROLE_CONSUMER;
-	at.layout = l;
-	at.addr = env->addr0;
 	at.max_ids = 16;
 	at.sq_depth = 16; /* requests also wait for send queue room */
 	at.max_inflight = 2; /* so that pulls wait for completions */
-	err = kvp_agent_open(&at, &a);
-	if (!err)
-		err = rt_register_all(a, &mem);
+	err = r0 ? open_agent(env, &at, KVP_ROLE_CONSUMER, l, &mem, &a) :
+		   -ENOMEM;
+	if (!err) {
+		kvt_fill_background(&mem, 3);
+		err = kvt_mem_copy(&exp, &mem) ? -ENOMEM : 0;
+	}
 	if (!err)
 		err = kvp_agent_connect(a, &peer, 1, 20000);
 	if (err)
@@ -241,16 +246,9 @@ static int retry_producer(const struct rt_env *env, int ready_fd, int stop_fd)
 	int ret = 1, err, n;
 
 	alarm(80);
-	if (!l || kvt_mem_alloc(l, &mem))
-		RT_FAIL("layout");
 	memset(&at, 0, sizeof(at));
-	at.role = KVP_ROLE_PRODUCER;
-	at.layout = l;
-	at.addr = env->addr0;
 	at.max_peers = 1;
-	err = kvp_agent_open(&at, &a);
-	if (!err)
-		err = rt_register_all(a, &mem);
+	err = open_agent(env, &at, KVP_ROLE_PRODUCER, l, &mem, &a);
 	if (!err)
 		err = kvp_agent_listen(a, env->addr0, env->port + 1);
 	if (!err)
@@ -297,15 +295,8 @@ static int retry_consumer(const struct rt_env *env, uint64_t engine,
 	int ret = 1, err, n;
 
 	alarm(80);
-	if (!l || kvt_mem_alloc(l, &mem))
-		RT_FAIL("layout");
 	memset(&at, 0, sizeof(at));
-	at.role = KVP_ROLE_CONSUMER;
-	at.layout = l;
-	at.addr = env->addr0;
-	err = kvp_agent_open(&at, &a);
-	if (!err)
-		err = rt_register_all(a, &mem);
+	err = open_agent(env, &at, KVP_ROLE_CONSUMER, l, &mem, &a);
 	if (err)
 		RT_FAIL("setup: %s", kvp_strerror(err));
 	t0 = rt_now();
