@@ -79,7 +79,10 @@
  * no report), requests not expected (kvp_agent_expect() failed), and
  * requests whose 8 ranks all pulled but that the producer did not report
  * RELEASED; worst_poll_ms: the longest kvp_agent_poll() call on the
- * producer (CLOCK_MONOTONIC around each call); evictions: the producer's
+ * producer (CLOCK_MONOTONIC around each call; the consumer processes run
+ * at nice 19, standing for other hosts, so that a producer poll is not
+ * lengthened by their handshakes on the same CPUs; the most CPU time
+ * one poll took, CLOCK_THREAD_CPUTIME_ID, is printed beside it); evictions: the producer's
  * stats.evictions + stats.idle_closes; reopens: the consumer agents'
  * stats.reconnects, summed; bytes_per_peer: the producer's highest
  * mem_bytes minus its mem_bytes after open and listen, over the peak of
@@ -102,6 +105,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kvpull.h"
@@ -127,7 +131,7 @@
 
 struct opts {
 	const char *addr;
-	uint32_t ranks, procs, budget, rounds, timeout_s;
+	uint32_t ranks, procs, budget, rounds, timeout_s, nice;
 	uint16_t port;
 };
 
@@ -267,6 +271,8 @@ struct rank {
 	uint32_t lid[NIDS], rid[NIDS];
 	struct kvp_ids ids;
 	int pulled; /* its last round's pull was DONE and verified */
+	int due;    /* polled at the next pass: its fds woke, or it has work */
+	uint64_t wake; /* kvp_agent_arm()'s deadline, when not due */
 	int32_t setup_err;
 	char setup_why[KVP_WHY_LEN];
 };
@@ -366,6 +372,7 @@ static void start_round(struct child *c)
 	for (i = 0; i < c->n; i++) {
 		struct rank *r = &c->r[i];
 
+		r->due = 1;
 		if (r->state == RS_BROKEN) {
 			report(c, r, r->setup_err, 0, 0, "setup",
 			       r->setup_why, 0);
@@ -460,25 +467,42 @@ static int drive(struct child *c, struct rank *r)
 	return n ? 2 : 0;
 }
 
-/* Sleeps on every agent's fds and the control pipe until one is readable,
- * the earliest agent deadline, or max_ms. */
+/* Arms a rank after its poll: due again at once when the agent has work
+ * left, else at its deadline or when one of its fds wakes. */
+static void rank_arm(struct rank *r)
+{
+	uint64_t w = UINT64_MAX;
+	int err;
+
+	r->due = 0;
+	if (!r->a || r->state == RS_BROKEN)
+		return;
+	err = kvp_agent_arm(r->a, &w);
+	r->due = err > 0;
+	r->wake = err < 0 ? tool_now_ns() + MS : w;
+}
+
+/* Sleeps on the agents' fds and the control pipe until one is readable,
+ * the earliest agent deadline, or max_ms; then marks the ranks whose fds
+ * woke or whose deadline came as due. Only they are polled next: a pass
+ * costs what is ready, not every agent of the process. */
 static void child_sleep(struct child *c, int max_ms)
 {
-	uint64_t now = tool_now_ns(), wake = now + (uint64_t)max_ms * MS, w;
-	int fds[KVP_AGENT_FDS], k = 0, j, err;
+	uint64_t now = tool_now_ns(), wake = now + (uint64_t)max_ms * MS;
+	int fds[KVP_AGENT_FDS], k = 0, j;
 	uint32_t i;
 
 	for (i = 0; i < c->n; i++) {
-		if (!c->r[i].a || c->r[i].state == RS_BROKEN)
+		struct rank *r = &c->r[i];
+
+		if (!r->a || r->state == RS_BROKEN)
 			continue;
-		err = kvp_agent_arm(c->r[i].a, &w);
-		if (err > 0)
-			return;
-		if (err < 0 || kvp_agent_fds(c->r[i].a, fds, KVP_AGENT_FDS) !=
-				       KVP_AGENT_FDS)
+		if (r->due)
+			wake = now;
+		if (r->wake < wake)
+			wake = r->wake;
+		if (kvp_agent_fds(r->a, fds, KVP_AGENT_FDS) != KVP_AGENT_FDS)
 			continue;
-		if (w < wake)
-			wake = w;
 		for (j = 0; j < KVP_AGENT_FDS; j++) {
 			c->pfd[k].fd = fds[j];
 			c->pfd[k].events = POLLIN;
@@ -488,9 +512,18 @@ static void child_sleep(struct child *c, int max_ms)
 	c->pfd[k].fd = c->ctl;
 	c->pfd[k].events = POLLIN;
 	c->pfd[k++].revents = 0;
-	now = tool_now_ns();
 	(void)poll(c->pfd, (nfds_t)k,
 		   wake <= now ? 0 : (int)((wake - now) / MS + 1));
+	now = tool_now_ns();
+	for (i = 0, k = 0; i < c->n; i++) {
+		struct rank *r = &c->r[i];
+
+		if (!r->a || r->state == RS_BROKEN)
+			continue;
+		for (j = 0; j < KVP_AGENT_FDS; j++)
+			r->due |= c->pfd[k++].revents != 0;
+		r->due |= r->wake <= now;
+	}
 }
 
 /* A consumer process that crashes says where on stderr (the VM's console
@@ -568,6 +601,12 @@ static int child_main(const struct opts *o, uint32_t proc, int ctl, int rep,
 	char b;
 
 	raise_nofile();
+	/* --nice: the consumers, standing for other hosts, yield the CPUs
+	 * to the producer, whose polls are measured. */
+	errno = 0;
+	if (o->nice && nice((int)o->nice) == -1 && errno)
+		fprintf(stderr, "storm: consumer %u: nice: %s\n", proc,
+			strerror(errno));
 	signal(SIGSEGV, crashed);
 	signal(SIGBUS, crashed);
 	signal(SIGFPE, crashed);
@@ -629,8 +668,15 @@ static int child_main(const struct opts *o, uint32_t proc, int ctl, int rep,
 		}
 		busy = 0;
 		for (i = 0; i < c.n; i++) {
-			k = drive(&c, &c.r[i]);
+			struct rank *r = &c.r[i];
+
+			if (!r->due)
+				continue;
+			k = drive(&c, r);
 			busy = k > busy ? k : busy;
+			rank_arm(r);
+			if (k == 1 && !r->due) /* a pull to try again */
+				r->wake = tool_now_ns() + MS;
 		}
 		if (c.round && tool_now_ns() >= c.deadline)
 			for (i = 0; i < c.n; i++) {
@@ -647,8 +693,12 @@ static int child_main(const struct opts *o, uint32_t proc, int ctl, int rep,
 				report(&c, r, -ETIMEDOUT, 0, 0, "deadline",
 				       why, 0);
 			}
-		if (busy == 2)
+		if (busy == 2) {
+			/* Events came: the ranks that had them are due
+			 * again only if their agents say so. */
+			child_sleep(&c, 0);
 			continue;
+		}
 		for (i = 0, ms = 200; i < c.n; i++)
 			if (c.r[i].state != RS_IDLE &&
 			    c.r[i].state != RS_BROKEN)
@@ -732,6 +782,7 @@ struct run {
 	struct kvp_agent_stats st, st0;
 	uint64_t worst_poll_ns, worst_at_ns, peak_qps, peak_peers, peak_mem;
 	uint64_t worst_round_ns, mem_ready, peers_ready, disconnected_ev;
+	uint64_t worst_cpu_ns;	/* the producer thread's CPU time, per poll */
 	uint64_t next_fd_ns;
 	long fds_before, fds_open, peak_fds, fds_end;
 	int phase; /* 0 setup, 1 the rounds, 2 closing */
@@ -998,13 +1049,23 @@ static void producer_sleep(struct run *s, uint64_t deadline)
 		   wake <= now ? 0 : (int)((wake - now) / MS + 1));
 }
 
+/* The calling thread's CPU time: a poll's own cost, without the time
+ * the scheduler gave other processes. */
+static uint64_t cpu_ns(void)
+{
+	struct timespec t;
+
+	(void)clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
 /* Drives the producer (and reads the reports) until cond(s) holds or the
  * deadline passes. Returns 1 when cond held. */
 static int pump(struct run *s, int (*cond)(const struct run *),
 		uint64_t deadline)
 {
 	struct kvp_event ev[64];
-	uint64_t t0, t1;
+	uint64_t t0, t1, c0, c1;
 	int n, i;
 
 	for (;;) {
@@ -1012,9 +1073,13 @@ static int pump(struct run *s, int (*cond)(const struct run *),
 			return 1;
 		if (s->fatal || tool_now_ns() >= deadline)
 			return 0;
+		c0 = cpu_ns();
 		t0 = tool_now_ns();
 		n = kvp_agent_poll(s->prod, ev, 64);
 		t1 = tool_now_ns();
+		c1 = cpu_ns();
+		if (c1 - c0 > s->worst_cpu_ns)
+			s->worst_cpu_ns = c1 - c0;
 		if (t1 - t0 > s->worst_poll_ns) {
 			s->worst_poll_ns = t1 - t0;
 			s->worst_phase = s->phase;
@@ -1277,6 +1342,7 @@ int main(int argc, char **argv)
 		{ "--budget", TOOL_U32, &o.budget, 0 },
 		{ "--rounds", TOOL_COUNT, &o.rounds, MAX_ROUNDS },
 		{ "--timeout", TOOL_COUNT, &o.timeout_s, 3600 },
+		{ "--nice", TOOL_U32, &o.nice, 0 },
 		{ "--addr", TOOL_STR, &o.addr, 0 },
 		{ "--port", TOOL_PORT, &o.port, 0 },
 		{ NULL, TOOL_STR, NULL, 0 },
@@ -1285,6 +1351,7 @@ int main(int argc, char **argv)
 	kvp_layout *pl = NULL;
 	struct run *s;
 	uint64_t *t = NULL, now, wrong = 0, failures = 0, setup_ns, unrel = 0;
+	uint64_t cpu_go = 0, cpu_round = 0, wall_round = 0;
 	uint32_t r, e, i, nt;
 	double all_ms = -1;
 	char budget[16];
@@ -1300,6 +1367,8 @@ int main(int argc, char **argv)
 	if (o.ranks % TP)
 		return tool_bad_arg(PROG, "--ranks: %u is not a multiple of %d",
 				    o.ranks, TP);
+	if (o.nice > 19)
+		return tool_bad_arg(PROG, "--nice: %u is above 19", o.nice);
 	if (o.budget > 65535)
 		return tool_bad_arg(PROG, "--budget: %u is out of range "
 				    "(0-65535)", o.budget);
@@ -1421,6 +1490,7 @@ int main(int argc, char **argv)
 			}
 		}
 		s->t_go[r] = tool_now_ns();
+		cpu_go = cpu_ns();
 		s->phase = 1;
 		tell_all(s, 'g');
 		for (i = 0; i < s->P; i++)
@@ -1435,6 +1505,8 @@ int main(int argc, char **argv)
 					add_kind(s, "no report", -ETIMEDOUT, 0,
 						 0, i, r, "");
 				}
+		cpu_round = cpu_ns() - cpu_go;
+		wall_round = tool_now_ns() - s->t_go[r];
 		if (!r) {
 			s->mem_ready = s->st.mem_bytes;
 			s->peers_ready = s->st.peers;
@@ -1453,14 +1525,16 @@ int main(int argc, char **argv)
 		printf("storm: round %u: %u of %u ranks pulled and verified, "
 		       "last at %.1f ms, p50 %.1f ms, p99 %.1f ms; producer: "
 		       "%u of %u requests released, %u expired, qps=%llu "
-		       "peers=%llu refused=%llu evictions=%llu\n",
+		       "peers=%llu refused=%llu evictions=%llu; the "
+		       "producer's CPU time %.1f s of %.1f s\n",
 		       r, nt, s->N, nt ? t[nt - 1] / 1e6 : -1.0,
 		       pct_ms(t, nt, 50), pct_ms(t, nt, 99), s->nreleased[r],
 		       s->E, s->nexpired[r], (unsigned long long)s->st.qps,
 		       (unsigned long long)s->st.peers,
 		       (unsigned long long)s->st.refused,
 		       (unsigned long long)(s->st.evictions +
-					    s->st.idle_closes));
+					    s->st.idle_closes),
+		       cpu_round / 1e9, wall_round / 1e9);
 	}
 
 out:
@@ -1537,14 +1611,15 @@ out:
 	       (unsigned long long)(s->cons_rss_anon / s->N / 1024),
 	       (unsigned long long)(s->cons_rss_file / s->N / 1024));
 	printf("storm: worst producer poll %.1f ms, %s at +%.1f s from the "
-	       "first release; worst during the rounds %.1f ms\n",
+	       "first release; worst during the rounds %.1f ms; most CPU "
+	       "time in one poll %.1f ms\n",
 	       s->worst_poll_ns / 1e6,
 	       s->worst_phase == 0 ? "before the rounds" :
 	       s->worst_phase == 1 ? "during the rounds" :
 				     "while the consumers closed",
 	       s->t_go[0] && s->worst_at_ns >= s->t_go[0] ?
 		       (s->worst_at_ns - s->t_go[0]) / 1e9 : 0.0,
-	       s->worst_round_ns / 1e6);
+	       s->worst_round_ns / 1e6, s->worst_cpu_ns / 1e6);
 	printf("storm: end, consumers closed: qps=%llu peers=%llu fds=%ld "
 	       "(%ld at open) mem_bytes=%llu rss=%llu KiB connects=%llu "
 	       "disconnects=%llu; "

@@ -30,7 +30,11 @@ _Static_assert(KVP_MAX_WR_LEN == KVP_DEFAULT_MAX_READ, "READ cap");
 #define CQ_BATCHES 8
 #define CM_BUDGET 16 /* rdma_cm events per poll */
 #define MAX_HALF_OPEN 64 /* producer: handshakes under way at most */
-#define RELEASE_BUDGET 8 /* drained connections a poll releases */
+/* Costly verbs steps a poll takes: each is a syscall or more, on soft-RoCE
+ * under emulation 5-30 ms of CPU (a QP's creation and accept, its
+ * destruction, a slot's first CQ and MRs); the next waits for the next
+ * poll, in arrival order. */
+#define COSTLY_BUDGET 1
 #define TIMER_INTERVAL_NS 10000000ull /* connection timers, busy polling */
 /* The time after which a poll takes no further rdma_cm event (it takes
  * one at least): each costs a syscall or more, and on soft-RoCE under
@@ -840,7 +844,7 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 		return -EINVAL;
 	if (a->consumer)
 		kvp__req_reap(a);
-	a->release_left = RELEASE_BUDGET;
+	a->costly_left = COSTLY_BUDGET;
 	now = kvp__now_ns();
 	if (a->armed) {
 		while (kvp__get_cq_event(a->cch) > 0)
@@ -900,15 +904,18 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 {
 	uint64_t wake = UINT64_MAX, now = kvp__now_ns();
 	uint32_t i, k;
-	int err;
+	int err, n;
 
 	if (!a || !wake_ns)
 		return -EINVAL;
 	if (a->producer)
 		wake = a->next_deadline < a->idle_at ? a->next_deadline :
 						       a->idle_at;
-	/* Connect requests waiting for a handshake slot: each handshake's
-	 * end raises an event; the oldest's bound does not. */
+	/* Connect requests waiting: for a poll's costly step (at once, while
+	 * handshakes have room), or for a handshake slot (each handshake's
+	 * end raises an event; the oldest's bound does not). */
+	if (a->wq_n && a->nhalf < a->max_half_open)
+		wake = now;
 	if (a->wq_n && a->wq[a->wq_head].since + a->handshake_ns < wake)
 		wake = a->wq[a->wq_head].since + a->handshake_ns;
 	for (i = kvp__slot_next(a, 0); i < a->nconns;
@@ -956,10 +963,16 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 			return err;
 	}
 	a->armed = 1;
-	/* Completions that arrived before arming raise no event. */
-	if (cq_drain(a) > 0 && a->consumer)
+	/* Completions that arrived before arming raise no event: drained
+	 * here, they may have moved a handshake on (a connection READY, its
+	 * engine not yet UP: kvp__engines_step() runs in the poll) or left
+	 * more behind, so the caller polls again instead of sleeping. */
+	n = cq_drain(a);
+	if (n < 0)
+		return n;
+	if (n > 0 && a->consumer)
 		flush_backlog(a);
-	return a->ev_head != a->ev_tail || a->npending ? 1 : 0;
+	return n > 0 || a->ev_head != a->ev_tail || a->npending ? 1 : 0;
 }
 
 /* ---- kvp_agent_connect(): one engine, blocking ---------------------------- */
@@ -986,7 +999,7 @@ static int wait_engine(kvp_agent *a, struct kvp_eng *e, uint64_t deadline)
 		pfd.events = POLLIN;
 		pfd.revents = 0;
 		(void)poll(&pfd, 1, 1);
-		a->release_left = RELEASE_BUDGET;
+		a->costly_left = COSTLY_BUDGET;
 		(void)cq_drain(a);
 		cm_events(a, 64, UINT64_MAX);
 		now = kvp__now_ns();

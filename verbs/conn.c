@@ -531,14 +531,15 @@ void kvp__conn_drained(kvp_agent *a, struct kvp_conn *c)
 {
 	if (c->state != CS_DRAINING)
 		return;
-	/* Destroying a QP is a syscall or more (tens of ms under emulation):
-	 * a poll releases a bounded number; the rest at once in the next
-	 * (kvp__conn_timers(): the deadline passed). */
-	if (!a->release_left) {
+	/* Destroying a QP is a costly step (agent.c, COSTLY_BUDGET): past
+	 * the poll's, the rest at once in the next (kvp__conn_timers(): the
+	 * deadline passed). */
+	if (!a->costly_left) {
 		c->drain_deadline = 0;
+		a->next_timer_ns = 0;
 		return;
 	}
-	a->release_left--;
+	a->costly_left--;
 	a->ndraining--;
 	c->drains = 0;
 	/* Every WR posted on it has completed or been flushed: nothing of it

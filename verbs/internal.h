@@ -780,8 +780,10 @@ struct kvp_agent {
 	uint64_t next_timer_ns;	/* next kvp__conn_timers() while busy */
 	uint32_t nhalf;		/* producer connections handshaking */
 	uint32_t nreserved;	/* producer slots held for ranks' next QPs */
-	uint32_t release_left;	/* drained connections a poll may still
-				 * release (kvp__conn_drained()) */
+	uint32_t costly_left;	/* costly verbs steps a poll may still take:
+				 * a QP's release (kvp__conn_drained()), a
+				 * slot's first setup, a QP's creation and
+				 * accept (listen.c) */
 	struct kvp_wait *wq;	/* producer: connect requests waiting */
 	uint32_t wq_cap, wq_head, wq_n;
 	uint64_t idle_at;	/* producer: the next idle check (the earliest

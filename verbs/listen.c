@@ -254,18 +254,23 @@ void kvp__wait_free(kvp_agent *a)
 	a->wq = NULL;
 }
 
-/* Queues a connect request behind the others; 0, or -ENOSPC when as many
- * wait as there are slots. */
+/* Queues a connect request that arrived at `since` behind the others, or
+ * ahead of them (front: one that had waited already); 0, or -ENOSPC when
+ * as many wait as there are slots. */
 static int wait_push(kvp_agent *a, struct rdma_cm_id *id,
-		     const uint8_t *pdata, uint32_t plen, uint8_t rr)
+		     const uint8_t *pdata, uint32_t plen, uint8_t rr,
+		     uint64_t since, int front)
 {
 	struct kvp_wait *w;
 
 	if (a->wq_n == a->wq_cap || plen > KVP_WAIT_PDATA)
 		return -ENOSPC;
-	w = &a->wq[(a->wq_head + a->wq_n++) % a->wq_cap];
+	if (front)
+		a->wq_head = (a->wq_head + a->wq_cap - 1) % a->wq_cap;
+	w = &a->wq[front ? a->wq_head : (a->wq_head + a->wq_n) % a->wq_cap];
+	a->wq_n++;
 	w->id = id;
-	w->since = kvp__now_ns();
+	w->since = since;
 	w->plen = plen;
 	w->rr = rr;
 	memcpy(w->pdata, pdata, plen);
@@ -274,25 +279,26 @@ static int wait_push(kvp_agent *a, struct rdma_cm_id *id,
 
 static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 		      const uint8_t *pdata, uint32_t plen, uint8_t rr,
-		      int queued);
+		      uint64_t since);
 
 int kvp__accept_waiting(kvp_agent *a, uint64_t now)
 {
 	struct kvp_wait w;
 
 	/* Waited the handshake's bound: come back later. */
-	while (a->wq_n && now - a->wq[a->wq_head].since > a->handshake_ns) {
+	/* (since may be later than now: queued in this poll) */
+	while (a->wq_n && now > a->wq[a->wq_head].since + a->handshake_ns) {
 		reject(a, a->wq[a->wq_head].id, -EBUSY, KVP_REASON_PEER_FULL,
 		       KVP_RETRY_FULL_MS);
 		a->wq_head = (a->wq_head + 1) % a->wq_cap;
 		a->wq_n--;
 	}
-	if (!a->wq_n || a->nhalf >= a->max_half_open)
+	if (!a->wq_n || a->nhalf >= a->max_half_open || !a->costly_left)
 		return 0;
 	w = a->wq[a->wq_head];
 	a->wq_head = (a->wq_head + 1) % a->wq_cap;
 	a->wq_n--;
-	return accept_one(a, w.id, w.pdata, w.plen, w.rr, 1);
+	return accept_one(a, w.id, w.pdata, w.plen, w.rr, w.since);
 }
 
 int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
@@ -301,11 +307,13 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 	return accept_one(a, id, pdata, plen, rr, 0);
 }
 
-/* queued: taken from the waiting requests (never queued again). */
+/* since: when a request taken from the waiting ones arrived (0: a new
+ * one). */
 static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 		      const uint8_t *pdata, uint32_t plen, uint8_t rr,
-		      int queued)
+		      uint64_t since)
 {
+	const int queued = since != 0;
 	uint8_t pd[KVP_HELLO_ACCEPT_LEN], src[16];
 	struct rdma_conn_param param;
 	struct ibv_qp_init_attr qa;
@@ -335,7 +343,7 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 	}
 	/* Others wait for a handshake slot: after them. */
 	if (!queued && a->wq_n) {
-		if (!wait_push(a, id, pdata, plen, rr))
+		if (!wait_push(a, id, pdata, plen, rr, kvp__now_ns(), 0))
 			return 0;
 		reject(a, id, -EBUSY, KVP_REASON_PEER_FULL, KVP_RETRY_FULL_MS);
 		return 0;
@@ -347,7 +355,7 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 	/* Handshakes under way fill max_half_open: wait for one to end
 	 * (rdma_cm told the consumer to expect a late answer). */
 	if (!c && err == -EBUSY && !full && !queued &&
-	    !wait_push(a, id, pdata, plen, rr))
+	    !wait_push(a, id, pdata, plen, rr, kvp__now_ns(), 0))
 		return 0;
 	if (!c) {
 		/* No room: an idle rank makes some, the newcomer comes back
@@ -359,10 +367,25 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 		reject(a, id, err, KVP_REASON_PEER_FULL, retry_ms);
 		return 0;
 	}
-	if (kvp__slot_prepare(a, c)) {
+	/* A slot's first setup, and a QP's creation with its accept, are
+	 * costly steps (agent.c, COSTLY_BUDGET): past the poll's, or after
+	 * the setup, the request waits for the next poll, first in line. */
+	if (!a->costly_left || !c->prepared) {
+		if (a->costly_left) {
+			a->costly_left--;
+			if (kvp__slot_prepare(a, c)) {
+				reject(a, id, -EBUSY, KVP_REASON_PEER_FULL,
+				       KVP_RETRY_FULL_MS);
+				return 0;
+			}
+		}
+		if (!wait_push(a, id, pdata, plen, rr,
+			       queued ? since : kvp__now_ns(), queued))
+			return 0;
 		reject(a, id, -EBUSY, KVP_REASON_PEER_FULL, KVP_RETRY_FULL_MS);
 		return 0;
 	}
+	a->costly_left--;
 	c->id = id;
 	c->rank_head = !hd;
 	if (!hd) {
