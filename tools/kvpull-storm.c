@@ -6,7 +6,7 @@
  * budget below 2N forces evictions and reopens. Public API only.
  *
  *   kvpull-storm --ranks N [--procs P] [--budget B] [--rounds R]
- *                [--timeout S] [--addr IP] [--port N]
+ *                [--timeout S] [--nice K] [--addr IP] [--port N]
  *
  * The producer is one agent, the one rank of a TP 1 engine, in this (the
  * parent) process, opened with default attributes for everything about
@@ -47,10 +47,13 @@
  *
  * Every wait has a deadline: setup 60 + N/4 s, each round --timeout
  * (default 60 + N/8 s; a rank not done by then fails with -ETIMEDOUT),
- * the releases 30 s, closing 60 s, an alarm() over all of it. Processes
- * poll their agents round-robin and sleep on the agents' fds
- * (kvp_agent_fds(), kvp_agent_arm()) when nothing is due; the producer
- * does the same with its agent and the report pipes.
+ * the releases 30 s, closing 60 s, an alarm() over all of it. A consumer
+ * process polls only the agents whose fds woke, whose kvp_agent_arm()
+ * time came or that said they have more, and sleeps on all their fds
+ * (kvp_agent_fds()) otherwise, as an engine's event loop would: a pass
+ * costs what is ready, not every agent of the process. The producer
+ * sleeps on its agent and the report pipes. --nice K runs the consumer
+ * processes at nice K (default 0), standing for other hosts.
  *
  * Printed, per run: the setup; the producer's mem_bytes, fds and RSS at
  * open and a consumer agent's mem_bytes, fds and share of its process's
@@ -1286,6 +1289,7 @@ static void usage(FILE *f)
 		"  --rounds R    pulls per rank, a round after the previous one\n"
 		"                is done, at most %d [1]\n"
 		"  --timeout S   bound on each round, seconds [60 + N/8]\n"
+		"  --nice K      the consumer processes' nice value, 0-19 [0]\n"
 		"  --addr IP     the producer's address, which the consumers\n"
 		"                also use as their source [$KVP_ADDR0]\n"
 		"  --port N      the producer's port [24800]\n"
