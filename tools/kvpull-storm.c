@@ -152,8 +152,9 @@ struct rec {
 	 * ranks that failed to open, fds per agent, anonymous and file RSS
 	 * per agent (bytes), the tool's own buffers per rank (bytes).
 	 * FINAL: stats.reconnects summed, engines down while idle,
-	 * stats.handshake_failures summed, anonymous and file RSS at the
-	 * end of the round where they were highest (bytes). */
+	 * stats.handshake_failures summed, the reopens' handshake times
+	 * summed (ns), anonymous and file RSS at the end of the round where
+	 * they were highest (bytes), the longest reopen (ns). */
 	uint64_t a, b, c, d, e, f, g;
 	char where[16];
 	char why[KVP_WHY_LEN];
@@ -286,6 +287,7 @@ struct child {
 	uint32_t proc, n, round; /* round: the current one + 1; 0 before */
 	uint64_t round_ns, deadline;
 	uint64_t idle_downs;
+	uint64_t reopen_ns, reopen_max_ns; /* reopens' handshakes: sum, max */
 	uint64_t rss_anon, rss_file; /* at the end of a round, the highest */
 	uint32_t rss_round;	     /* the last round sampled */
 	struct rank *r;
@@ -403,6 +405,7 @@ static void start_round(struct child *c)
 static int drive(struct child *c, struct rank *r)
 {
 	struct kvp_event ev[16];
+	struct kvp_engine_info info;
 	char why[KVP_WHY_LEN];
 	uint32_t reason;
 	int n, i, err;
@@ -428,6 +431,13 @@ static int drive(struct child *c, struct rank *r)
 		case KVP_EV_ENGINE_UP:
 			if (r->state == RS_ADDING)
 				r->state = RS_PULL;
+			/* A reopen: its handshake's time, call to UP. */
+			if (!kvp_agent_engine_info(r->a, r->h, &info) &&
+			    info.reconnects) {
+				c->reopen_ns += info.add_ns;
+				if (info.add_ns > c->reopen_max_ns)
+					c->reopen_max_ns = info.add_ns;
+			}
 			break;
 		case KVP_EV_ENGINE_DOWN:
 			/* After a verified pull: evicted, or closed for
@@ -724,6 +734,8 @@ static int child_main(const struct opts *o, uint32_t proc, int ctl, int rep,
 	memset(&m, 0, sizeof(m));
 	m.type = REC_FINAL;
 	m.b = c.idle_downs;
+	m.d = c.reopen_ns;
+	m.g = c.reopen_max_ns;
 	m.e = c.rss_anon;
 	m.f = c.rss_file;
 	for (i = 0; i < c.n; i++) {
@@ -794,6 +806,7 @@ struct run {
 	/* the consumers */
 	uint64_t cons_mem, cons_fds, cons_anon, cons_file, cons_buf;
 	uint64_t reopens, idle_downs, hs_failures;
+	uint64_t reopen_ns, reopen_max_ns; /* reopens' handshakes: sum, max */
 	uint64_t cons_rss_anon, cons_rss_file;
 	uint64_t rss_open, rss_peak, rss_end, exp_dl;
 	uint64_t opened, broken;
@@ -869,6 +882,9 @@ static void on_rec(struct run *s, uint32_t proc, const struct rec *m)
 		s->final[proc] = 1;
 		s->finals++;
 		s->reopens += m->a;
+		s->reopen_ns += m->d;
+		if (m->g > s->reopen_max_ns)
+			s->reopen_max_ns = m->g;
 		s->idle_downs += m->b;
 		s->hs_failures += m->c;
 		s->cons_rss_anon += m->e;
@@ -1640,6 +1656,13 @@ out:
 	       (unsigned long long)s->disconnected_ev,
 	       (unsigned long long)s->idle_downs,
 	       (unsigned long long)s->hs_failures, s->failed_procs);
+	if (s->reopens)
+		printf("storm: reopens: %llu, a reopen's handshake (the "
+		       "pull that found its engine down to ENGINE_UP, "
+		       "kvp_engine_info.add_ns) %.1f ms on average, %.1f ms "
+		       "at most\n",
+		       (unsigned long long)s->reopens,
+		       s->reopen_ns / 1e6 / s->reopens, s->reopen_max_ns / 1e6);
 	for (i = 0; i < s->P; i++)
 		if (s->fate[i][0])
 			printf("storm: consumer process %u: %s\n", i,
