@@ -367,13 +367,18 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 		reject(a, id, err, KVP_REASON_PEER_FULL, retry_ms);
 		return 0;
 	}
-	/* A slot's first setup, and a QP's creation with its accept, are
-	 * costly steps (agent.c, COSTLY_BUDGET): past the poll's, or after
-	 * the setup, the request waits for the next poll, first in line. */
+	/* A slot's first setup (its CQ if new, then its MRs), and a QP's
+	 * creation with its accept, are costly steps (agent.c,
+	 * COSTLY_BUDGET): past the poll's, or after a setup step, the request
+	 * waits for the next poll, first in line. */
 	if (!a->costly_left || !c->prepared) {
 		if (a->costly_left) {
+			/* A CQ the slot's run lacks is a step of its own. */
+			const uint32_t k = kvp__cq_idx(a, c);
+
 			a->costly_left--;
-			if (kvp__slot_prepare(a, c)) {
+			if (a->cqs[k] ? kvp__slot_prepare(a, c) :
+					kvp__cq_make(a, k)) {
 				reject(a, id, -EBUSY, KVP_REASON_PEER_FULL,
 				       KVP_RETRY_FULL_MS);
 				return 0;
