@@ -105,6 +105,8 @@ enum kvp_reason {
 	KVP_REASON_OTHER_ENGINE,  /* EXPIRED: notifications for req_id came
 				   * from another consumer engine, never
 				   * from the one expected */
+	KVP_REASON_EVICTED,	  /* ENGINE_DOWN: closed to make room within
+				   * max_qps; reconnected on demand */
 	KVP_REASON_COUNT
 };
 
@@ -1212,8 +1214,15 @@ struct kvp_agent_attr {
 	 * consumer rank, the consumers' default qps_per_peer); a newcomer
 	 * that finds them all taken evicts the least recently used idle
 	 * consumer rank (see kvp_agent_listen()). Consumer: 0: max_peers x
-	 * qps_per_peer; connecting an engine beyond it is refused with
-	 * -ENOSPC. At least 1; at most 65535 (32767 for KVP_ROLE_BOTH). */
+	 * qps_per_peer; an engine whose handshake finds too few free closes
+	 * the least recently used engine that is up with nothing in flight
+	 * (not kvp_agent_connect()'s): ENGINE_DOWN -ENOSPC with
+	 * KVP_REASON_EVICTED, stats.evictions; its next
+	 * kvp_agent_pull_from() reconnects it, nothing registered again.
+	 * The handshake waits for the slots to drain (within its timeout);
+	 * when even every idle engine's slots would not do, it goes down
+	 * with -ENOSPC. At least 1; at most 65535 (32767 for
+	 * KVP_ROLE_BOTH). */
 	uint32_t max_qps;
 	/* Producer: a READY consumer rank that sent no notification or
 	 * FOLLOW for idle_ms is disconnected with all its queue pairs
@@ -1533,7 +1542,8 @@ KVP_API KVP_MUST_CHECK int kvp_agent_pull(kvp_agent *agent, uint64_t req_id,
  * arguments as for kvp_agent_connect(), timeout_ms 0); -ENXIO when a region
  * is not registered; -EPROTO for a carried blob that fails its checks;
  * -ENOSPC when max_peers engines are held or too few of max_qps' connection
- * slots are free for the engine's notify ranks (known only once its plan is: then
+ * slots are free for the engine's notify ranks, even once every idle engine
+ * is closed (see kvp_agent_attr.max_qps; known only once its plan is: then
  * it is ENGINE_DOWN -ENOSPC); -ENOMEM. */
 KVP_API KVP_MUST_CHECK int kvp_agent_add_engine(kvp_agent *agent,
 						const struct kvp_peer *ranks,
@@ -1565,8 +1575,9 @@ KVP_API int kvp_agent_remove_engine(kvp_agent *agent, uint32_t engine);
  * -ENOENT for an unknown handle; -EAGAIN while the engine is connecting,
  * or when it is down: then a reconnect with its last addresses and
  * timeout_ms starts here (ENGINE_UP or ENGINE_DOWN follows), so a pull
- * retried after ENGINE_UP succeeds; -ENOTCONN while the engine is going
- * down. */
+ * retried after ENGINE_UP succeeds; -ENOSPC when it is down and no
+ * connection slot is free nor any engine idle to make room
+ * (kvp_agent_attr.max_qps); -ENOTCONN while the engine is going down. */
 KVP_API KVP_MUST_CHECK int kvp_agent_pull_from(kvp_agent *agent,
 					       uint32_t engine,
 					       uint64_t req_id,
@@ -1899,7 +1910,8 @@ struct kvp_agent_stats {
 			      * consumer ranks; consumer: producer ranks) */
 	uint64_t qps;	     /* queue pairs open now, any state */
 	uint64_t evictions;  /* producer: consumer ranks disconnected to make
-			      * room for a newcomer */
+			      * room for a newcomer; consumer: engines
+			      * closed to make room within max_qps */
 	uint64_t idle_closes; /* producer: consumer ranks disconnected after
 			       * idle_ms */
 };

@@ -40,6 +40,7 @@ static const char *const reasons[KVP_REASON_COUNT] = {
 	[KVP_REASON_BUSY] = "request slots or queues full",
 	[KVP_REASON_NOT_UP] = "engine not up",
 	[KVP_REASON_OTHER_ENGINE] = "notified by another consumer engine only",
+	[KVP_REASON_EVICTED] = "closed to make room within max_qps",
 };
 
 const char *kvp_reason_str(uint32_t r)

@@ -13,7 +13,10 @@
  *    engine;
  *  - a producer that stops polling: the consumer runs out of notification
  *    credit, fails the engine with -ETIMEDOUT after stall_ms, and
- *    reconnects once the producer polls again.
+ *    reconnects once the producer polls again;
+ *  - a consumer whose max_qps holds two engines, pulling from three: the
+ *    least recently used idle engine is closed for the newcomer and
+ *    reconnected on demand, an engine with a pull in flight never.
  * Every rank is a process with its own agent; every consumer's whole
  * memory is checked byte for byte against the identity expectation.
  *
@@ -569,6 +572,7 @@ struct cons {
 	struct kvt_mem mem, bg; /* bg: the memory before any transfer */
 	uint32_t h[MAXENG], ups[MAXENG], downs[MAXENG], disc[MAXENG];
 	int down_status[MAXENG];
+	uint32_t down_reason[MAXENG];
 	double t_down[MAXENG];
 	uint8_t st[MAXREQ];
 	int status[MAXREQ];
@@ -780,6 +784,7 @@ static int cons_poll(struct cons *c)
 				RT_FAIL("ENGINE_DOWN: handle %x", v->engine);
 			c->downs[e]++;
 			c->down_status[e] = v->status;
+			c->down_reason[e] = v->reason;
 			c->t_down[e] = rt_now();
 			break;
 		case KVP_EV_DISCONNECTED:
@@ -1122,44 +1127,85 @@ out:
 	return ret;
 }
 
+/* Requests base, base + 1, ... for consumer RT_CONS_ENGINE, each from
+ * engine eng(k), expected in phase 1 with a deadline of 60 s. */
+static void reqs_init(struct req *rq, uint32_t n, uint64_t base,
+		      uint32_t (*eng)(uint32_t), uint32_t (*tokens)(uint32_t))
+{
+	uint32_t k;
+
+	for (k = 0; k < n; k++) {
+		memset(&rq[k], 0, sizeof(rq[k]));
+		rq[k].id = base + k;
+		rq[k].consumer = RT_CONS_ENGINE;
+		rq[k].eng = eng(k);
+		rq[k].phase = 1;
+		rq[k].deadline_s = 60;
+		rq[k].tokens = tokens(k);
+	}
+}
+
+/* Every rank of engines es[0..n) in a process, serving phase 1; 0 once
+ * all listen (their count in *nprod). */
+static int engines_start(const struct eng_spec *es, uint32_t n,
+			 const struct req *rq, uint32_t nrq, int ready_rd,
+			 int ready_wr, int stop_rd, uint32_t *nprod)
+{
+	static const struct prod_opts o = { .phases = 1, .disc_fd = -1 };
+	uint32_t e;
+
+	*nprod = 0;
+	for (e = 0; e < n; e++) {
+		if (spawn_engine(&es[e], e, rq, nrq, &o, ready_wr, stop_rd,
+				 NULL))
+			return -1;
+		*nprod += es[e].tp;
+	}
+	return wait_bytes(ready_rd, *nprod, 30, "producers ready");
+}
+
+/* Stops nprod producer ranks and waits for every child. */
+static int engines_stop(int stop_wr, uint32_t nprod)
+{
+	uint32_t k;
+
+	if (put_bytes(stop_wr, nprod))
+		return -1;
+	for (k = 0; k < nkids; k++)
+		if (kid_wait(kids[k], 20))
+			return -1;
+	return 0;
+}
+
+static uint32_t c1_eng(uint32_t k)
+{
+	return k < 12 ? k % 3 : 3;
+}
+
+static uint32_t c1_tokens(uint32_t k)
+{
+	return 40 + 8 * (k % 4); /* last blocks partial */
+}
+
 static int run_many(void)
 {
-	struct prod_opts o = { .phases = 1, .disc_fd = -1 };
 	enum { READY, STOP, NPIPES };
 	int f[NPIPES][2], ret = -1;
-	uint32_t k, e, nprod = 0;
+	uint32_t k, nprod = 0;
 	pid_t d[2];
 
-	for (k = 0; k < C1_REQ; k++) {
-		memset(&c1_rq[k], 0, sizeof(c1_rq[k]));
-		c1_rq[k].id = 1000 + k;
-		c1_rq[k].consumer = RT_CONS_ENGINE;
-		c1_rq[k].eng = k < 12 ? k % 3 : 3;
-		c1_rq[k].phase = 1;
-		c1_rq[k].deadline_s = 60;
-		c1_rq[k].tokens = 40 + 8 * (k % 4); /* last blocks partial */
-	}
+	reqs_init(c1_rq, C1_REQ, 1000, c1_eng, c1_tokens);
 	if (pipes_open(f, NPIPES) ||
-	    make_blocks(c1_rq, C1_REQ, c1_engs, 4, &c1_cons, 11))
-		goto out;
-	for (e = 0; e < 4; e++) {
-		if (spawn_engine(&c1_engs[e], e, c1_rq, C1_REQ, &o,
-				 f[READY][1], f[STOP][0], NULL))
-			goto out;
-		nprod += c1_engs[e].tp;
-	}
-	if (wait_bytes(f[READY][0], nprod, 30, "producers ready"))
+	    make_blocks(c1_rq, C1_REQ, c1_engs, 4, &c1_cons, 11) ||
+	    engines_start(c1_engs, 4, c1_rq, C1_REQ, f[READY][0], f[READY][1],
+			  f[STOP][0], &nprod))
 		goto out;
 	for (k = 0; k < 2; k++)
 		if ((d[k] = spawn(c1_consumer, NULL, k)) < 0)
 			goto out;
-	if (kid_wait(d[0], 90) | kid_wait(d[1], 10))
+	if (kid_wait(d[0], 90) | kid_wait(d[1], 10) ||
+	    engines_stop(f[STOP][1], nprod))
 		goto out;
-	if (put_bytes(f[STOP][1], nprod))
-		goto out;
-	for (k = 0; k < nkids; k++)
-		if (kid_wait(kids[k], 20))
-			goto out;
 	ret = 0;
 out:
 	kids_end();
@@ -1668,6 +1714,158 @@ out:
 	return ret;
 }
 
+/* ---- 5. the QP budget: LRU engine closed, reopened on demand ------------- */
+
+static const struct eng_spec c5_cons =
+	ENG("decode", RT_CONS_ENGINE, 1, 16, HND, 64, 1, 0);
+
+static const struct eng_spec c5_engs[3] = {
+	ENG("A", 0x50e1, 1, 16, HND, 48, 1, 80),
+	ENG("B", 0x50e2, 1, 16, NHD, 48, 1, 84),
+	ENG("C", 0x50e3, 1, 32, HND, 24, 1, 88),
+};
+
+/* k0 A, k1 B, k2 C, k3 B, k4 C, k5 A, k6 B */
+#define C5_REQ 7
+static const uint32_t c5_eng[C5_REQ] = { 0, 1, 2, 1, 2, 0, 1 };
+static struct req c5_rq[C5_REQ];
+
+/* Engine e went down to make room: -ENOSPC, KVP_REASON_EVICTED, no
+ * DISCONNECTED and no transport failure counted. */
+static int evicted(struct cons *c, uint32_t e, uint32_t downs)
+{
+	struct kvp_engine_info in;
+	const char *who = c->who;
+
+	if (info(c, e, &in))
+		return -1;
+	if (c->downs[e] != downs || c->down_status[e] != -ENOSPC ||
+	    c->down_reason[e] != KVP_REASON_EVICTED || c->disc[e] ||
+	    in.state != KVP_ENGINE_DOWN || in.reason != KVP_REASON_EVICTED ||
+	    in.transport_failures || !strstr(in.why, "max_qps"))
+		RT_FAIL("%s: %u downs (want %u), status %s, reason %u, %u DISCONNECTED, state %u, %llu transport failures, why \"%s\"",
+			c->es[e].name, c->downs[e], downs,
+			kvp_strerror(c->down_status[e]), c->down_reason[e],
+			c->disc[e], in.state,
+			(unsigned long long)in.transport_failures, in.why);
+	return 0;
+out:
+	return -1;
+}
+
+static int c5_consumer(const void *arg, uint32_t rank)
+{
+	struct kvp_agent_attr at;
+	struct kvp_agent_stats st;
+	struct kvp_engine_info in;
+	struct want w = { .ups = { 1, 1, 0 } };
+	struct cons *c;
+	const char *who = "decode";
+	uint32_t k;
+	int ret = 1, err;
+
+	(void)arg;
+	memset(&at, 0, sizeof(at));
+	at.max_qps = 4; /* two engines of one rank, two queue pairs each */
+	c = cons_new(&c5_cons, rank, c5_engs, 3, c5_rq, C5_REQ, &at);
+	if (!c)
+		return 1;
+	who = c->who;
+	if (cons_add(c, 0, 30000) || cons_add(c, 1, 30000) ||
+	    cons_wait(c, &w, 40, "A and B up"))
+		goto out;
+	w.quiet = 1;
+	for (k = 0; k < 2; k++)
+		if (cons_pull_busy(c, k, 20) || cons_wait(c, &w, 30, "DONE"))
+			goto out;
+	/* C finds no slot: A, idle and used longest ago, goes for it. */
+	if (cons_add(c, 2, 30000))
+		goto out;
+	w.ups[2] = 1;
+	w.downs[0] = 1;
+	if (cons_wait(c, &w, 40, "C up, A down") || evicted(c, 0, 1))
+		goto out;
+	if (c->downs[1] || c->downs[2])
+		RT_FAIL("B or C went down: %u, %u", c->downs[1], c->downs[2]);
+	if (cons_pull_busy(c, 2, 20) || cons_wait(c, &w, 30, "C's DONE"))
+		goto out;
+	/* B and C each with a pull not yet polled: neither is idle, so A
+	 * cannot come back; nothing changes. */
+	if (cons_pull(c, 3) || cons_pull(c, 4))
+		RT_FAIL("pulls from B and C refused");
+	err = cons_pull(c, 5);
+	if (err != -ENOSPC)
+		RT_FAIL("pull from A with B and C busy: %s, want -ENOSPC",
+			kvp_strerror(err));
+	if (info(c, 0, &in) || in.state != KVP_ENGINE_DOWN)
+		RT_FAIL("A: state %u after -ENOSPC, want DOWN", in.state);
+	if (cons_wait(c, &w, 30, "B's and C's DONE"))
+		goto out;
+	/* Now both are idle: B, used before C, makes room for A. */
+	w.downs[1] = 1;
+	if (cons_pull_reconnect(c, 5, 40) ||
+	    cons_wait(c, &w, 30, "A's DONE, B down") || evicted(c, 1, 1))
+		goto out;
+	/* And B comes back in C's place (C used before A). */
+	w.downs[2] = 1;
+	if (cons_pull_reconnect(c, 6, 40) ||
+	    cons_wait(c, &w, 30, "B's DONE, C down") || evicted(c, 2, 1))
+		goto out;
+	for (k = 0; k < C5_REQ; k++)
+		if (c->st[k] != R_DONE)
+			RT_FAIL("%llu not DONE", (unsigned long long)c5_rq[k].id);
+	kvp_agent_get_stats(c->a, &st);
+	if (st.evictions != 3 || st.reconnects != 2 || st.qps != 4 ||
+	    st.transport_failures)
+		RT_FAIL("stats: %llu evictions (want 3), %llu reconnects (want 2), %llu QPs (want 4), %llu transport failures",
+			(unsigned long long)st.evictions,
+			(unsigned long long)st.reconnects,
+			(unsigned long long)st.qps,
+			(unsigned long long)st.transport_failures);
+	if (info(c, 0, &in))
+		goto out;
+	printf("     3 engines through a budget of 4 QPs: 3 evictions, A back in %.1f ms (plan %s)\n",
+	       in.add_ns / 1e6, in.plan_cached ? "cached" : "compiled");
+	if (cons_check_mem(c))
+		goto out;
+	ret = 0;
+out:
+	cons_free(c);
+	return ret;
+}
+
+static uint32_t c5_eng_of(uint32_t k)
+{
+	return c5_eng[k];
+}
+
+static uint32_t c5_tokens(uint32_t k)
+{
+	return 24 + 8 * k;
+}
+
+static int run_budget(void)
+{
+	enum { READY, STOP, NPIPES };
+	int f[NPIPES][2], ret = -1;
+	uint32_t nprod;
+	pid_t d;
+
+	reqs_init(c5_rq, C5_REQ, 5000, c5_eng_of, c5_tokens);
+	if (pipes_open(f, NPIPES) ||
+	    make_blocks(c5_rq, C5_REQ, c5_engs, 3, &c5_cons, 15) ||
+	    engines_start(c5_engs, 3, c5_rq, C5_REQ, f[READY][0], f[READY][1],
+			  f[STOP][0], &nprod) ||
+	    (d = spawn(c5_consumer, NULL, 0)) < 0 || kid_wait(d, 90) ||
+	    engines_stop(f[STOP][1], nprod))
+		goto out;
+	ret = 0;
+out:
+	kids_end();
+	pipes_close(f, NPIPES);
+	return ret;
+}
+
 int main(int argc, char **argv)
 {
 	const char *filter = argc > 1 ? argv[1] : NULL;
@@ -1683,6 +1881,8 @@ int main(int argc, char **argv)
 		{ "consumer engine killed, a new one connects",
 		  run_consumer_killed },
 		{ "producer stops polling: stall, then resume", run_stall },
+		{ "max_qps: the LRU idle engine closed, reopened on demand",
+		  run_budget },
 	};
 
 	if (rt_start(&env, 20500))

@@ -11,6 +11,8 @@
  *             was carried;
  *   (plan)    look the layout's geometry up in the plan cache, compile on
  *             a miss;
+ *   EP_ROOM   wait for connection slots within max_qps, if an idle engine
+ *             had to go to make room (make_room());
  *   EP_REST   connect every other rank the plan reads from or notifies,
  *             check each blob against the first (same engine, geometry)
  *             and against its carried bytes; then UP.
@@ -264,6 +266,71 @@ static struct kvp_conn *free_cons_slot(kvp_agent *a)
 	return a->cons_end < a->nconns ? &a->conns[a->cons_end] : NULL;
 }
 
+/* ---- the QP budget (max_qps) ------------------------------------------- */
+
+/* An engine with nothing in flight: every pull of it was delivered. */
+static int eng_idle(const kvp_agent *a, const struct kvp_eng *e)
+{
+	return e->state == KVP_ENGINE_UP && !e->evicted && !e->removing &&
+	       e->st.pulls == e->st.done + e->st.failed &&
+	       kvp__engine_handle(a, e) != a->def_eng;
+}
+
+/* Room for `need` more connections within max_qps, for engine self: 0
+ * when the free slots suffice; -EAGAIN when room is coming (an engine
+ * that went to make it drains: the handshake waits, within its deadline);
+ * -ENOSPC when even every idle engine's slots would not do. The least
+ * recently used idle engine (up, nothing in flight, not
+ * kvp_agent_connect()'s) goes down, ENGINE_DOWN -ENOSPC with
+ * KVP_REASON_EVICTED; its next kvp_agent_pull_from() reconnects it, the
+ * memory registered once. One at a time: the next only once the slots of
+ * the last are free. Linear in max_peers, and only when slots lack. */
+static int make_room(kvp_agent *a, const struct kvp_eng *self, uint32_t need)
+{
+	struct kvp_eng *lru = NULL;
+	uint64_t could = a->ncons_free;
+	uint32_t i;
+
+	if (need <= a->ncons_free)
+		return 0;
+	if (a->cons_evicting)
+		return -EAGAIN;
+	for (i = 0; i < a->max_peers; i++) {
+		struct kvp_eng *e = &a->engs[i];
+
+		if (e == self || !eng_idle(a, e))
+			continue;
+		could += e->nconn;
+		if (!lru || e->last_used < lru->last_used)
+			lru = e;
+	}
+	if (!lru || could < need)
+		return -ENOSPC;
+	kvp__why_clear(&lru->why);
+	kvp__why(&lru->why, -ENOSPC, KVP_REASON_EVICTED,
+		 "closed to make room within max_qps (%u queue pairs): reconnected on demand",
+		 a->nconns - a->nprod);
+	lru->evicted = 1;
+	a->cons_evicting++;
+	a->st.evictions++;
+	kvp__engine_fail(a, lru, -ENOSPC);
+	return -EAGAIN;
+}
+
+/* Whether an engine's first connection can have a slot, now or once an
+ * idle engine made room. */
+static int room_possible(const kvp_agent *a)
+{
+	uint32_t i;
+
+	if (a->ncons_free || a->cons_evicting)
+		return 1;
+	for (i = 0; i < a->max_peers; i++)
+		if (eng_idle(a, &a->engs[i]))
+			return 1;
+	return 0;
+}
+
 /* Queue pair q of producer rank r. */
 static int connect_rank(kvp_agent *a, struct kvp_eng *e, uint32_t r,
 			uint32_t q)
@@ -289,11 +356,12 @@ static uint32_t rank_qps(const struct kvp_eng *e, uint32_t k)
 	return e->pc->note_src[k] != NO_SRC ? e->nq : 1;
 }
 
+static int rest_connect(kvp_agent *a, struct kvp_eng *e);
+
 /* The plan is known: connect the rest of its notify list. */
 static int start_rest(kvp_agent *a, struct kvp_eng *e)
 {
 	const struct kvp_pcache *pc;
-	uint32_t k, q, need = 0;
 	int err;
 
 	err = kvp__plan_resolve(a, e);
@@ -302,16 +370,29 @@ static int start_rest(kvp_agent *a, struct kvp_eng *e)
 	pc = e->pc;
 	if (pc->pi.remote_tp != e->n)
 		return -EPROTO;
-	for (k = 0; k < pc->pi.nnotify; k++)
-		for (q = 0; q < rank_qps(e, k); q++)
-			need += e->rank_conn[pc->note_rank[k] * e->nq + q] ==
-				NO_CONN;
-	if (need > a->ncons_free)
-		return -ENOSPC;
 	e->note_conn = malloc(((size_t)pc->pi.nnotify * e->nq + 1) *
 			      sizeof(*e->note_conn));
 	if (!e->note_conn)
 		return -ENOMEM;
+	e->phase = EP_ROOM;
+	return rest_connect(a, e);
+}
+
+/* EP_ROOM: the rest of the notify list connected once max_qps has room
+ * for all of it (0 and still EP_ROOM while room is coming). */
+static int rest_connect(kvp_agent *a, struct kvp_eng *e)
+{
+	const struct kvp_pcache *pc = e->pc;
+	uint32_t k, q, need = 0;
+	int err;
+
+	for (k = 0; k < pc->pi.nnotify; k++)
+		for (q = 0; q < rank_qps(e, k); q++)
+			need += e->rank_conn[pc->note_rank[k] * e->nq + q] ==
+				NO_CONN;
+	err = make_room(a, e, need);
+	if (err)
+		return err == -EAGAIN ? 0 : err;
 	for (k = 0; k < pc->pi.nnotify; k++) {
 		uint32_t r = pc->note_rank[k];
 
@@ -330,6 +411,17 @@ static int start_rest(kvp_agent *a, struct kvp_eng *e)
 	return 0;
 }
 
+/* EP_FIRST: the first connection, once max_qps has room for it. */
+static int first_connect(kvp_agent *a, struct kvp_eng *e)
+{
+	int err = make_room(a, e, 1);
+
+	e->wait_room = err == -EAGAIN;
+	if (err)
+		return e->wait_room ? 0 : err;
+	return connect_rank(a, e, e->first, 0);
+}
+
 /* Starts (or restarts) engine e's handshake. */
 static int eng_start(kvp_agent *a, struct kvp_eng *e, uint32_t timeout_ms)
 {
@@ -346,6 +438,7 @@ static int eng_start(kvp_agent *a, struct kvp_eng *e, uint32_t timeout_ms)
 	e->rank_conn = malloc((size_t)e->n * e->nq * sizeof(*e->rank_conn));
 	e->retry_at = calloc((size_t)e->n * e->nq, sizeof(*e->retry_at));
 	e->nretry = e->refusals = e->resets = 0;
+	e->wait_room = 0;
 	if (!e->rank_conn || !e->retry_at)
 		return -ENOMEM;
 	for (r = 0; r < e->n * e->nq; r++)
@@ -363,7 +456,7 @@ static int eng_start(kvp_agent *a, struct kvp_eng *e, uint32_t timeout_ms)
 	 * made only to be dropped. */
 	e->first = (uint32_t)((uint64_t)a->li.tp_rank * e->n / a->li.tp_size);
 	e->phase = EP_FIRST;
-	return connect_rank(a, e, e->first, 0);
+	return first_connect(a, e);
 }
 
 /* Producer rank c's blob, against its hello and the reference; and
@@ -499,7 +592,8 @@ static int eng_up(kvp_agent *a, struct kvp_eng *e)
 		e->st.reconnects++;
 		a->st.reconnects++;
 	}
-	e->st.add_ns = kvp__now_ns() - e->t0;
+	e->last_used = kvp__now_ns();
+	e->st.add_ns = e->last_used - e->t0;
 	e->st.plan_cached = e->plan_cached;
 	a->st.connects += conns;
 	eng_event(a, e, KVP_EV_ENGINE_UP);
@@ -528,6 +622,14 @@ static int retries_due(kvp_agent *a, struct kvp_eng *e, uint64_t now)
 	for (i = 0; i < e->n * e->nq && e->nretry; i++) {
 		if (!e->retry_at[i] || now < e->retry_at[i])
 			continue;
+		err = make_room(a, e, 1);
+		if (err == -EAGAIN) {
+			/* An evicted engine's slots drain: soon. */
+			e->retry_at[i] = now + 1000000ull;
+			continue;
+		}
+		if (err)
+			return err;
 		e->retry_at[i] = 0;
 		e->nretry--;
 		err = connect_rank(a, e, i / e->nq, i % e->nq);
@@ -555,7 +657,11 @@ static int eng_step(kvp_agent *a, struct kvp_eng *e, uint64_t now)
 		if (err || e->nretry)
 			return err; /* not all of them are back yet */
 	}
+	if (e->phase == EP_ROOM)
+		return rest_connect(a, e);
 	if (e->phase == EP_FIRST) {
+		if (e->wait_room)
+			return first_connect(a, e);
 		if (e->rank_conn[e->first * e->nq] == NO_CONN)
 			return 0;
 		c = &a->conns[e->rank_conn[e->first * e->nq]];
@@ -611,6 +717,10 @@ void kvp__engines_step(kvp_agent *a, uint64_t now)
 
 static void eng_down(kvp_agent *a, struct kvp_eng *e)
 {
+	if (e->evicted) {
+		e->evicted = 0;
+		a->cons_evicting--;
+	}
 	eng_detach(e);
 	e->state = KVP_ENGINE_DOWN;
 	if (e->removing) {
@@ -745,10 +855,11 @@ void kvp__consumer_failed(kvp_agent *a, struct kvp_conn *c, int was_ready)
 	if (!was_ready && c->retry_ms && retry_later(a, e, c))
 		return;
 
-	if (!e->quiet && !e->removing)
+	/* Removed or evicted: the engine's own event says it all. */
+	if (!e->quiet && !e->removing && !e->evicted)
 		kvp__conn_report(a, c, last_of_rank(a, c), &e->why,
 				 kvp__engine_handle(a, e));
-	if (was_ready) {
+	if (was_ready && !e->evicted) {
 		e->st.transport_failures++;
 		a->st.transport_failures++;
 	}
@@ -833,7 +944,8 @@ int kvp__engine_add(kvp_agent *a, const struct kvp_peer *ranks, uint32_t n,
 	for (i = 0; i < a->max_peers && !e; i++)
 		if (!a->engs[i].state)
 			e = &a->engs[i];
-	if (!e || !a->ncons_free || kvp__ev_room(a) <= (int)a->max_inflight + 8)
+	if (!e || !room_possible(a) ||
+	    kvp__ev_room(a) <= (int)a->max_inflight + 8)
 		return -ENOSPC;
 	err = kvp__blob_make(a);
 	if (err)
@@ -878,7 +990,7 @@ static int reconnect_engine(kvp_agent *a, uint32_t engine,
 	}
 	if (e->state != KVP_ENGINE_DOWN)
 		return -EBUSY;
-	if (!a->ncons_free || kvp__ev_room(a) <= (int)a->max_inflight + 8)
+	if (!room_possible(a) || kvp__ev_room(a) <= (int)a->max_inflight + 8)
 		return -ENOSPC;
 	return eng_begin(a, e, ranks, n, timeout_ms);
 }

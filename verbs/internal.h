@@ -647,7 +647,7 @@ struct kvp_req {
 };
 
 /* Consumer: a producer engine (engine.c). */
-enum eng_phase { EP_FIRST = 1, EP_REST };
+enum eng_phase { EP_FIRST = 1, EP_ROOM, EP_REST };
 struct kvp_peer_addr {
 	char ip[64];
 	uint16_t port;
@@ -698,6 +698,10 @@ struct kvp_eng {
 	uint32_t *src_note;	    /* per source: its notify index (its
 				     * queue pairs: note_conn[k * nq + q]) */
 	uint32_t plan_cached;
+	uint32_t wait_room;	/* EP_FIRST: its first connection waits for
+				 * a slot (an evicted engine's drain) */
+	uint32_t evicted;	/* going down to make room (max_qps) */
+	uint64_t last_used;	/* its last pull, or UP: the LRU's key */
 	struct kvp_why why;	/* why it went down (cleared at each start) */
 	struct kvp_engine_info st;
 };
@@ -852,6 +856,7 @@ struct kvp_agent {
 	struct kvp_eng *engs;	/* max_peers */
 	uint32_t nengs;		/* held */
 	uint32_t nconnecting;	/* engines handshaking */
+	uint32_t cons_evicting;	/* engines going down to make room */
 	uint32_t def_eng;	/* kvp_agent_connect()'s handle, 0: none */
 	struct kvp_pcache *pcache; /* max_peers */
 	uint64_t pc_clock;

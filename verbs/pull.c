@@ -200,6 +200,7 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 	r->eng = eng;
 	a->inflight[at] = slot + 1;
 	r->t0 = kvp__now_ns();
+	e->last_used = r->t0; /* the QP budget's LRU key */
 	r->bytes = 0;
 	r->reads = 0;
 	r->state = RQ_ACTIVE;
