@@ -1130,13 +1130,14 @@ static int raw_costly(const struct rt_env *env, void *arg)
 	const char *who = "costly";
 	double end = rt_now() + H_COSTLY_S;
 	uint8_t blob[4096];
-	uint32_t joins = 0;
+	uint32_t joins = 0, lost = 0;
 	struct raw r;
 	size_t len = 0;
 	int err;
 
 	CHECK(!costly_blob(k->engine, blob, sizeof(blob), &len), "blob");
-	while (rt_now() < end) {
+	/* one more after a timeout (within the child's alarm) */
+	while (rt_now() < end || (!joins && lost && lost < 2)) {
 		raw_reason = 0;
 		err = raw_join_blob(&r, k->src, env, k->port, k->engine, 1, 0,
 				    blob, len);
@@ -1145,13 +1146,24 @@ static int raw_costly(const struct rt_env *env, void *arg)
 			usleep(10000); /* the producer's slots, not ours */
 			continue;
 		}
+		/* No answer within our waits: under emulation, with the other
+		 * peers' handshakes, ours may pass the producer's handshake
+		 * bound, which drops it without a word (CI saw it once, 1 run
+		 * in many). Not a refusal: tried again. */
+		if (err == -ETIMEDOUT) {
+			lost++;
+			continue;
+		}
 		/* The producer makes no plan for it: served at once (the
 		 * consumer's own compilation would refuse it). */
 		CHECK(!err, "costly blob: %s reason %u, want it served",
 		      kvp_strerror(err), raw_reason);
 		joins++;
 	}
-	CHECK(joins > 0, "no costly handshake completed");
+	CHECK(joins > 0, "no costly handshake completed (%u timed out)", lost);
+	if (lost)
+		fprintf(stderr, "  [%s] %u handshakes timed out, %u served\n",
+			who, lost, joins);
 	return 0;
 }
 
