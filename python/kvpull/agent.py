@@ -1049,7 +1049,9 @@ class Agent(Handle):
         ``kvp_agent_pull_from()``).  ``ids`` and errors as :meth:`pull`,
         and -ENOENT for an unknown handle, -EAGAIN while the engine is
         connecting or when it is down (a reconnect starts: retry after
-        ENGINE_UP)."""
+        ENGINE_UP), -ENOSPC when it is down and the agent's ``max_qps``
+        has no room, not even by closing an idle engine (one closed that
+        way goes ENGINE_DOWN with :attr:`Reason.EVICTED`)."""
         self._pull_engine(self._lib.kvp_agent_pull_from,
                           "kvp_agent_pull_from", engine, req_id, ids)
 
