@@ -1012,8 +1012,9 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  *    other reveals anything: HMAC-SHA-256 over both sides' hellos and
  *    fresh 16-byte nonces, never the secret itself. A producer gives a
  *    consumer its blob (and so any rkey), registers a buffer for the
- *    consumer's blob and the notification buffers only after the
- *    consumer's proof; a consumer reads from a producer only after the
+ *    consumer's blob, READs it (the consumer's one remotely readable
+ *    memory: its blob, which holds no key) and posts the notification
+ *    buffers only after the consumer's proof; a consumer reads from a producer only after the
  *    producer's proof, so a stranger can neither read nor feed it bytes.
  *    The secret authenticates the handshake, not the traffic: RDMA itself
  *    is not encrypted, and the rkeys it protects travel in clear to
@@ -1056,7 +1057,9 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  * (a crash, a cut link: no disconnect) from its liveness probe: a
  * zero-length READ to each connected consumer rank every second, which
  * the consumer's NIC answers without touching memory or checking a key
- * (a consumer accepts one incoming READ for it); a probe unanswered for
+ * (a consumer accepts one incoming READ at a time: at the handshake the
+ * producer READs the consumer's blob, then only probes); a probe
+ * unanswered for
  * 5 s drops the connection and frees its slot (stats.probes counts the
  * answers). The requests expected from it expire as usual.
  *
@@ -1168,9 +1171,11 @@ struct kvp_agent_attr {
 	 * for stall_ms fails that request alone. 0: 10000; at most
 	 * 3,600,000. */
 	uint32_t stall_ms;
-	/* Producer: notification receive buffers per consumer rank, the
-	 * credit a consumer rank may spend before it must read how many the
-	 * producer re-posted (KVP_NOTE_LEN bytes each). 0: max_inflight, at
+	/* Producer: notification receive buffers per consumer rank (on its
+	 * first queue pair, which carries its notifications; its others get
+	 * one, for their BYE), the credit a consumer rank may spend before
+	 * it must read how many the producer re-posted (KVP_NOTE_LEN bytes
+	 * each). 0: max_inflight, at
 	 * least 128; at most 65536; clamped to the device's limit. */
 	uint32_t rq_depth;
 	/* Consumer: bytes per READ at most (a slice, for fairness between
@@ -1249,10 +1254,12 @@ struct kvp_agent_attr {
  * max_cq: the queue pairs' completions are spread over as many CQs of at
  * most max_cqe as they need, at most 64 and max_cq; only beyond that do
  * the queue depths shrink, rather than risk an overrun). How many peers a
- * device serves at the default depths: a producer QP needs 143 completion
- * entries (13 sends, rq_depth 128 notification buffers, 2), a consumer QP
- * 517 (sq_depth 512, 5), 16 more per CQ; so 64 CQs of soft-RoCE's 32,767
- * entries hold 14,656 producer QPs (7,328 consumer ranks of two) or 4,032
+ * device serves at the default depths: a producer QP is sized for 144
+ * completion entries (14 sends, rq_depth 128 notification buffers, 2:
+ * what a rank's first QP takes; its others post 1 notification buffer),
+ * a consumer QP 517 (sq_depth 512, 5), 16 more per CQ; so 64 CQs of
+ * soft-RoCE's 32,767 entries hold 14,528 producer QPs (7,264 consumer
+ * ranks of two) or 4,032
  * consumer QPs, and ConnectX's 4,194,303 entries far more than max_qps
  * allows; the device's max_qp bounds them too. Each queue pair's depth is
  * what rdma_create_qp() returned when less than asked, or, when the
@@ -1376,9 +1383,10 @@ KVP_API KVP_MUST_CHECK int kvp_agent_listen(kvp_agent *agent, const char *ip,
 					    uint16_t port);
 
 /* This rank's metadata blob, byte for byte what the built-in handshake
- * sends: kvp_meta_encode() of the agent's layout, with the region
+ * hands the peer (a producer sends its blob; a producer READs a
+ * consumer's): kvp_meta_encode() of the agent's layout, with the region
  * addresses and rkeys of kvp_agent_register() on a producer (a consumer's
- * memory is not remotely accessible, so its blob carries no keys). For a
+ * KV memory is not remotely accessible, so its blob carries no keys). For a
  * user to carry to consumers over their own channel (struct kvp_peer).
  * Producers and consumers, before or after listen and connect. Writes the
  * blob to buf[cap] and its length to *len. Returns 0; -ENXIO until every

@@ -10,8 +10,9 @@
  * with the expected bytes. The producer reports, per case, its worst
  * kvp_agent_poll() latency and its counters.
  *
- * Cases: short and oversized blob lengths; a slow blob (never sent) and a
- * huge garbage blob; notification replay after expiry and after release;
+ * Cases: short and oversized blob lengths; a slow consumer (no AUTH), a
+ * huge garbage blob and a blob the producer cannot READ (a wrong key);
+ * notification replay after expiry and after release;
  * cross-engine id collision; a flood of notifications with random ids;
  * idle connections holding every slot of a source address; wrong, missing
  * and unexpected secrets, and a forged proof.
@@ -492,8 +493,9 @@ struct raw {
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
 	struct ibv_mr *mr;
-	uint8_t *buf; /* [0,4K): receive, [4K,8K): send, 8K on: blobs */
-	size_t len;
+	uint8_t *buf; /* [0,4K): receive, [4K,8K): send, 8K on: blobs,
+		       * then RAW_ANS_LEN for the producer's answer */
+	size_t len, ans;
 	uint8_t hello_c[W_HELLO_LEN], hello_p[W_HELLO_LEN];
 	int established, refused; /* refused: the -errno of a refusal */
 	uint64_t engine;
@@ -502,6 +504,7 @@ struct raw {
 #define RAW_RX 0
 #define RAW_TX 4096
 #define RAW_BLOB 8192
+#define RAW_ANS_LEN 4096
 
 static int raw_event(struct raw *r, enum rdma_cm_event_type want,
 		     int timeout_ms, uint8_t *pdata, uint32_t *plen)
@@ -559,7 +562,8 @@ static int raw_connect_as(struct raw *r, const char *src, const char *dst,
 
 	memset(r, 0, sizeof(*r));
 	r->engine = engine;
-	r->len = RAW_BLOB + bloblen_alloc;
+	r->ans = RAW_BLOB + bloblen_alloc;
+	r->len = r->ans + RAW_ANS_LEN;
 	r->buf = calloc(1, r->len);
 	inet_pton(AF_INET, src, &s.sin_addr);
 	inet_pton(AF_INET, dst, &d.sin_addr);
@@ -575,8 +579,10 @@ static int raw_connect_as(struct raw *r, const char *src, const char *dst,
 		return -EHOSTUNREACH;
 	r->pd = ibv_alloc_pd(r->id->verbs);
 	r->cq = r->pd ? ibv_create_cq(r->id->verbs, 256, NULL, NULL, 0) : NULL;
+	/* The producer READs our blob at RAW_BLOB. */
 	r->mr = r->cq ? ibv_reg_mr(r->pd, r->buf, r->len,
-				   IBV_ACCESS_LOCAL_WRITE) : NULL;
+				   IBV_ACCESS_LOCAL_WRITE |
+					   IBV_ACCESS_REMOTE_READ) : NULL;
 	if (!r->mr)
 		return -ENOMEM;
 	memset(&qa, 0, sizeof(qa));
@@ -588,7 +594,7 @@ static int raw_connect_as(struct raw *r, const char *src, const char *dst,
 	if (rdma_create_qp(r->id, r->pd, &qa))
 		return -ENOMEM;
 	kvp__put32(r->hello_c, W_HELLO_MAGIC);
-	r->hello_c[4] = 2; /* version */
+	r->hello_c[4] = 3; /* version */
 	r->hello_c[6] = KVP_ROLE_CONSUMER;
 	kvp__put32(r->hello_c + 8, tp);
 	kvp__put32(r->hello_c + 12, rank);
@@ -680,9 +686,12 @@ static int raw_wait(struct raw *r, int recv, int timeout_ms)
 	return -ETIMEDOUT;
 }
 
-/* AUTH with the proof under `key` (NULL: zeros), then waits for GO.
- * Returns 0, the refusal's -errno, or another negative code. */
-static int raw_auth(struct raw *r, const uint8_t *key)
+/* AUTH with the proof under `key` (NULL: zeros) and our blob's address
+ * (r->buf + RAW_BLOB, where the caller put it) and key, the key XORed with
+ * key_xor; then waits for GO. Its RECV, and the one for the producer's
+ * answer to our blob (raw_answer()), are posted first. Returns 0, the
+ * refusal's -errno, or another negative code. */
+static int raw_auth_key(struct raw *r, const uint8_t *key, uint32_t key_xor)
 {
 	static const char tag[] = "kvpull handshake ";
 	const char label = 'C';
@@ -691,14 +700,18 @@ static int raw_auth(struct raw *r, const uint8_t *key)
 	uint8_t *tx = r->buf + RAW_TX, *rx = r->buf + RAW_RX;
 	int n;
 
-	if (raw_post_recv(r, RAW_RX, 64))
+	if (raw_post_recv(r, RAW_RX, 64) ||
+	    raw_post_recv(r, (uint32_t)r->ans, RAW_ANS_LEN))
 		return -EIO;
 	kvp__put32(tx, W_AUTH_MAGIC);
 	kvp__put32(tx + 4, 0);
 	memset(tx + 8, 0, 32);
 	if (key)
 		kvp__hmac_sha256(key, 32, m, l, 4, tx + 8);
-	if (raw_send(r, RAW_TX, 40) || raw_wait(r, 0, 5000) < 0)
+	kvp__put64(tx + 40, (uint64_t)(uintptr_t)(r->buf + RAW_BLOB));
+	kvp__put32(tx + 48, r->mr->rkey ^ key_xor);
+	kvp__put32(tx + 52, 0);
+	if (raw_send(r, RAW_TX, 56) || raw_wait(r, 0, 5000) < 0)
 		return -EIO;
 	n = raw_wait(r, 1, 5000);
 	if (n < 0)
@@ -710,18 +723,18 @@ static int raw_auth(struct raw *r, const uint8_t *key)
 	return n == 20 && kvp__get32(rx) == W_GO_MAGIC ? 0 : -EPROTO;
 }
 
-/* Sends blob[0..len) after GO and returns the producer's answer: 0 for its
- * blob, the refusal's -errno, or another negative code. */
-static int raw_blob(struct raw *r, const void *blob, uint32_t len)
+static int raw_auth(struct raw *r, const uint8_t *key)
 {
-	uint8_t *rx = r->buf + RAW_RX;
+	return raw_auth_key(r, key, 0);
+}
+
+/* After GO: the producer's answer to our blob, which it READ: 0 for its
+ * blob, the refusal's -errno, or another negative code. */
+static int raw_answer(struct raw *r)
+{
+	uint8_t *rx = r->buf + r->ans;
 	int n;
 
-	if (raw_post_recv(r, RAW_RX, 4096))
-		return -EIO;
-	memcpy(r->buf + RAW_BLOB, blob, len);
-	if (raw_send(r, RAW_BLOB, len) || raw_wait(r, 0, 5000) < 0)
-		return -EIO;
 	n = raw_wait(r, 1, 10000);
 	if (n < 0)
 		return n;
@@ -743,10 +756,14 @@ static int raw_join_blob(struct raw *r, const char *src,
 
 	err = raw_connect_as(r, src, env->addr0, port, engine, tp, rank,
 			     (uint32_t)len, 0, 4096);
+	if (!err && len > 4096)
+		err = -EMSGSIZE;
+	if (err)
+		return err;
+	memcpy(r->buf + RAW_BLOB, blob, len);
+	err = raw_auth(r, NULL);
 	if (!err)
-		err = raw_auth(r, NULL);
-	if (!err)
-		err = raw_blob(r, blob, (uint32_t)len);
+		err = raw_answer(r);
 	return err;
 }
 
@@ -977,9 +994,10 @@ static int case_lengths(const struct rt_env *env, struct ctx *x)
 	       serve_good(env, x, &x->p1, env->addr0, NULL, 1);
 }
 
-/* A legal length whose blob never comes: dropped at the handshake bound;
- * then a 64 KiB garbage blob: refused. Meanwhile (the first) a good
- * consumer is served. */
+/* A consumer that never sends its AUTH (so its blob is never READ):
+ * dropped at the handshake bound; then a 64 KiB garbage blob: refused; then
+ * a blob the producer cannot READ (a wrong key): dropped at once.
+ * Meanwhile (the first) a good consumer is served. */
 struct slow {
 	uint16_t port;
 	int ready_fd;
@@ -988,7 +1006,7 @@ struct slow {
 static int raw_slow(const struct rt_env *env, void *arg)
 {
 	const struct slow *s = arg;
-	const char *who = "slow blob";
+	const char *who = "slow consumer";
 	struct raw r;
 	double t0;
 	int err;
@@ -996,14 +1014,12 @@ static int raw_slow(const struct rt_env *env, void *arg)
 	err = raw_connect(&r, env->addr0, env->addr0, s->port, H_EVIL,
 			  64 << 10, 0, 64 << 10);
 	CHECK(!err, "connect: %s", kvp_strerror(err));
-	err = raw_auth(&r, NULL);
-	CHECK(!err, "auth: %s", kvp_strerror(err));
 	t0 = rt_now();
 	CHECK(write(s->ready_fd, "r", 1) == 1, "ready");
 	err = raw_event(&r, RDMA_CM_EVENT_DISCONNECTED, H_HANDSHAKE_MS + 3000,
 			NULL, NULL);
 	CHECK(!err, "not dropped within %d ms: %d", H_HANDSHAKE_MS + 3000, err);
-	printf("    slow blob dropped after %.0f ms (bound %d ms)\n",
+	printf("    consumer without AUTH dropped after %.0f ms (bound %d ms)\n",
 	       (rt_now() - t0) * 1e3, H_HANDSHAKE_MS);
 	raw_close(&r);
 
@@ -1011,15 +1027,31 @@ static int raw_slow(const struct rt_env *env, void *arg)
 	err = raw_connect(&r, env->addr0, env->addr0, s->port, H_EVIL,
 			  64 << 10, 0, 64 << 10);
 	CHECK(!err, "connect: %s", kvp_strerror(err));
+	memset(r.buf + RAW_BLOB, 0xa5, 64 << 10);
 	err = raw_auth(&r, NULL);
 	CHECK(!err, "auth: %s", kvp_strerror(err));
-	memset(r.buf + RAW_BLOB, 0xa5, 64 << 10);
-	err = raw_blob(&r, r.buf + RAW_BLOB, 64 << 10);
+	err = raw_answer(&r);
 	raw_close(&r);
 	CHECK(err == -EPROTO, "garbage blob: %s, want -EPROTO",
 	      kvp_strerror(err));
 	CHECK(raw_reason == KVP_REASON_MALFORMED, "garbage blob: reason %u",
 	      raw_reason);
+
+	/* A key that does not open our blob: the producer's READ fails, the
+	 * connection goes (no GO: it was queued behind the READ). */
+	err = raw_connect(&r, env->addr0, env->addr0, s->port, H_EVIL,
+			  64 << 10, 0, 64 << 10);
+	CHECK(!err, "connect: %s", kvp_strerror(err));
+	t0 = rt_now();
+	err = raw_auth_key(&r, NULL, 0x5a5a00u);
+	CHECK(err, "wrong key: GO");
+	err = raw_event(&r, RDMA_CM_EVENT_DISCONNECTED, H_HANDSHAKE_MS,
+			NULL, NULL);
+	CHECK(!err, "wrong key: not dropped within %d ms: %d", H_HANDSHAKE_MS,
+	      err);
+	printf("    blob behind a wrong key: dropped after %.0f ms\n",
+	       (rt_now() - t0) * 1e3);
+	raw_close(&r);
 	return 0;
 }
 
@@ -1924,7 +1956,8 @@ static const struct h_case cases[] = {
 	{ "early notes: one engine's ranks keep its share, not all",
 	  case_fair, on_p1 },
 	{ "short and oversized blob lengths", case_lengths, on_p1 },
-	{ "slow blob and huge garbage blob", case_slow, on_p1 },
+	{ "no AUTH, a huge garbage blob, a blob behind a wrong key",
+	  case_slow, on_p1 },
 	{ "costliest valid blobs: refused, polls short, others get in",
 	  case_costly, on_p1 },
 	{ "short key table (a fuzz_meta crash) in-band: refused, next served",

@@ -564,8 +564,7 @@ static uint64_t mem_bytes(const kvp_agent *a)
 		const struct kvp_conn *c = &a->conns[i];
 
 		m += c->blob_len;
-		if (c->notes)
-			m += (uint64_t)a->rq_depth * KVP_NOTE_LEN;
+		m += (uint64_t)c->notes_n * KVP_NOTE_LEN;
 		if (c->chunks)
 			m += (uint64_t)(a->chunk_mask + 1) * sizeof(*c->chunks);
 		if (c->marks)

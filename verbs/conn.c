@@ -136,8 +136,12 @@ int kvp__blob_make(kvp_agent *a)
 	err = meta_encode(a, a->blob, len, &a->blob_len);
 	if (err)
 		goto err_blob;
-	/* Only ever the source of a SEND: local read access suffices. */
-	err = kvp__reg_mr(a->pd, a->blob, a->blob_len, 0, &a->blob_mr);
+	/* A producer's is the source of a SEND; a consumer's is READ by
+	 * each producer rank it connects to, after our AUTH (it holds our
+	 * layout and no key: nothing a peer may not see). */
+	err = kvp__reg_mr(a->pd, a->blob, a->blob_len,
+			  a->consumer ? IBV_ACCESS_REMOTE_READ : 0,
+			  &a->blob_mr);
 	if (err)
 		goto err_blob;
 	a->started = 1;
@@ -257,11 +261,14 @@ void kvp__slots_free(kvp_agent *a)
 		free(a->conns[i].notes);
 		a->conns[i].notes_mr = NULL;
 		a->conns[i].notes = NULL;
+		a->conns[i].notes_n = 0;
 	}
 }
 
-int kvp__post_send1(struct kvp_conn *c, uint64_t wr_id, void *buf,
-		    uint32_t len, uint32_t lkey)
+/* One signalled WR of one SGE: a SEND, or a READ of raddr (rkey). */
+static int post1(struct kvp_conn *c, uint64_t wr_id, enum ibv_wr_opcode op,
+		 void *buf, uint32_t len, uint32_t lkey, uint64_t raddr,
+		 uint32_t rkey)
 {
 	struct ibv_send_wr wr, *bad;
 	struct ibv_sge sge;
@@ -273,9 +280,23 @@ int kvp__post_send1(struct kvp_conn *c, uint64_t wr_id, void *buf,
 	wr.wr_id = wr_id;
 	wr.sg_list = &sge;
 	wr.num_sge = 1;
-	wr.opcode = IBV_WR_SEND;
+	wr.opcode = op;
 	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
 	return kvp__post_send(c->qp, &wr, &bad);
+}
+
+int kvp__post_send1(struct kvp_conn *c, uint64_t wr_id, void *buf,
+		    uint32_t len, uint32_t lkey)
+{
+	return post1(c, wr_id, IBV_WR_SEND, buf, len, lkey, 0, 0);
+}
+
+int kvp__post_read1(struct kvp_conn *c, uint64_t wr_id, void *buf,
+		    uint32_t len, uint32_t lkey, uint64_t raddr, uint32_t rkey)
+{
+	return post1(c, wr_id, IBV_WR_RDMA_READ, buf, len, lkey, raddr, rkey);
 }
 
 int kvp__post_recv1(struct kvp_conn *c, uint64_t wr_id, void *buf,
@@ -463,12 +484,12 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->blob_len = 0;
 	c->blob_got = 0;
 	c->blob_pending = 0;
+	c->credits = 0;
 	c->peer_blob = 0;
 	c->peer_tp = 0;
 	c->nearly = 0;
 	c->blob_mr = NULL;
 	c->peer = NULL;
-	c->meta_sent = c->meta_recv = 0;
 	c->refused = 0;
 	c->reason = 0;
 	c->rank_head = 0;

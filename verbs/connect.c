@@ -52,7 +52,16 @@ static int consumer_established(kvp_agent *a, struct kvp_conn *c,
 	}
 	c->engine_id = h.engine_id;
 	c->peer_blob = h.blob_len;
-	err = kvp__post_ctl_recv(a, c);
+	/* Both answers' buffers before our AUTH, in their order: GO (or a
+	 * refusal), then the producer's blob (or a refusal), which it may
+	 * send as soon as it has READ ours. */
+	err = kvp__peer_blob_alloc(a, c);
+	if (!err)
+		err = kvp__post_ctl_recv(a, c);
+	if (!err)
+		err = kvp__post_recv1(c,
+				      kvp__wrid(WK_META_RECV, c->gen, c->idx, 0),
+				      c->blob, c->blob_len, c->blob_mr->lkey);
 	if (err)
 		return err;
 	kvp__put32(m, KVP_AUTH_MAGIC);
@@ -60,29 +69,15 @@ static int consumer_established(kvp_agent *a, struct kvp_conn *c,
 	memset(m + 8, 0, KVP_MAC_LEN);
 	if (a->secret)
 		kvp__auth_mac(a, 'C', c->hello_c, c->hello_p, m + 8);
+	/* Where the producer READs our blob. */
+	kvp__put64(m + KVP_AUTH_BLOB_OFF, (uint64_t)(uintptr_t)a->blob);
+	kvp__put32(m + KVP_AUTH_BLOB_OFF + 8, a->blob_mr->rkey);
+	kvp__put32(m + KVP_AUTH_BLOB_OFF + 12, 0);
 	err = kvp__post_ctl_send(a, c, KVP_AUTH_LEN);
 	if (err)
 		return err;
 	kvp__set_state(a, c, CS_HANDSHAKE);
 	return 0;
-}
-
-/* GO: our RECV for the producer's blob goes before our blob, which the
- * producer answers. */
-static int consumer_go(kvp_agent *a, struct kvp_conn *c)
-{
-	int err;
-
-	err = kvp__peer_blob_alloc(a, c);
-	if (err)
-		return err;
-	err = kvp__post_recv1(c, kvp__wrid(WK_META_RECV, c->gen, c->idx, 0),
-			      c->blob, c->blob_len, c->blob_mr->lkey);
-	if (err)
-		return err;
-	return kvp__post_send1(c, kvp__wrid(WK_META_SEND, c->gen, c->idx, 0),
-			       a->blob, (uint32_t)a->blob_len,
-			       a->blob_mr->lkey);
 }
 
 /* GO: the producer's receive depth and its credit counter. */
@@ -179,6 +174,7 @@ static int consumer_route(kvp_agent *a, struct kvp_conn *c)
 	c->sq_cap = kvp__sq_usable(asked, &qa.cap) - 1;
 	c->inline_notes = qa.cap.max_inline_data >= KVP_NOTE_LEN;
 	kvp__hello_fill(a, KVP_ROLE_CONSUMER, &h);
+	h.flags |= c->q << KVP_HELLO_QI_SHIFT;
 	err = kvp__random(h.nonce, sizeof(h.nonce));
 	if (err)
 		return err;
@@ -297,22 +293,15 @@ void kvp__consumer_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 				c->bye = 1;
 			return;
 		}
-		if (c->state != CS_HANDSHAKE || c->blob)
+		if (c->state != CS_HANDSHAKE || c->credit_max)
 			return;
 		m = kvp__ctl_rx(a, c);
 		err = refusal(a, c, m, wc->byte_len);
 		if (!err)
 			err = consumer_credit(a, c, wc->byte_len);
-		if (!err)
-			err = consumer_go(a, c);
-		break;
-	case WK_META_SEND:
-		c->meta_sent = 1;
 		break;
 	case WK_META_RECV:
 		err = consumer_meta(a, c, wc->byte_len);
-		if (!err)
-			c->meta_recv = 1;
 		break;
 	default:
 		return;
@@ -321,7 +310,7 @@ void kvp__consumer_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 		kvp__conn_fail(a, c, err);
 		return;
 	}
-	if (c->state == CS_HANDSHAKE && c->meta_sent && c->meta_recv) {
+	if (c->state == CS_HANDSHAKE && c->credit_max && c->blob_got) {
 		kvp__set_state(a, c, CS_READY);
 		/* For the producer's BYE when it closes; without one, its
 		 * close reads as a reset. */

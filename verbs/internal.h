@@ -157,7 +157,7 @@ enum wr_kind {
 	WK_DRAIN_SQ,   /* marker after the QP went to error */
 	WK_DRAIN_RQ,
 	WK_META_SEND,  /* our metadata blob */
-	WK_META_RECV,  /* the peer's metadata blob */
+	WK_META_RECV,  /* the peer's metadata blob (producer: its READ) */
 	WK_NOTE_RECV,  /* producer: a notification buffer */
 	WK_CTL_SEND,   /* handshake control message (auth, go, refusal) */
 	WK_CTL_RECV,
@@ -190,7 +190,7 @@ static inline uint64_t kvp__wrid(uint32_t kind, uint32_t gen, uint32_t conn,
  * the smallest private data rdma_cm carries on IB/RoCE: 56 bytes in a
  * connect request, 196 in an accept. */
 #define KVP_HELLO_MAGIC 0x4b565048u /* "HPVK" read as LE: 'K','V','P','H' */
-#define KVP_HELLO_VERSION 2
+#define KVP_HELLO_VERSION 3
 #define KVP_HELLO_LEN 48
 #define KVP_HELLO_ACCEPT_LEN (KVP_HELLO_LEN + KVP_MAC_LEN)
 #define KVP_HELLO_AUTH 1u /* flags: the sender holds a shared secret */
@@ -198,6 +198,12 @@ static inline uint64_t kvp__wrid(uint32_t kind, uint32_t gen, uint32_t conn,
  * (qps_per_peer; 0: not said), so that a producer admits them together */
 #define KVP_HELLO_QPS_SHIFT 8
 #define KVP_HELLO_QPS_MASK (0xfu << KVP_HELLO_QPS_SHIFT)
+/* flags bits 12-15: which of them this connection is (0: the first, the
+ * one that carries notifications, FOLLOW and TABLE; the others carry only
+ * READs and a BYE), so that a producer posts notification buffers where
+ * they are used */
+#define KVP_HELLO_QI_SHIFT 12
+#define KVP_HELLO_QI_MASK (0xfu << KVP_HELLO_QI_SHIFT)
 #define KVP_NONCE_LEN 16
 #define KVP_MAC_LEN 32
 struct kvp_hello {
@@ -213,10 +219,19 @@ KVP_HIDDEN int kvp__hello_get(const void *p, size_t len, struct kvp_hello *h);
 struct kvp_emit_pos;
 
 /* Handshake control messages, SENT on the connection before any blob:
- *   consumer -> producer  AUTH  u32 magic, u32 0, MAC (KVP_MAC_LEN)
+ *   consumer -> producer  AUTH  u32 magic, u32 0, MAC (KVP_MAC_LEN), u64
+ *                         the address and u32 the rkey of the consumer's
+ *                         blob, u32 0: the producer READs the blob
+ *                         (the hello's blob_len bytes) once the MAC
+ *                         checks out, so that nothing but AUTH and
+ *                         notification-sized messages is ever received
+ *                         on a producer's queue pair (a shared receive
+ *                         queue of small buffers can serve them all)
  *   producer -> consumer  GO    u32 magic, u32 credits (notification
- *                         receive buffers, 1..KVP_CREDIT_MAX), u64 the
- *                         address and u32 the rkey of its credit counter
+ *                         receive buffers, 1..KVP_CREDIT_MAX: rq_depth
+ *                         on a rank's first queue pair, 1 on the others,
+ *                         for their BYE), u64 the address and u32 the
+ *                         rkey of its credit counter
  *   producer -> consumer  REFUSE u32 magic, i32 -errno, u32 reason (enum
  *                         kvp_reason; also the private data of a
  *                         rejected connect request)
@@ -225,13 +240,15 @@ struct kvp_emit_pos;
  * AUTH checks out. */
 #define KVP_CTL_LEN 64
 #define KVP_AUTH_MAGIC 0x4b565041u
-#define KVP_AUTH_LEN (8 + KVP_MAC_LEN)
+#define KVP_AUTH_LEN (8 + KVP_MAC_LEN + 16)
+#define KVP_AUTH_BLOB_OFF (8 + KVP_MAC_LEN)
 #define KVP_GO_MAGIC 0x4b565047u
 #define KVP_GO_LEN 20
-/* A producer's send queue: control, blob, probe, drain marker, and
- * PROG_SQ progress WRITEs (streaming) at most. */
+/* A producer's send queue: control, the consumer's blob's READ, our
+ * blob, probe, drain marker, and PROG_SQ progress WRITEs (streaming) at
+ * most. */
 #define PROG_SQ 8
-#define PROD_SQ (5 + PROG_SQ)
+#define PROD_SQ (6 + PROG_SQ)
 /* A producer probes each idle consumer rank this often with a zero-length
  * READ (no memory is touched, no rkey checked): a consumer host that
  * vanished without a disconnect fails the probe after the transport's
@@ -576,7 +593,6 @@ struct kvp_conn {
 	int blob_pending;	  /* producer: received, not yet checked */
 	struct ibv_mr *blob_mr;
 	kvp_layout *peer;	  /* decoded peer layout */
-	int meta_sent, meta_recv;
 	int refused;		  /* producer: refusal sent, awaiting close */
 	uint32_t reason;	  /* producer: the refusal's reason; consumer:
 				   * the reason a producer's refusal gave */
@@ -597,8 +613,11 @@ struct kvp_conn {
 				   * rank's queue pairs still to come */
 
 	/* Producer: notification receive buffers and the request count. */
-	uint8_t *notes;
-	struct ibv_mr *notes_mr;
+	uint8_t *notes;		  /* producer: notification buffers, kept */
+	struct ibv_mr *notes_mr;  /* with the slot; notes_n of them */
+	uint32_t notes_n;
+	uint32_t credits;	  /* producer: of them, the ones posted for
+				   * this connection (its GO's credits) */
 	uint32_t expected;	  /* notifications that free a request */
 	uint32_t peer_tp;	  /* the consumer engine's TP size */
 	uint32_t nearly;	  /* early entries this connection created */
@@ -1057,6 +1076,10 @@ KVP_HIDDEN int kvp__post_send1(struct kvp_conn *c, uint64_t wr_id,
 			       void *buf, uint32_t len, uint32_t lkey);
 KVP_HIDDEN int kvp__post_recv1(struct kvp_conn *c, uint64_t wr_id,
 			       void *buf, uint32_t len, uint32_t lkey);
+/* A signalled READ of len bytes at raddr (rkey) into buf. */
+KVP_HIDDEN int kvp__post_read1(struct kvp_conn *c, uint64_t wr_id,
+			       void *buf, uint32_t len, uint32_t lkey,
+			       uint64_t raddr, uint32_t rkey);
 /* A registered buffer for the peer's blob of c->peer_blob bytes. */
 KVP_HIDDEN int kvp__peer_blob_alloc(kvp_agent *a, struct kvp_conn *c);
 /* Maps a refusal's code to the documented set (-EPROTO otherwise). */

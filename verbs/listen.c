@@ -319,7 +319,7 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 	struct ibv_qp_init_attr qa;
 	struct kvp_hello h, mine;
 	struct kvp_conn *c, *hd;
-	uint32_t retry_ms, nq;
+	uint32_t retry_ms, nq, qi;
 	int err, full;
 
 	/* Everything in the hello is checked before anything is set up. */
@@ -350,6 +350,11 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 	}
 	nq = (h.flags & KVP_HELLO_QPS_MASK) >> KVP_HELLO_QPS_SHIFT;
 	nq = nq < 1 ? 1 : nq > KVP_MAX_QPS ? KVP_MAX_QPS : nq;
+	qi = (h.flags & KVP_HELLO_QI_MASK) >> KVP_HELLO_QI_SHIFT;
+	if (qi >= nq) {
+		reject(a, id, -EPROTO, KVP_REASON_MALFORMED, 0);
+		return 0;
+	}
 	c = slot_for(a, src, h.engine_id, h.tp_rank, nq, &hd, &err,
 		     &retry_ms, &full);
 	/* Handshakes under way fill max_half_open: wait for one to end
@@ -406,6 +411,9 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 	c->engine_id = h.engine_id;
 	c->peer_tp = h.tp_size;
 	c->peer_blob = h.blob_len;
+	/* Notification buffers where notifications come: the rank's first
+	 * queue pair; one on the others, for their BYE. */
+	c->credits = qi ? 1 : a->rq_depth;
 	memcpy(c->src, src, sizeof(c->src));
 	memcpy(c->hello_c, pdata, KVP_HELLO_LEN);
 	memset(&qa, 0, sizeof(qa));
@@ -413,7 +421,7 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 	qa.recv_cq = qa.send_cq;
 	qa.qp_type = IBV_QPT_RC;
 	qa.cap.max_send_wr = PROD_SQ;
-	qa.cap.max_recv_wr = a->rq_depth + 2;
+	qa.cap.max_recv_wr = c->credits + 2; /* control, drain marker */
 	qa.cap.max_send_sge = 1;
 	qa.cap.max_recv_sge = 1;
 	kvp__set_state(a, c, CS_CONNECTING); /* counted as half-open from here */
@@ -440,7 +448,7 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 	param.responder_resources = rr;
 	if (param.responder_resources > a->lim.resp_res)
 		param.responder_resources = (uint8_t)a->lim.resp_res;
-	param.initiator_depth = 1; /* the probe */
+	param.initiator_depth = 1; /* its blob's READ, later the probe */
 	param.retry_count = 7;
 	/* Our sends are the handshake's, into posted buffers: an RNR would
 	 * be a consumer's fault, and is not waited out for long. */
@@ -485,8 +493,35 @@ static void refuse(kvp_agent *a, struct kvp_conn *c, int err)
 		kvp__conn_fail(a, c, err);
 }
 
+/* The slot's notification buffers: registered with its first handshake
+ * that needs them, kept for the next peers (a registration each handshake
+ * would cost two syscalls and page pinning); grown when a rank's first
+ * queue pair takes a slot that held another's. */
+static int notes_alloc(kvp_agent *a, struct kvp_conn *c)
+{
+	const uint32_t n = c->credits;
+
+	if (c->notes_n >= n)
+		return 0;
+	kvp__dereg_mr(c->notes_mr);
+	free(c->notes);
+	c->notes_mr = NULL;
+	c->notes_n = 0;
+	c->notes = calloc(n, KVP_NOTE_LEN);
+	if (!c->notes ||
+	    kvp__reg_mr(a->pd, c->notes, (size_t)n * KVP_NOTE_LEN,
+			IBV_ACCESS_LOCAL_WRITE, &c->notes_mr)) {
+		free(c->notes);
+		c->notes = NULL;
+		return -ENOMEM;
+	}
+	c->notes_n = n;
+	return 0;
+}
+
 /* The consumer's AUTH arrived: with a secret, its MAC must prove it; then
- * the buffers for its blob and its notifications are set up, and GO. */
+ * the buffers for its blob and its notifications are set up, its blob
+ * READ, and GO sent. */
 static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 {
 	const uint8_t *m = kvp__ctl_rx(a, c);
@@ -494,7 +529,8 @@ static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 	uint32_t i;
 	int ok = 1;
 
-	if (len != KVP_AUTH_LEN || kvp__get32(m) != KVP_AUTH_MAGIC)
+	if (len != KVP_AUTH_LEN || kvp__get32(m) != KVP_AUTH_MAGIC ||
+	    kvp__get32(m + 4) || kvp__get32(m + KVP_AUTH_BLOB_OFF + 12))
 		return -EPROTO;
 	if (a->secret) {
 		kvp__auth_mac(a, 'C', c->hello_c, c->hello_p, mac);
@@ -502,28 +538,24 @@ static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 	}
 	if (!ok)
 		return -EPERM;
-	if (kvp__peer_blob_alloc(a, c))
+	if (kvp__peer_blob_alloc(a, c) || notes_alloc(a, c))
 		return -EBUSY;
-	/* The slot's notification buffers: registered with its first
-	 * handshake, kept for the next peers (a registration each
-	 * handshake would cost two syscalls and page pinning). */
-	if (!c->notes)
-		c->notes = calloc(a->rq_depth, KVP_NOTE_LEN);
-	if (!c->notes ||
-	    (!c->notes_mr &&
-	     kvp__reg_mr(a->pd, c->notes, (size_t)a->rq_depth * KVP_NOTE_LEN,
-			 IBV_ACCESS_LOCAL_WRITE, &c->notes_mr)))
+	/* The consumer's blob, where its AUTH says: a READ of the length
+	 * its hello announced (checked against our cap at the connect
+	 * request). An address or key that does not hold it fails the READ,
+	 * and with it the connection. */
+	if (kvp__post_read1(c, kvp__wrid(WK_META_RECV, c->gen, c->idx, 0),
+			    c->blob, c->blob_len, c->blob_mr->lkey,
+			    kvp__get64(m + KVP_AUTH_BLOB_OFF),
+			    kvp__get32(m + KVP_AUTH_BLOB_OFF + 8)))
 		return -EBUSY;
-	if (kvp__post_recv1(c, kvp__wrid(WK_META_RECV, c->gen, c->idx, 0),
-			    c->blob, c->blob_len, c->blob_mr->lkey))
-		return -EBUSY;
-	for (i = 0; i < a->rq_depth; i++)
+	for (i = 0; i < c->credits; i++)
 		if (kvp__post_note_recv(a, c, i))
 			return -EBUSY;
 	/* Credit: the buffers just posted; the counter of those re-posted
 	 * since is this slot's, for the consumer to READ. */
 	kvp__put32(kvp__ctl_tx(a, c), KVP_GO_MAGIC);
-	kvp__put32(kvp__ctl_tx(a, c) + 4, a->rq_depth);
+	kvp__put32(kvp__ctl_tx(a, c) + 4, c->credits);
 	kvp__put64(kvp__ctl_tx(a, c) + 8,
 		   (uint64_t)(uintptr_t)&a->ctr[c->idx]);
 	kvp__put32(kvp__ctl_tx(a, c) + 16, a->ctr_mr[c->idx]->rkey);
@@ -632,9 +664,10 @@ void kvp__producer_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 			refuse(a, c, err);
 		return;
 	case WK_META_RECV:
+		/* Our READ of its blob: all of it is in. */
 		if (c->refused || c->state != CS_HANDSHAKE || c->blob_pending)
 			return;
-		c->blob_got = wc->byte_len;
+		c->blob_got = c->blob_len;
 		c->blob_pending = 1;
 		a->npending++;
 		return;

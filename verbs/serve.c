@@ -642,7 +642,7 @@ void kvp__note_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 		kvp__conn_fail(a, c, kvp__wc_errno(wc->status));
 		return;
 	}
-	if (i >= a->rq_depth)
+	if (i >= c->credits)
 		return;
 	note_received(a, c, c->notes + (size_t)i * KVP_NOTE_LEN,
 		      wc->byte_len);

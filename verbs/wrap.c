@@ -482,7 +482,8 @@ int kvp__hello_get(const void *buf, size_t len, struct kvp_hello *h)
 	memcpy(h->nonce, p + 32, KVP_NONCE_LEN);
 	if (h->version != KVP_HELLO_VERSION || h->role >= KVP_ROLE_COUNT ||
 	    !h->tp_size || h->tp_rank >= h->tp_size || !h->blob_len ||
-	    h->blob_len > KVP_META_MAX || (h->flags & ~(KVP_HELLO_AUTH | KVP_HELLO_QPS_MASK)))
+	    h->blob_len > KVP_META_MAX || (h->flags & ~(KVP_HELLO_AUTH | KVP_HELLO_QPS_MASK |
+			 KVP_HELLO_QI_MASK)))
 		return -EPROTO;
 	return 0;
 }
