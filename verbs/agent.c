@@ -521,8 +521,9 @@ static uint64_t mem_bytes(const kvp_agent *a)
 					   sizeof(*a->ctr_mr) +
 					   sizeof(*a->fol_mr));
 		/* streaming followers and their records, of the slots
-		 * taken so far (the rest is reserved, never touched) */
-		m += (uint64_t)a->nprepared[0] * a->fol_per *
+		 * that served a streaming consumer rank so far (the rest
+		 * is reserved, never touched) */
+		m += (uint64_t)a->nfol * a->fol_per *
 		     (sizeof(*a->fol) + KVP_PROG_REC);
 	}
 	if (a->consumer) {

@@ -205,9 +205,10 @@ int kvp__cq_make(kvp_agent *a, uint32_t k)
  * taken and kept for the agent's life, so that an agent opened for many
  * peers costs little until they come (the arrays are reserved at open and
  * only these slots' pages touched): its run's CQ, if the first; producer:
- * the credit counter's MR and
- * the follower records' MR; consumer: the progress table's MR. One MR
- * each, for least privilege: a peer's keys reach its slot's alone. */
+ * the credit counter's MR (its follower records' MR waits for a
+ * streaming consumer's TABLE: serve.c); consumer: the progress table's
+ * MR. One MR each, for least privilege: a peer's keys reach its slot's
+ * alone. */
 int kvp__slot_prepare(kvp_agent *a, struct kvp_conn *c)
 {
 	int err;
@@ -218,19 +219,10 @@ int kvp__slot_prepare(kvp_agent *a, struct kvp_conn *c)
 	if (err)
 		return err;
 	if (c->side == KVP_ROLE_PRODUCER) {
-		const size_t fl = (size_t)a->fol_per * KVP_PROG_REC;
-
 		err = kvp__reg_mr(a->pd, &a->ctr[c->idx], sizeof(*a->ctr),
 				  IBV_ACCESS_REMOTE_READ, &a->ctr_mr[c->idx]);
-		/* Only ever the source of WRITEs: local read access. */
-		if (!err)
-			err = kvp__reg_mr(a->pd, a->fol_rec + c->idx * fl, fl,
-					  0, &a->fol_mr[c->idx]);
-		if (err) {
-			kvp__dereg_mr(a->ctr_mr[c->idx]);
-			a->ctr_mr[c->idx] = NULL;
+		if (err)
 			return err;
-		}
 	} else {
 		const uint32_t ci = c->idx - a->nprod;
 		const size_t pl = 2 * (size_t)a->max_inflight * KVP_PROG_REC;
@@ -341,6 +333,15 @@ int kvp__peer_blob_alloc(kvp_agent *a, struct kvp_conn *c)
 	return 0;
 }
 
+void kvp__peer_blob_free(struct kvp_conn *c)
+{
+	kvp__dereg_mr(c->blob_mr);
+	free(c->blob);
+	c->blob_mr = NULL;
+	c->blob = NULL;
+	c->blob_len = 0;
+}
+
 int kvp__ctl_alloc(kvp_agent *a, uint32_t n)
 {
 	size_t len = (size_t)n * 2 * KVP_CTL_LEN;
@@ -447,8 +448,7 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 
 	kvp__destroy_qp(c->id);
 	kvp__destroy_id(c->id);
-	kvp__dereg_mr(c->blob_mr);
-	free(c->blob);
+	kvp__peer_blob_free(c);
 	/* c->notes stays with the slot (kvp__slots_free()). */
 	kvp_layout_destroy(c->peer);
 	if (c->blob_pending)
@@ -480,15 +480,12 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->engine_id = 0;
 	c->reported = 0;
 	c->bye = c->bye_sent = 0;
-	c->blob = NULL;
-	c->blob_len = 0;
 	c->blob_got = 0;
 	c->blob_pending = 0;
 	c->credits = 0;
 	c->peer_blob = 0;
 	c->peer_tp = 0;
 	c->nearly = 0;
-	c->blob_mr = NULL;
 	c->peer = NULL;
 	c->refused = 0;
 	c->reason = 0;

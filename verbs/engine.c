@@ -538,11 +538,7 @@ static int conn_data_alloc(kvp_agent *a, struct kvp_conn *c)
 		kvp_layout_destroy(c->peer);
 		c->peer = NULL;
 	}
-	kvp__dereg_mr(c->blob_mr);
-	c->blob_mr = NULL;
-	free(c->blob);
-	c->blob = NULL;
-	c->blob_len = 0;
+	kvp__peer_blob_free(c);
 	return 0;
 }
 

@@ -811,6 +811,8 @@ struct kvp_agent {
 	uint32_t wq_cap, wq_head, wq_n;
 	uint64_t idle_at;	/* producer: the next idle check (the earliest
 				 * bound of a READY rank), UINT64_MAX: none */
+	uint32_t nfol;		/* producer slots whose follower records are
+				 * registered (a TABLE came) */
 	uint32_t nprepared[2];	/* slots whose memory is set up, per side
 				 * (producer, consumer) */
 	/* Slots are taken lowest first and prepared once: those at or
@@ -1082,6 +1084,8 @@ KVP_HIDDEN int kvp__post_read1(struct kvp_conn *c, uint64_t wr_id,
 			       uint64_t raddr, uint32_t rkey);
 /* A registered buffer for the peer's blob of c->peer_blob bytes. */
 KVP_HIDDEN int kvp__peer_blob_alloc(kvp_agent *a, struct kvp_conn *c);
+/* Its release (none: nothing). */
+KVP_HIDDEN void kvp__peer_blob_free(struct kvp_conn *c);
 /* Maps a refusal's code to the documented set (-EPROTO otherwise). */
 KVP_HIDDEN int kvp__refusal_errno(int32_t err);
 

@@ -573,6 +573,9 @@ static int producer_meta(kvp_agent *a, struct kvp_conn *c)
 	int n, err;
 
 	err = kvp_meta_decode(c->blob, c->blob_got, &c->peer);
+	/* Decoded or not, its bytes are done with: nothing of a consumer's
+	 * blob stays with its connection but what the checks below keep. */
+	kvp__peer_blob_free(c);
 	if (err) {
 		c->reason = err == -ENOMEM ? KVP_REASON_PEER_FULL :
 					     KVP_REASON_MALFORMED;

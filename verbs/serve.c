@@ -401,6 +401,10 @@ void kvp__follow_conn_gone(kvp_agent *a, struct kvp_conn *c)
 {
 	uint32_t k, end = (c->idx + 1) * a->fol_per;
 
+	/* No TABLE ever came on the slot: no follower was ever taken, and
+	 * its records' pages stay untouched. */
+	if (!a->fol_mr || !a->fol_mr[c->idx])
+		return;
 	for (k = c->idx * a->fol_per; a->fol && k < end; k++) {
 		struct kvp_fol *f = &a->fol[k];
 		struct kvp_ent *e;
@@ -515,15 +519,27 @@ static struct kvp_ent *fol_entry(kvp_agent *a, const struct kvp_fol *f)
 	return e && e->state != EN_GONE ? e : NULL;
 }
 
-/* TABLE: where this consumer rank's progress records are. Once. */
-static int table_received(struct kvp_conn *c, const uint8_t *m)
+/* TABLE: where this consumer rank's progress records are. Once per
+ * connection. The slot's records, which our WRITEs send, are registered
+ * with its first TABLE and kept: a slot that never serves a streaming
+ * consumer rank (most are not: only a rank's first queue pair carries
+ * FOLLOWs) never pins their pages. */
+static int table_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m)
 {
+	const size_t fl = (size_t)a->fol_per * KVP_PROG_REC;
 	uint32_t n = kvp__get32(m + 20);
 
 	if (c->ptab_n || kvp__get32(m + 4) != c->rank ||
 	    kvp__get64(m + 24) != c->engine_id || !n ||
 	    n > KVP_PROG_RECS_MAX || !kvp__get64(m + 8))
 		return -EPROTO;
+	/* Only ever the source of WRITEs: local read access. */
+	if (!a->fol_mr[c->idx]) {
+		if (kvp__reg_mr(a->pd, a->fol_rec + c->idx * fl, fl, 0,
+				&a->fol_mr[c->idx]))
+			return -ENOMEM;
+		a->nfol++;
+	}
 	c->ptab_addr = kvp__get64(m + 8);
 	c->ptab_rkey = kvp__get32(m + 16);
 	c->ptab_n = n;
@@ -585,7 +601,7 @@ static void note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 	}
 	c->last_used = kvp__now_ns();
 	if (len == KVP_NOTE_LEN && kvp__get32(m) == KVP_TABLE_MAGIC) {
-		if (table_received(c, m))
+		if (table_received(a, c, m))
 			goto drop;
 		return;
 	}
