@@ -192,7 +192,7 @@ $(BUILD)/tools/libkvpull_pullbench.so: python/bench_pull.c include/kvpull.h $(BU
 FLOORS_DIRS ?= plan tools/plan verbs
 FLOORS_CONSUMER := connect,engine,plans,req,post,pull
 FLOORS_PRODUCER := listen,serve
-FLOORS_BASE := conn,reg,event,wrap,limits,hmac,why
+FLOORS_BASE := conn,srq,reg,event,wrap,limits,hmac,why
 FLOORS_RULES := --never 'verbs:$(FLOORS_CONSUMER)>$(FLOORS_PRODUCER)' \
 	--never 'verbs:$(FLOORS_PRODUCER)>$(FLOORS_CONSUMER)' \
 	--never 'verbs:$(FLOORS_BASE)>$(FLOORS_CONSUMER),$(FLOORS_PRODUCER),agent'

@@ -1041,11 +1041,12 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  * agents are independent. Nothing is called back; everything is reported
  * through kvp_agent_poll().
  *
- * Liveness: nothing waits without a bound. A producer rank tells each
- * consumer rank its notification receive depth at the handshake, and
- * counts in a counter the consumer READs the receive buffers it re-posts:
- * a consumer sends a notification only into a posted buffer, so an RNR
- * wait never holds its queue pair (for a peer that lies, RNR retries are
+ * Liveness: nothing waits without a bound. A producer rank gives each
+ * consumer rank credit for its notifications at the handshake, and
+ * counts in a counter the consumer READs the credits it gives back (the
+ * receive buffers it re-posts, or lends from its shared receive queue,
+ * kvp_agent_attr.srq): a consumer sends a notification only into a
+ * posted buffer, so an RNR wait never holds its queue pair (for a peer that lies, RNR retries are
  * finite, 6, and a producer's RNR timer is 1.28 ms, not rdma_cm's
  * 655 ms). A producer that stops polling therefore holds back only
  * notifications; once one has waited stall_ms, or a pull's data is not in
@@ -1171,11 +1172,13 @@ struct kvp_agent_attr {
 	 * for stall_ms fails that request alone. 0: 10000; at most
 	 * 3,600,000. */
 	uint32_t stall_ms;
-	/* Producer: notification receive buffers per consumer rank (on its
-	 * first queue pair, which carries its notifications; its others get
-	 * one, for their BYE), the credit a consumer rank may spend before
-	 * it must read how many the producer re-posted (KVP_NOTE_LEN bytes
-	 * each). 0: max_inflight, at
+	/* Producer: the notification credit of a consumer rank, what it
+	 * may send before it must read how many credits the producer gave
+	 * back. With a receive queue per QP (srq): the receive buffers on a
+	 * rank's first queue pair, which carries its notifications
+	 * (KVP_NOTE_LEN bytes each; its others get one, for their BYE);
+	 * with the shared receive queue, the most one connection may hold,
+	 * the pool being 4 x rq_depth. 0: max_inflight, at
 	 * least 128; at most 65536; clamped to the device's limit. */
 	uint32_t rq_depth;
 	/* Consumer: bytes per READ at most (a slice, for fairness between
@@ -1237,9 +1240,34 @@ struct kvp_agent_attr {
 	 * or early, or followed): it is checked again idle_ms later. 0:
 	 * 300,000 (5 minutes); KVP_IDLE_NEVER: never; at least 1,000. */
 	uint32_t idle_ms;
+	/* Producer: where the messages consumers send (AUTH, notifications,
+	 * FOLLOW, TABLE, BYE: 64 bytes at most; a consumer's blob is READ,
+	 * never sent) are received. 0: one shared receive queue (SRQ) for
+	 * every queue pair, when the device has one (max_srq; max_srq_wr
+	 * for one buffer per QP slot and a pool of 4 x rq_depth; max_cqe
+	 * for twice that): receive memory does not grow with the queue
+	 * pairs (64 bytes per slot taken, registered 64 buffers at a
+	 * time, and the pool). Each connection holds one credit of its
+	 * own (its AUTH's buffer, then its first notification's); a rank's
+	 * first QP borrows up to 8 more at the handshake, and each message
+	 * gives its credit back and borrows one more while a quarter of
+	 * the pool is free (up to rq_depth), or gives one back when less
+	 * is: the queue never empties under consumers that keep to their
+	 * credit. One that does not is dropped (-EPROTO,
+	 * stats.credit_abuses) at the first poll that sees it past its
+	 * credit and 2 x rq_depth; until then it may empty the queue, and
+	 * other consumers' messages are retried by their NICs (RNR: 6
+	 * times, 1.28 ms apart) while the next poll refills it, so poll a
+	 * producer more often than every few milliseconds. KVP_SRQ_OFF,
+	 * or a device without SRQs: a receive queue per QP, which
+	 * isolates consumers from each other (rq_depth buffers of 32 bytes
+	 * per consumer rank). stats.srq_bufs says which. Other values:
+	 * -EINVAL. */
+	uint32_t srq;
 };
 
 #define KVP_IDLE_NEVER UINT32_MAX
+#define KVP_SRQ_OFF 1
 
 #define KVP_MR_MIN (1ull << 16)
 
@@ -1254,13 +1282,15 @@ struct kvp_agent_attr {
  * max_cq: the queue pairs' completions are spread over as many CQs of at
  * most max_cqe as they need, at most 64 and max_cq; only beyond that do
  * the queue depths shrink, rather than risk an overrun). How many peers a
- * device serves at the default depths: a producer QP is sized for 144
- * completion entries (14 sends, rq_depth 128 notification buffers, 2:
- * what a rank's first QP takes; its others post 1 notification buffer),
- * a consumer QP 517 (sq_depth 512, 5), 16 more per CQ; so 64 CQs of
- * soft-RoCE's 32,767 entries hold 14,528 producer QPs (7,264 consumer
- * ranks of two) or 4,032
- * consumer QPs, and ConnectX's 4,194,303 entries far more than max_qps
+ * device serves at the default depths: a producer QP needs 16 completion
+ * entries (14 sends, 2) and each producer CQ room for every buffer of
+ * the shared receive queue (srq; without it, a QP is sized for 144: its
+ * rq_depth 128 notification buffers too), a consumer QP 517 (sq_depth
+ * 512, 5), 16 more per CQ; so on soft-RoCE (32,767 entries a CQ) the
+ * shared receive queue serves up to 15,808 producer QPs (its 16,320
+ * buffers fill half a CQ; above that a receive queue per QP: 64 CQs
+ * hold 14,528 producer QPs, 7,264 consumer ranks of two), and 64 CQs
+ * hold 4,032 consumer QPs; ConnectX's 4,194,303 entries far more than max_qps
  * allows; the device's max_qp bounds them too. Each queue pair's depth is
  * what rdma_create_qp() returned when less than asked, or, when the
  * provider refuses the depth asked for (mlx5 sizes each WQE for max_sge
@@ -1272,6 +1302,7 @@ struct kvp_agent_attr {
  * devices, max_inflight above 2^20, max_peers or max_qps above 65535
  * (32767 for KVP_ROLE_BOTH), idle_ms below 1,000, max_ids above 2^24, handshake_ms or stall_ms above
  * 3,600,000, rq_depth above 65536, qps_per_peer above 8, tos above 256,
+ * srq above KVP_SRQ_OFF,
  * a secret NULL with a length or a length outside
  * KVP_SECRET_MIN..KVP_SECRET_MAX); -ENODEV when there is no RDMA device or
  * no device of that name or address, or the device cannot serve
@@ -1922,6 +1953,11 @@ struct kvp_agent_stats {
 			      * closed to make room within max_qps */
 	uint64_t idle_closes; /* producer: consumer ranks disconnected after
 			       * idle_ms */
+	uint64_t srq_bufs;    /* producer: buffers in its shared receive
+			       * queue now (0: a receive queue per queue
+			       * pair; see kvp_agent_attr.srq) */
+	uint64_t credit_abuses; /* producer: connections dropped for
+				 * sending beyond their credit */
 };
 
 /* Copies the agent's counters into *st. */

@@ -75,7 +75,7 @@ static void reqs_init(void)
 
 /* ---- the producer process: serves, and answers commands ----------------- */
 
-enum { C_EXPECT = 1, C_WAIT, C_STATS, C_STOP };
+enum { C_EXPECT = 1, C_WAIT, C_STATS, C_STOP, C_PAUSE };
 
 struct h_cmd {
 	uint32_t op;
@@ -206,6 +206,11 @@ static int producer_main(const struct rt_env *env, uint16_t port,
 		case C_STOP:
 			ret = 0;
 			goto out;
+		case C_PAUSE: /* answers, then does not poll for a while */
+			if (write(fd, &rep, sizeof(rep)) != sizeof(rep))
+				RT_FAIL("reply");
+			usleep(cmd.timeout_ms * 1000u);
+			continue;
 		default:
 			RT_FAIL("bad command %u", cmd.op);
 		}
@@ -231,7 +236,7 @@ static int prod_cmd(struct h_prod *p, uint32_t op, uint64_t engine,
 	struct h_cmd c = { .op = op, .engine = engine, .req = req };
 	struct pollfd pf = { .fd = p->fd, .events = POLLIN };
 
-	if (op == C_WAIT)
+	if (op == C_WAIT || op == C_PAUSE)
 		c.timeout_ms = (uint32_t)arg;
 	else
 		c.deadline_ms = arg;
@@ -499,12 +504,17 @@ struct raw {
 	uint8_t hello_c[W_HELLO_LEN], hello_p[W_HELLO_LEN];
 	int established, refused; /* refused: the -errno of a refusal */
 	uint64_t engine;
+	/* GO: our credit, and the producer's counter of credits given back
+	 * (RDMA-READ when out of credit); notifications sent */
+	uint32_t credits, ctr_rkey;
+	uint64_t ctr_addr, ctr_seen, sent;
 };
 
 #define RAW_RX 0
 #define RAW_TX 4096
 #define RAW_BLOB 8192
 #define RAW_ANS_LEN 4096
+#define RAW_CTR (RAW_TX + 4032) /* the counter, as last READ */
 
 static int raw_event(struct raw *r, enum rdma_cm_event_type want,
 		     int timeout_ms, uint8_t *pdata, uint32_t *plen)
@@ -720,7 +730,12 @@ static int raw_auth_key(struct raw *r, const uint8_t *key, uint32_t key_xor)
 		raw_reason = kvp__get32(rx + 8);
 		return (int32_t)kvp__get32(rx + 4);
 	}
-	return n == 20 && kvp__get32(rx) == W_GO_MAGIC ? 0 : -EPROTO;
+	if (n != 20 || kvp__get32(rx) != W_GO_MAGIC)
+		return -EPROTO;
+	r->credits = kvp__get32(rx + 4);
+	r->ctr_addr = kvp__get64(rx + 8);
+	r->ctr_rkey = kvp__get32(rx + 16);
+	return 0;
 }
 
 static int raw_auth(struct raw *r, const uint8_t *key)
@@ -875,15 +890,51 @@ static int costly_blob(uint64_t engine, uint8_t *blob, size_t cap,
 	return err;
 }
 
-/* Sends n notifications {engine, rank, req[i]}, waiting for each batch's
- * completions (the producer's receive buffers throttle us by RNR). */
-static int raw_notes(struct raw *r, uint64_t engine, uint32_t rank,
-		     const uint64_t *req, uint32_t n)
+/* READs the producer's credit counter into r->ctr_seen (no send of ours
+ * in flight). */
+static int raw_read_ctr(struct raw *r)
 {
+	struct ibv_sge g = { .addr = (uintptr_t)(r->buf + RAW_CTR),
+			     .length = 8, .lkey = r->mr->lkey };
+	struct ibv_send_wr w = { .wr_id = 2, .sg_list = &g, .num_sge = 1,
+				 .opcode = IBV_WR_RDMA_READ,
+				 .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_send_wr *bad;
+
+	w.wr.rdma.remote_addr = r->ctr_addr;
+	w.wr.rdma.rkey = r->ctr_rkey;
+	if (ibv_post_send(r->id->qp, &w, &bad) || raw_wait(r, 0, 5000) < 0)
+		return -EIO;
+	r->ctr_seen = kvp__get64(r->buf + RAW_CTR);
+	return 0;
+}
+
+/* Sends n notifications {engine, rank, req[i]}, 32 at most before it
+ * waits for their completions; within its credit (GO's and the counter's:
+ * as kvpull's consumer) unless `blind`, and then the producer's receive
+ * buffers throttle us by RNR, and a producer with a shared receive queue
+ * may drop us. */
+static int raw_notes_as(struct raw *r, uint64_t engine, uint32_t rank,
+			const uint64_t *req, uint32_t n, int blind)
+{
+	double end = rt_now() + 50;
 	uint32_t i, k, batch;
 
 	for (i = 0; i < n; i += batch) {
+		uint64_t room = r->credits + r->ctr_seen - r->sent;
+
+		if (!blind && !room) {
+			if (rt_now() > end || raw_read_ctr(r))
+				return -ETIMEDOUT;
+			if (r->credits + r->ctr_seen == r->sent)
+				usleep(200);
+			batch = 0;
+			continue;
+		}
 		batch = n - i < 32 ? n - i : 32;
+		if (!blind && batch > room)
+			batch = (uint32_t)room;
+		r->sent += batch;
 		for (k = 0; k < batch; k++) {
 			uint8_t *m = r->buf + RAW_TX + 64 * (k + 1);
 
@@ -900,6 +951,12 @@ static int raw_notes(struct raw *r, uint64_t engine, uint32_t rank,
 				return -EIO;
 	}
 	return 0;
+}
+
+static int raw_notes(struct raw *r, uint64_t engine, uint32_t rank,
+		     const uint64_t *req, uint32_t n)
+{
+	return raw_notes_as(r, engine, rank, req, n, 0);
 }
 
 /* ---- the cases ----------------------------------------------------------- */
@@ -1102,6 +1159,79 @@ static int during_raw(const struct rt_env *env, struct ctx *x,
 static int case_slow(const struct rt_env *env, struct ctx *x)
 {
 	return during_raw(env, x, raw_slow, env->addr0);
+}
+
+/* A consumer rank that ignores its credit, against the producer's shared
+ * receive queue: while the producer does not poll (C_PAUSE), it sends
+ * H_OVERRUN notifications, far more than its credit (GO's, 9: it never
+ * reads its counter) and than the queue holds (the rest wait in RNR
+ * retries). The producer drops it at the first poll that sees it (one
+ * credit abuse); every buffer goes back, and a good consumer is served. */
+#define H_OVERRUN 1024
+#define H_PAUSE_MS 1500
+static int raw_overrun(const struct rt_env *env, void *arg)
+{
+	const struct slow *s = arg;
+	const char *who = "past its credit";
+	static uint64_t ids[H_OVERRUN];
+	uint64_t seed = 17;
+	struct raw r;
+	double t0;
+	uint32_t i;
+	int err;
+
+	for (i = 0; i < H_OVERRUN; i++)
+		ids[i] = kvt_rand(&seed);
+	err = raw_join(&r, env, s->port, H_EVIL, 1, 0);
+	CHECK(!err, "join: %s", kvp_strerror(err));
+	CHECK(write(s->ready_fd, "r", 1) == 1, "ready");
+	usleep(200000); /* the producer pauses meanwhile */
+	t0 = rt_now();
+	err = raw_notes_as(&r, H_EVIL, 0, ids, H_OVERRUN, 1);
+	CHECK(err, "all %u notifications went through", H_OVERRUN);
+	err = raw_event(&r, RDMA_CM_EVENT_DISCONNECTED, 10000, NULL, NULL);
+	CHECK(!err, "not disconnected: %d", err);
+	printf("    %u notifications sent at once, credit 9: dropped %.0f ms "
+	       "after the first (the producer paused %d ms)\n",
+	       H_OVERRUN, (rt_now() - t0) * 1e3, H_PAUSE_MS);
+	raw_close(&r);
+	return 0;
+}
+
+static int case_overrun(const struct rt_env *env, struct ctx *x)
+{
+	const char *who = "past its credit";
+	struct slow s = { .port = x->p1.port };
+	struct h_reply st0, st1, rep;
+	pid_t pid;
+	int fd, ok;
+	char c;
+
+	CHECK(!case_stats(&x->p1, &st0), "stats");
+	CHECK(st0.st.srq_bufs > 0, "P1 has no shared receive queue");
+	pid = raw_child(env, &s, raw_overrun, &fd);
+	ok = pid > 0 && read(fd, &c, 1) == 1 &&
+	     prod_cmd(&x->p1, C_PAUSE, 0, 0, H_PAUSE_MS, &rep) == 0;
+	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "raw child"))
+		ok = 0;
+	if (fd >= 0)
+		close(fd);
+	CHECK(ok, "raw child");
+	CHECK(!case_stats(&x->p1, &st1), "stats");
+	CHECK(st1.st.credit_abuses == st0.st.credit_abuses + 1,
+	      "credit abuses %llu -> %llu, want one more",
+	      (unsigned long long)st0.st.credit_abuses,
+	      (unsigned long long)st1.st.credit_abuses);
+	CHECK(st1.st.srq_bufs == st0.st.srq_bufs,
+	      "shared receive queue: %llu buffers, %llu before",
+	      (unsigned long long)st1.st.srq_bufs,
+	      (unsigned long long)st0.st.srq_bufs);
+	printf("    shared receive queue: %llu buffers; %llu notifications "
+	       "taken from the overrunning rank before it was dropped\n",
+	       (unsigned long long)st1.st.srq_bufs,
+	       (unsigned long long)(st1.st.notes_recv + st1.st.notes_dropped -
+				    st0.st.notes_recv - st0.st.notes_dropped));
+	return serve_good(env, x, &x->p1, env->addr0, NULL, 1);
 }
 
 /* The fuzz_meta crash (tests/fuzz/crashes/meta-short-key-table) as a
@@ -1958,6 +2088,8 @@ static const struct h_case cases[] = {
 	{ "short and oversized blob lengths", case_lengths, on_p1 },
 	{ "no AUTH, a huge garbage blob, a blob behind a wrong key",
 	  case_slow, on_p1 },
+	{ "a consumer past its credit: dropped, the shared queue refilled",
+	  case_overrun, on_p1 },
 	{ "costliest valid blobs: refused, polls short, others get in",
 	  case_costly, on_p1 },
 	{ "short key table (a fuzz_meta crash) in-band: refused, next served",

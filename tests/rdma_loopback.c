@@ -52,6 +52,13 @@ static const struct rt_case cases[] = {
 	 * again. */
 	{ LLAMA("llama 2->1, producer receive depth 2 (credit reads)", 2, 1), .quick = 1,
 	  .prq = 2, .nreq = 16, .tokens = 32, .max_inflight = 16 },
+	/* The same, and plain, with a receive queue per producer QP (what
+	 * a device without shared receive queues gets). */
+	{ LLAMA("llama 2->1, receive queues per QP, depth 2 (credit reads)",
+		2, 1), .quick = 1, .srq_off = 1, .prq = 2, .nreq = 16,
+	  .tokens = 32, .max_inflight = 16 },
+	{ LLAMA("llama 2->2 nhd->hnd, receive queues per QP", 2, 2),
+	  .quick = 1, .srq_off = 1, .playout = FNHD },
 	/* Both sides registered through kvp_agent_register_dmabuf():
 	 * soft-RoCE cannot, so each falls back to the address. */
 	{ LLAMA("llama 2->1, dma-buf registration (fallback)", 2, 1),

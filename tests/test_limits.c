@@ -252,6 +252,36 @@ static void test_cq_split(void **st)
 	assert_true((uint64_t)l.prod_per_cq * l.ncq_prod >= 2048);
 }
 
+/* A producer with a shared receive queue: its QPs need completions for
+ * their sends alone, and each producer CQ room for every buffer of the
+ * queue (a consumer past its credit may fill it through one QP). */
+static void test_cq_srq(void **st)
+{
+	struct ibv_device_attr d = rxe();
+	struct kvp_want w = producer_want();
+	struct kvp_limits l;
+	const uint32_t bufs = 2560, prod = 14 + 2;
+
+	(void)st;
+	w.nprod = 2048;
+	w.prod_sq = 14;
+	w.srq_bufs = bufs;
+	assert_int_equal(kvp__limits(&d, NULL, 0, &w, &l), 0);
+	assert_int_equal(l.rq_depth, 128); /* the most one QP may hold */
+	assert_int_equal(l.prod_cqe, prod);
+	assert_int_equal(l.prod_cq_extra, bufs);
+	assert_int_equal(l.prod_per_cq, (32767 - 16 - bufs) / prod); /* 1886 */
+	assert_int_equal(l.ncq_prod, 2);
+	assert_true(16 + bufs + (uint64_t)l.prod_per_cq * prod <= 32767);
+	assert_int_equal(l.cqe, 2 * (16 + bufs) + 2048 * prod);
+	/* Without it, the same producer's QPs each hold 128 buffers. */
+	w.srq_bufs = 0;
+	assert_int_equal(kvp__limits(&d, NULL, 0, &w, &l), 0);
+	assert_int_equal(l.prod_cqe, 14 + 128 + 2);
+	assert_int_equal(l.prod_cq_extra, 0);
+	assert_int_equal(l.ncq_prod, 10);
+}
+
 static void test_unusable(void **st)
 {
 	struct ibv_device_attr d = connectx6();
@@ -526,6 +556,7 @@ int main(void)
 		cmocka_unit_test(test_soft_roce),
 		cmocka_unit_test(test_cq_bounds_queues),
 		cmocka_unit_test(test_cq_split),
+		cmocka_unit_test(test_cq_srq),
 		cmocka_unit_test(test_unusable),
 		cmocka_unit_test(test_sq_usable),
 		cmocka_unit_test(test_qp_fit),

@@ -128,6 +128,7 @@ static int device_limits(kvp_agent *a)
 	w.max_mr = a->max_mr;
 	w.producer = a->producer;
 	w.consumer = a->consumer;
+	w.srq_bufs = a->srq_cap = kvp__srq_want(a, w.rq_depth);
 	err = kvp__limits(&a->dattr, &pa, iwarp, &w, &a->lim);
 	if (err)
 		return err;
@@ -204,6 +205,14 @@ static int open_sides(kvp_agent *a)
 	err = kvp__ctl_alloc(a, a->nconns);
 	if (err)
 		return err;
+	/* Before the CQs: a device that cannot make the shared receive
+	 * queue it announced gets queues per QP, and CQs sized for them. */
+	if (a->srq_cap && kvp__srq_open(a)) {
+		a->srq_off = 1;
+		err = device_limits(a);
+		if (err)
+			return err;
+	}
 	err = cqs_make(a);
 	if (err)
 		return err;
@@ -249,6 +258,7 @@ static void close_sides(kvp_agent *a)
 		kvp__conn_release(a, c);
 	}
 	kvp__slots_free(a);
+	kvp__srq_close(a); /* after its QPs */
 	kvp__engines_free(a);
 	kvp__data_free(a);
 	for (i = 0; a->ctr_mr && i < a->nprod; i++)
@@ -315,6 +325,7 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	a->tos = attr->tos;
 	a->plan_flags = attr->plan_flags;
 	a->stream_events = attr->stream_events;
+	a->srq_off = attr->srq == KVP_SRQ_OFF;
 	a->max_mr = attr->max_mr;
 	a->stall_ns = (uint64_t)(attr->stall_ms ? attr->stall_ms :
 				 DEF_STALL_MS) * 1000000ull;
@@ -325,6 +336,7 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	    a->max_ids > (1u << 24) || attr->handshake_ms > 3600000 ||
 	    attr->stall_ms > 3600000 || attr->rq_depth > KVP_CREDIT_MAX ||
 	    attr->tos > 256 || a->qps > MAX_QPS || attr->stream_events > 1 ||
+	    attr->srq > KVP_SRQ_OFF ||
 	    (attr->plan_flags & ~(uint32_t)KVP_PLAN_NO_COALESCE) ||
 	    (attr->max_mr && attr->max_mr < KVP_MR_MIN) ||
 	    !attr->secret != !attr->secret_len ||
@@ -523,6 +535,13 @@ static uint64_t mem_bytes(const kvp_agent *a)
 		/* streaming followers and their records, of the slots
 		 * that served a streaming consumer rank so far (the rest
 		 * is reserved, never touched) */
+		/* the shared receive queue's registered buffers, its MR
+		 * table and the QP number map */
+		if (a->srq)
+			m += (uint64_t)a->srq_n * KVP_CTL_LEN +
+			     (uint64_t)(a->srq_cap / SRQ_CHUNK) *
+				     sizeof(*a->srq_mr) +
+			     (uint64_t)(a->qpn_mask + 1) * sizeof(*a->qpn_tab);
 		m += (uint64_t)a->nfol * a->fol_per *
 		     (sizeof(*a->fol) + KVP_PROG_REC);
 	}
@@ -611,6 +630,7 @@ void kvp_agent_get_stats(const kvp_agent *a, struct kvp_agent_stats *st)
 		return;
 	*st = a->st;
 	st->mem_bytes = mem_bytes(a);
+	st->srq_bufs = a->srq_n;
 	live_counts(a, st);
 }
 
@@ -671,6 +691,10 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 	uint32_t kind = WRID_KIND(wc->wr_id), ci = WRID_CONN(wc->wr_id);
 	struct kvp_conn *c;
 
+	if (kind == WK_SRQ_RECV) {
+		kvp__srq_wc(a, wc); /* names no slot: its QP does */
+		return;
+	}
 	if (kvp_unlikely(ci >= a->nconns))
 		return;
 	c = &a->conns[ci];
@@ -725,7 +749,7 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 /* Polls each CQ in arrays of 32, a bounded number of times. */
 static int cq_drain(kvp_agent *a)
 {
-	int b, i, n, total = 0;
+	int b, i, n, total = 0, behind = 0;
 	uint32_t k;
 
 	for (k = 0; k < a->ncq; k++) {
@@ -742,7 +766,13 @@ static int cq_drain(kvp_agent *a)
 			if (n < 32)
 				break;
 		}
+		behind |= b == CQ_BATCHES;
 	}
+	/* Every CQ emptied: what comes next is a new backlog (the shared
+	 * receive queue's credit check, listen.c). Never 0: a connection's
+	 * rx_epoch 0 is "none yet". */
+	if (!behind && !++a->poll_epoch)
+		a->poll_epoch = 1;
 	return total;
 }
 

@@ -191,8 +191,10 @@ int kvp__cq_make(kvp_agent *a, uint32_t k)
 	nside = prod ? a->nprod : a->nconns - a->nprod;
 	first = (prod ? k : k - l->ncq_prod) * per;
 	n = nside - first < per ? nside - first : per;
-	err = kvp__create_cq(a->ctx, (int)(KVP_CQ_SPARE + n * need), a->cch,
-			     &a->cqs[k]);
+	err = kvp__create_cq(a->ctx,
+			     (int)(KVP_CQ_SPARE + n * need +
+				   (prod ? l->prod_cq_extra : 0)),
+			     a->cch, &a->cqs[k]);
 	if (err)
 		return err;
 	/* An armed agent sleeps on every CQ: this one too. */
@@ -221,8 +223,15 @@ int kvp__slot_prepare(kvp_agent *a, struct kvp_conn *c)
 	if (c->side == KVP_ROLE_PRODUCER) {
 		err = kvp__reg_mr(a->pd, &a->ctr[c->idx], sizeof(*a->ctr),
 				  IBV_ACCESS_REMOTE_READ, &a->ctr_mr[c->idx]);
-		if (err)
+		/* The slot's own buffer in the shared receive queue. */
+		if (!err && a->srq)
+			err = kvp__srq_grow(a, a->srq_pool +
+						       a->nprepared[0] + 1);
+		if (err) {
+			kvp__dereg_mr(a->ctr_mr[c->idx]);
+			a->ctr_mr[c->idx] = NULL;
 			return err;
+		}
 	} else {
 		const uint32_t ci = c->idx - a->nprod;
 		const size_t pl = 2 * (size_t)a->max_inflight * KVP_PROG_REC;
@@ -446,6 +455,8 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	if (c->evicted)
 		a->nevicting--;
 
+	if (a->srq && c->side == KVP_ROLE_PRODUCER)
+		kvp__srq_conn_gone(a, c);
 	kvp__destroy_qp(c->id);
 	kvp__destroy_id(c->id);
 	kvp__peer_blob_free(c);
@@ -532,9 +543,11 @@ void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err)
 		swr.send_flags = IBV_SEND_SIGNALED;
 		if (!kvp__post_send(c->qp, &swr, &sbad))
 			c->drains++;
+		/* A QP of the shared receive queue has no receive queue
+		 * of its own to drain. */
 		memset(&rwr, 0, sizeof(rwr));
 		rwr.wr_id = kvp__wrid(WK_DRAIN_RQ, c->gen, c->idx, 0);
-		if (!kvp__post_recv(c->qp, &rwr, &rbad))
+		if (!c->qp->srq && !kvp__post_recv(c->qp, &rwr, &rbad))
 			c->drains++;
 		(void)kvp__disconnect(c->id);
 	}

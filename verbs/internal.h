@@ -53,6 +53,13 @@ static inline int kvp__post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 	return kvp__vret(ibv_post_recv(qp, wr, bad));
 }
 
+static inline int kvp__post_srq_recv(struct ibv_srq *srq,
+				     struct ibv_recv_wr *wr,
+				     struct ibv_recv_wr **bad)
+{
+	return kvp__vret(ibv_post_srq_recv(srq, wr, bad));
+}
+
 /* Returns the number of completions (>= 0) or -EIO. */
 static inline int kvp__poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
@@ -117,6 +124,10 @@ KVP_HIDDEN int kvp__set_tos(struct rdma_cm_id *id, uint8_t tos);
 KVP_HIDDEN int kvp__create_qp(struct rdma_cm_id *id, struct ibv_pd *pd,
 			      struct ibv_qp_init_attr *attr);
 KVP_HIDDEN void kvp__destroy_qp(struct rdma_cm_id *id);
+/* A shared receive queue of max_wr single-SGE receives. */
+KVP_HIDDEN int kvp__create_srq(struct ibv_pd *pd, uint32_t max_wr,
+			       struct ibv_srq **out);
+KVP_HIDDEN void kvp__destroy_srq(struct ibv_srq *srq);
 KVP_HIDDEN int kvp__connect(struct rdma_cm_id *id,
 			    struct rdma_conn_param *param);
 KVP_HIDDEN int kvp__accept(struct rdma_cm_id *id,
@@ -169,6 +180,8 @@ enum wr_kind {
 	WK_FOLLOW,     /* consumer: FOLLOW (or TABLE) message to a producer */
 	WK_SMARK,      /* consumer: ends a flush's READs of a streamed
 			* stripe (the mark FIFO); retires */
+	WK_SRQ_RECV,   /* producer: a buffer of the shared receive queue
+			* (value: its index; the QP names the slot) */
 };
 #define KVP_MAX_QPS 8 /* kvp_agent_attr.qps_per_peer at most */
 
@@ -616,8 +629,18 @@ struct kvp_conn {
 	uint8_t *notes;		  /* producer: notification buffers, kept */
 	struct ibv_mr *notes_mr;  /* with the slot; notes_n of them */
 	uint32_t notes_n;
-	uint32_t credits;	  /* producer: of them, the ones posted for
-				   * this connection (its GO's credits) */
+	uint32_t credits;	  /* producer: its GO's credits (per-QP
+				   * receive queues: the buffers posted) */
+	uint32_t extra;		  /* producer, shared receive queue: credits
+				   * of the pool it holds (beyond its 1) */
+	uint64_t used;		  /* producer, shared receive queue:
+				   * messages received since GO */
+	uint32_t rx;		  /* ... in backlog rx_epoch (poll_epoch) */
+	uint32_t rx_epoch;
+	uint64_t rx_allowed;	  /* ... at most: its credit then, and
+				   * 2 x rq_depth it may have learnt of
+				   * during the poll */
+	int auth_seen;		  /* producer, shared receive queue */
 	uint32_t expected;	  /* notifications that free a request */
 	uint32_t peer_tp;	  /* the consumer engine's TP size */
 	uint32_t nearly;	  /* early entries this connection created */
@@ -862,7 +885,9 @@ struct kvp_agent {
 	uint32_t nconns, nprod;
 	uint32_t ndraining; /* connections waiting for drain markers */
 	uint32_t ncons_free; /* consumer slots free */
-	uint64_t *ctr;	    /* producer: per slot, notifications re-posted */
+	/* producer: per slot, credits given back since GO (per-QP receive
+	 * queues: notification buffers re-posted) */
+	uint64_t *ctr;
 	/* One MR per slot's counter, of its 8 bytes only: a consumer's key
 	 * reads its own counter and no other peer's. */
 	struct ibv_mr **ctr_mr;
@@ -925,6 +950,21 @@ struct kvp_agent {
 	uint32_t tab_mask, tab_used, nheld;
 	uint64_t next_deadline; /* of EXPECTED and EARLY entries */
 	uint32_t rq_depth;
+	/* The shared receive queue (serve.c), NULL: one per queue pair. Its
+	 * srq_n buffers of KVP_CTL_LEN bytes (registered SRQ_CHUNK at a
+	 * time, as slots are first taken): one per slot taken, for its
+	 * AUTH and then its first credit, and a pool of srq_pool credits
+	 * lent to the busiest connections (srq_free of them unlent). Its
+	 * completions name a queue pair, not a slot: qpn_tab maps QP
+	 * numbers to slot + 1 (linear probing, qpn_mask + 1 entries). */
+	struct ibv_srq *srq;
+	int srq_off;		/* kvp_agent_attr.srq: KVP_SRQ_OFF */
+	int srq_full;		/* a post failed: it grows no more */
+	uint8_t *srq_buf;
+	struct ibv_mr **srq_mr;
+	uint32_t srq_n, srq_cap, srq_pool, srq_free, srq_low;
+	uint32_t *qpn_tab, qpn_mask;
+	uint32_t poll_epoch;	/* times every CQ was found empty */
 	uint64_t *bm;		/* rank bitmaps, KVP_BM_WORDS each */
 	uint32_t *bm_free, bm_nfree;
 	uint32_t nearly, early_cap, early_per_conn;
@@ -971,8 +1011,41 @@ KVP_HIDDEN void kvp__follow_conn_gone(kvp_agent *a, struct kvp_conn *c);
 /* A notification receive buffer completed (WK_NOTE_RECV). */
 KVP_HIDDEN void kvp__note_wc(kvp_agent *a, struct kvp_conn *c,
 			     const struct ibv_wc *wc);
+/* A message a consumer rank sent (m, len bytes, received in one of the
+ * connection's buffers or the shared queue's): a notification, FOLLOW,
+ * TABLE or BYE, or dropped. */
+KVP_HIDDEN void kvp__note_msg(kvp_agent *a, struct kvp_conn *c,
+			      const uint8_t *m, uint32_t len);
 KVP_HIDDEN int kvp__serve_alloc(kvp_agent *a);
 KVP_HIDDEN void kvp__serve_free(kvp_agent *a);
+
+/* srq.c: the producer's shared receive queue (see there). */
+#define SRQ_CHUNK 64 /* buffers registered at a time: 4 KiB */
+#define SRQ_W0 8     /* credits a rank's first QP may borrow at GO */
+/* Its buffers for an agent of a->nprod slots and rq_depth (0: a receive
+ * queue per QP: none asked, the device has none, or too few). */
+KVP_HIDDEN uint32_t kvp__srq_want(const kvp_agent *a, uint32_t rq_depth);
+/* Creates it (a->srq_cap buffers at most) with the pool's buffers
+ * posted; 0 or -errno, nothing kept then. */
+KVP_HIDDEN int kvp__srq_open(kvp_agent *a);
+KVP_HIDDEN void kvp__srq_close(kvp_agent *a);
+/* At least n buffers posted (a slot first taken: its own). */
+KVP_HIDDEN int kvp__srq_grow(kvp_agent *a, uint32_t n);
+KVP_HIDDEN void kvp__srq_repost(kvp_agent *a, uint32_t i);
+KVP_HIDDEN void kvp__qpn_add(kvp_agent *a, struct kvp_conn *c);
+KVP_HIDDEN void kvp__qpn_del(kvp_agent *a, struct kvp_conn *c);
+KVP_HIDDEN struct kvp_conn *kvp__qpn_find(kvp_agent *a, uint32_t qpn);
+/* GO's credits for c, its qi-th QP of its rank: 1, and a loan from the
+ * pool for a first QP. */
+KVP_HIDDEN uint32_t kvp__srq_credits(kvp_agent *a, struct kvp_conn *c,
+				     uint32_t qi);
+/* c's message was taken and its buffer re-posted: its credit back, a
+ * loan more or one taken back (ctr). */
+KVP_HIDDEN void kvp__srq_gave(kvp_agent *a, struct kvp_conn *c);
+/* c is released: its loans back, its QP number forgotten. */
+KVP_HIDDEN void kvp__srq_conn_gone(kvp_agent *a, struct kvp_conn *c);
+/* listen.c: a completion of the shared receive queue. */
+KVP_HIDDEN void kvp__srq_wc(kvp_agent *a, const struct ibv_wc *wc);
 /* Expires requests, forgets early and gone entries whose time is up. */
 KVP_HIDDEN void kvp__serve_timers(kvp_agent *a, uint64_t now);
 /* A consumer rank of engine `engine_id` with TP size tp_size and

@@ -33,7 +33,7 @@ static uint32_t cons_need(uint32_t sq)
 
 static uint32_t prod_need(const struct kvp_want *w, uint32_t rq)
 {
-	return w->prod_sq + rq + 2;
+	return w->prod_sq + (w->srq_bufs ? 0 : rq) + 2;
 }
 
 /* CQs for n QPs of `need` entries each in CQs of `cqe`: 0 when none fits
@@ -53,7 +53,8 @@ static uint32_t cqs_for(uint32_t n, uint64_t need, uint64_t cqe,
 static uint32_t cqs_need(const struct kvp_want *w, uint32_t sq, uint32_t rq,
 			 uint64_t cqe, struct kvp_limits *out)
 {
-	uint32_t np = cqs_for(w->nprod, prod_need(w, rq), cqe,
+	uint32_t np = cqs_for(w->nprod, prod_need(w, rq),
+			      cqe > w->srq_bufs ? cqe - w->srq_bufs : 0,
 			      &out->prod_per_cq);
 	uint32_t nc = cqs_for(w->ncons, cons_need(sq), cqe,
 			      &out->cons_per_cq);
@@ -91,6 +92,7 @@ int kvp__limits(const struct ibv_device_attr *d, const struct ibv_port_attr *p,
 			return -ENODEV;
 	}
 	out->prod_cqe = w->nprod ? prod_need(w, rq) : 0;
+	out->prod_cq_extra = w->nprod ? w->srq_bufs : 0;
 	out->cons_cqe = w->ncons ? cons_need(sq) : 0;
 	sge = dev(d->max_sge);
 	/* max_sge_rd: 0 on providers that do not report it (the same as
@@ -119,6 +121,7 @@ int kvp__limits(const struct ibv_device_attr *d, const struct ibv_port_attr *p,
 	if (w->producer && !out->resp_res)
 		return -ENODEV; /* cannot be READ from */
 	out->cqe = (uint32_t)(KVP_CQ_SPARE * (out->ncq_prod + out->ncq_cons) +
+			      (uint64_t)out->ncq_prod * out->prod_cq_extra +
 			      (uint64_t)w->nprod * out->prod_cqe +
 			      (uint64_t)w->ncons * out->cons_cqe);
 	/* Relaxed ordering is an optional flag: providers that cannot do

@@ -24,6 +24,12 @@ struct kvp_want {
 	uint32_t max_read;	/* consumer: bytes per READ, 0: no slice */
 	uint64_t max_mr;	/* bytes per MR at most, 0: the device's */
 	uint32_t producer, consumer;
+	/* producer: buffers of its shared receive queue (0: a receive
+	 * queue per QP). Any of them may complete on any producer CQ (a
+	 * consumer that ignores its credit drains the queue through one
+	 * QP): each producer CQ has room for all of them beyond its QPs'
+	 * sends, and the QPs need none for receives. */
+	uint32_t srq_bufs;
 };
 
 /* What it gets. */
@@ -46,6 +52,8 @@ struct kvp_limits {
 	uint32_t ncq_prod, ncq_cons;
 	uint32_t prod_per_cq, cons_per_cq;
 	uint32_t prod_cqe, cons_cqe; /* entries per QP of each side */
+	uint32_t prod_cq_extra;	/* entries each producer CQ has beyond
+				 * 16 + n x prod_cqe: the SRQ's buffers */
 	uint64_t max_mr;	/* bytes one MR may cover: the device's
 				 * max_mr_size, or less if asked */
 	int sink_access;	/* consumer memory: local write (and remote

@@ -412,8 +412,10 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 	c->peer_tp = h.tp_size;
 	c->peer_blob = h.blob_len;
 	/* Notification buffers where notifications come: the rank's first
-	 * queue pair; one on the others, for their BYE. */
-	c->credits = qi ? 1 : a->rq_depth;
+	 * queue pair; one on the others, for their BYE. With the shared
+	 * receive queue, GO's credits are lent then (srq.c). */
+	c->q = qi;
+	c->credits = a->srq ? 0 : qi ? 1 : a->rq_depth;
 	memcpy(c->src, src, sizeof(c->src));
 	memcpy(c->hello_c, pdata, KVP_HELLO_LEN);
 	memset(&qa, 0, sizeof(qa));
@@ -424,12 +426,19 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 	qa.cap.max_recv_wr = c->credits + 2; /* control, drain marker */
 	qa.cap.max_send_sge = 1;
 	qa.cap.max_recv_sge = 1;
+	if (a->srq) {
+		qa.srq = a->srq;
+		qa.cap.max_recv_wr = 0;
+		qa.cap.max_recv_sge = 0;
+	}
 	kvp__set_state(a, c, CS_CONNECTING); /* counted as half-open from here */
 	if (kvp__create_qp(id, a->pd, &qa))
 		goto err_conn;
 	c->qp = id->qp;
 	id->context = c;
-	if (kvp__post_ctl_recv(a, c))
+	if (a->srq)
+		kvp__qpn_add(a, c);
+	else if (kvp__post_ctl_recv(a, c))
 		goto err_conn;
 	kvp__hello_fill(a, KVP_ROLE_PRODUCER, &mine);
 	if (kvp__random(mine.nonce, sizeof(mine.nonce)))
@@ -538,7 +547,7 @@ static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 	}
 	if (!ok)
 		return -EPERM;
-	if (kvp__peer_blob_alloc(a, c) || notes_alloc(a, c))
+	if (kvp__peer_blob_alloc(a, c) || (!a->srq && notes_alloc(a, c)))
 		return -EBUSY;
 	/* The consumer's blob, where its AUTH says: a READ of the length
 	 * its hello announced (checked against our cap at the connect
@@ -549,7 +558,9 @@ static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 			    kvp__get64(m + KVP_AUTH_BLOB_OFF),
 			    kvp__get32(m + KVP_AUTH_BLOB_OFF + 8)))
 		return -EBUSY;
-	for (i = 0; i < c->credits; i++)
+	if (a->srq)
+		c->credits = kvp__srq_credits(a, c, c->q);
+	for (i = 0; !a->srq && i < c->credits; i++)
 		if (kvp__post_note_recv(a, c, i))
 			return -EBUSY;
 	/* Credit: the buffers just posted; the counter of those re-posted
@@ -677,6 +688,68 @@ void kvp__producer_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 	default:
 		return;
 	}
+}
+
+/* A message in the shared receive queue, from the queue pair its
+ * completion names: the AUTH of a connection in its handshake, then only
+ * what its credit allows once it is ready. */
+static void srq_msg(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
+		    uint32_t len)
+{
+	int err;
+
+	if (c->state == CS_CONNECTING && !c->auth_seen) {
+		c->auth_seen = 1;
+		memcpy(kvp__ctl_rx(a, c), m, len);
+		err = producer_auth(a, c, len);
+		if (err)
+			refuse(a, c, err);
+		return;
+	}
+	/* Before GO's credits, or far past them: a consumer that would
+	 * empty the queue other consumers' notifications need. Within one
+	 * backlog (from a time every CQ was empty to the next), a consumer
+	 * may have sent what its credit was when the backlog began, and
+	 * what it learnt of while we gave credits back (a READ of its
+	 * counter away); 2 x rq_depth more are let pass for that. */
+	if (c->state == CS_READY && c->rx_epoch != a->poll_epoch) {
+		const uint64_t credit = c->credits + a->ctr[c->idx];
+
+		c->rx_epoch = a->poll_epoch;
+		c->rx = 0;
+		c->rx_allowed = (credit > c->used ? credit - c->used : 0) +
+				2ull * a->rq_depth;
+	}
+	if (c->state != CS_READY || ++c->rx > c->rx_allowed) {
+		a->st.credit_abuses++;
+		kvp__conn_fail(a, c, -EPROTO);
+		return;
+	}
+	c->used++;
+	kvp__note_msg(a, c, m, len);
+	kvp__srq_gave(a, c);
+}
+
+void kvp__srq_wc(kvp_agent *a, const struct ibv_wc *wc)
+{
+	const uint32_t i = WRID_VALUE(wc->wr_id);
+	const uint32_t len = wc->byte_len < KVP_CTL_LEN ? wc->byte_len :
+							  KVP_CTL_LEN;
+	uint8_t m[KVP_CTL_LEN];
+	struct kvp_conn *c;
+
+	if (i >= a->srq_n)
+		return; /* unreachable: our own wr_id */
+	/* The buffer goes back before the credit it frees is given. */
+	memcpy(m, a->srq_buf + (size_t)i * KVP_CTL_LEN, len);
+	kvp__srq_repost(a, i);
+	c = kvp__qpn_find(a, wc->qp_num);
+	if (!c || c->state >= CS_DRAINING || c->refused)
+		return; /* going: what it sent no longer counts */
+	if (wc->status != IBV_WC_SUCCESS)
+		kvp__conn_fail(a, c, kvp__wc_errno(wc->status));
+	else
+		srq_msg(a, c, m, len);
 }
 
 void kvp__producer_event(kvp_agent *a, struct kvp_conn *c,

@@ -25,8 +25,9 @@
  * DONE is reported when the last READ of every source completed: the data
  * is in. The notifications follow (fenced behind the READs on their QP),
  * each only into a receive buffer the producer rank has posted: the rank
- * gives its receive depth as credit at the handshake and counts the
- * buffers it re-posts in a counter we READ when out of credit. A request
+ * gives credit at the handshake (its receive depth, or what it lends from
+ * its shared receive queue) and counts the credits it gives back since in
+ * a counter we READ when out of credit. A request
  * slot is free again once its event is delivered and its notifications
  * completed (or were dropped with their connection).
  */
@@ -221,9 +222,11 @@ void kvp__send_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 	case WK_CREDIT:
 		c->credit_reading = 0;
 		seen = kvp__get64(kvp__ctl_rx(a, c) + CREDIT_OFF);
-		/* A producer cannot grant more than we sent. */
-		if (seen > c->notes_posted)
-			seen = c->notes_posted;
+		/* A producer gives back what we sent and may lend more
+		 * (its shared receive queue's pool), never past
+		 * KVP_CREDIT_MAX at once. */
+		if (seen > c->notes_posted + KVP_CREDIT_MAX)
+			seen = c->notes_posted + KVP_CREDIT_MAX;
 		/* Nothing new: read again at the next timer, not at once. */
 		c->credit_hold = seen <= c->credit_seen;
 		if (seen > c->credit_seen)

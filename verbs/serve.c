@@ -588,8 +588,8 @@ static int follow_received(kvp_agent *a, struct kvp_conn *c,
 	return 0;
 }
 
-static void note_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
-			  uint32_t len)
+void kvp__note_msg(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
+		   uint32_t len)
 {
 	struct kvp_ent *e;
 	uint64_t id, engine, *w;
@@ -660,7 +660,7 @@ void kvp__note_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 	}
 	if (i >= c->credits)
 		return;
-	note_received(a, c, c->notes + (size_t)i * KVP_NOTE_LEN,
+	kvp__note_msg(a, c, c->notes + (size_t)i * KVP_NOTE_LEN,
 		      wc->byte_len);
 	/* The buffer goes back, and with it the consumer's credit. */
 	if (!kvp__post_note_recv(a, c, i))

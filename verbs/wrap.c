@@ -328,6 +328,28 @@ void kvp__destroy_qp(struct rdma_cm_id *id)
 		rdma_destroy_qp(id);
 }
 
+int kvp__create_srq(struct ibv_pd *pd, uint32_t max_wr, struct ibv_srq **out)
+{
+	struct ibv_srq_init_attr sa;
+	struct ibv_srq *srq;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.attr.max_wr = max_wr;
+	sa.attr.max_sge = 1;
+	errno = 0;
+	srq = ibv_create_srq(pd, &sa);
+	if (!srq)
+		return err_now(ENOMEM);
+	*out = srq;
+	return 0;
+}
+
+void kvp__destroy_srq(struct ibv_srq *srq)
+{
+	if (srq)
+		(void)ibv_destroy_srq(srq);
+}
+
 int kvp__connect(struct rdma_cm_id *id, struct rdma_conn_param *param)
 {
 	errno = 0;

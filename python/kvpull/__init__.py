@@ -43,7 +43,8 @@ from .enums import (AGENT_FDS, DEFAULT_MAX_READ, DEFAULT_MAX_SGE, MAX_DIMS,
                     META_VERSION_KEYS, MR_MAX_KEYS, MR_MIN, MR_SHIFT_MAX,
                     MR_SHIFT_MIN, NO_SHARD, PLAN_ATTR_FLAGS,
                     PLAN_ATTR_MAX_LEN, PLAN_MAX_WORK, PLAN_NO_COALESCE,
-                    IDLE_NEVER, SECRET_MAX, SECRET_MIN, TOKENS_END,
+                    IDLE_NEVER, SECRET_MAX, SECRET_MIN, SRQ_OFF,
+                    TOKENS_END,
                     WHY_LEN, Axis,
                     ConvLayout, EngineState, EventType, FieldKind,
                     GroupKind, KvLayout, Reason, Role, StateKind, mr_window)
@@ -79,7 +80,7 @@ __all__ = [
     "DEFAULT_MAX_SGE", "DEFAULT_MAX_READ", "PLAN_ATTR_MAX_LEN",
     "PLAN_ATTR_FLAGS", "PLAN_NO_COALESCE", "mr_window", "Role", "EventType",
     "EngineState", "MR_MIN", "SECRET_MIN", "SECRET_MAX", "AGENT_FDS",
-    "IDLE_NEVER",
+    "IDLE_NEVER", "SRQ_OFF",
     # structs and dtypes
     "Struct", "Dim", "FieldDesc", "GroupDesc", "ViewDesc", "LayoutAttr",
     "LayoutInfo", "Model", "EngineDesc", "PlanAttr", "Ids", "Wr", "Sge",

@@ -403,7 +403,7 @@ class AgentAttr(Struct):
         ("qps_per_peer", c_uint32), ("tos", c_uint32),
         ("plan_flags", c_uint32), ("max_mr", c_uint64),
         ("stream_events", c_uint32), ("max_qps", c_uint32),
-        ("idle_ms", c_uint32),
+        ("idle_ms", c_uint32), ("srq", c_uint32),
     ]
 
 
@@ -489,7 +489,7 @@ class AgentStats(Struct):
         "rnr_timer_unset", "striped", "dmabuf_fallbacks", "async_errors",
         "publishes", "follows", "progress_writes", "progress_seen",
         "arrivals", "mem_bytes", "peers", "qps", "evictions",
-        "idle_closes")]
+        "idle_closes", "srq_bufs", "credit_abuses")]
 
 
 def _dtype(cls):

@@ -74,6 +74,7 @@ ATTR_DEFAULTS = {
     "max_qps": "2 x max_peers (producer), max_peers x qps_per_peer "
                "(consumer)",
     "idle_ms": 300000,
+    "srq": 0,
     "comp_mask": 0,
 }
 
@@ -81,7 +82,7 @@ _U32_ATTRS = frozenset((
     "comp_mask", "max_ids", "max_inflight", "max_peers", "sq_depth",
     "max_sge", "max_per_source", "handshake_ms", "stall_ms", "rq_depth",
     "max_read", "qps_per_peer", "tos", "plan_flags", "stream_events",
-    "max_qps", "idle_ms"))
+    "max_qps", "idle_ms", "srq"))
 
 _IDS = struct.Struct("@QQIIQ")      # struct kvp_ids (checked by the tests)
 assert _IDS.size == ctypes.sizeof(S.Ids)
@@ -561,7 +562,7 @@ class Agent(Handle):
     ``max_sge``, ``secret`` (bytes), ``max_per_source``, ``handshake_ms``,
     ``stall_ms``, ``rq_depth``, ``max_read``, ``qps_per_peer``, ``tos``,
     ``plan_flags``, ``max_mr``, ``stream_events``, ``max_qps``,
-    ``idle_ms``, ``comp_mask``.
+    ``idle_ms``, ``srq``, ``comp_mask``.
 
     :class:`Error` -ENODEV without an RDMA device (or none of that name or
     address), -EINVAL for a bad attribute (as the C call refuses it), and

@@ -18,6 +18,7 @@ __all__ = [
     "MAX_LAYERS", "PLAN_MAX_WORK", "TOKENS_END", "WHY_LEN",
     "DEFAULT_MAX_SGE", "DEFAULT_MAX_READ", "VERSION", "mr_window",
     "MR_MIN", "SECRET_MIN", "SECRET_MAX", "AGENT_FDS", "IDLE_NEVER",
+    "SRQ_OFF",
 ]
 
 
@@ -210,6 +211,9 @@ SECRET_MAX = 256
 #: ``KVP_IDLE_NEVER``: ``idle_ms`` of a producer that never drops idle
 #: consumer ranks.
 IDLE_NEVER = 0xFFFFFFFF
+#: ``KVP_SRQ_OFF``: ``srq`` of a producer that gives each queue pair its
+#: own receive queue rather than one shared receive queue.
+SRQ_OFF = 1
 #: ``KVP_AGENT_FDS``: the file descriptors an agent has to sleep on.
 AGENT_FDS = 3
 #: The header's version (KVP_VERSION_MAJOR, _MINOR, _PATCH).

@@ -66,6 +66,8 @@ struct rt_case {
 	uint32_t max_sge, sq_depth, max_inflight;
 	uint32_t prq;		   /* producer receive depth (credits), 0:
 				    * the default */
+	uint32_t srq_off;	   /* producers: a receive queue per QP
+				    * (kvp_agent_attr.srq KVP_SRQ_OFF) */
 	uint32_t dmabuf;	   /* register through
 				    * kvp_agent_register_dmabuf() */
 	uint32_t tos;		   /* kvp_agent_attr.tos, both sides */
@@ -487,6 +489,7 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 	at.addr = env->addr0;
 	at.max_inflight = 32;
 	at.rq_depth = tc->prq;
+	at.srq = tc->srq_off ? KVP_SRQ_OFF : 0;
 	at.tos = tc->tos;
 	at.max_mr = tc->max_mr ? tc->max_mr : rank & 1 ? tc->max_mr_odd : 0;
 	err = kvp_agent_open(&at, &a);
@@ -501,6 +504,17 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 	err = kvp_agent_listen(a, env->addr0, (uint16_t)(env->port + rank));
 	if (err)
 		RT_FAIL("listen: %s", kvp_strerror(err));
+	/* soft-RoCE has shared receive queues: the producer takes one
+	 * unless told not to. */
+	{
+		struct kvp_agent_stats ps;
+
+		kvp_agent_get_stats(a, &ps);
+		if (!ps.srq_bufs != !!tc->srq_off)
+			RT_FAIL("%llu shared receive queue buffers, srq %s",
+				(unsigned long long)ps.srq_bufs,
+				tc->srq_off ? "off" : "on");
+	}
 	if (env->listened && env->listened(env, tc, a, &mem, rank))
 		RT_FAIL("listened hook");
 	if (write(ready_fd, "r", 1) != 1)
