@@ -82,10 +82,11 @@
  * no report), requests not expected (kvp_agent_expect() failed), and
  * requests whose 8 ranks all pulled but that the producer did not report
  * RELEASED; worst_poll_ms: the longest kvp_agent_poll() call on the
- * producer (CLOCK_MONOTONIC around each call; the consumer processes run
- * at nice 19, standing for other hosts, so that a producer poll is not
- * lengthened by their handshakes on the same CPUs; the most CPU time
- * one poll took, CLOCK_THREAD_CPUTIME_ID, is printed beside it); evictions: the producer's
+ * producer (CLOCK_MONOTONIC around each call: on the same CPUs as the
+ * consumer processes, which --nice 19 makes stand for other hosts so
+ * that their handshakes do not lengthen a producer poll; the most CPU
+ * time one poll took, CLOCK_THREAD_CPUTIME_ID, is printed beside it);
+ * evictions: the producer's
  * stats.evictions + stats.idle_closes; reopens: the consumer agents'
  * stats.reconnects, summed; bytes_per_peer: the producer's highest
  * mem_bytes minus its mem_bytes after open and listen, over the peak of
