@@ -210,11 +210,10 @@ uint32_t kvp__srq_credits(kvp_agent *a, struct kvp_conn *c, uint32_t qi)
 		if (lend > SRQ_W0)
 			lend = SRQ_W0;
 	}
+	/* used, rx and rx_epoch are 0 (kvp__srq_conn_gone() of the slot's
+	 * last connection): none yet, poll_epoch counts from 1. */
 	a->srq_free -= lend;
 	c->extra = lend;
-	c->used = 0;
-	c->rx = 0;
-	c->rx_epoch = 0; /* none: poll_epoch counts from 1 */
 	return 1 + lend;
 }
 
