@@ -170,7 +170,8 @@ unit: $(UNIT_BIN) $(BUILD)/header-check fuzz-replay
 # tests/check_doc_outputs.sh reruns the commands whose output README.md and
 # tools/README.md show (<!-- doc-output --> and <!-- doc-text --> markers).
 # Each prints "N passed, N failed", and runs whatever the other's result.
-check-tool: $(BUILD)/tools/kvpull-plan $(BUILD)/tools/kvpull-demo $(BUILD)/tools/kvpull-bench
+check-tool: $(BUILD)/tools/kvpull-plan $(BUILD)/tools/kvpull-demo $(BUILD)/tools/kvpull-bench \
+	    $(BUILD)/tools/kvpull-stream-bench
 	st=0; sh tests/test_tool.sh $(BUILD)/tools/kvpull-plan || st=1; \
 	sh tests/check_doc_outputs.sh $(BUILD)/tools || st=1; exit $$st
 

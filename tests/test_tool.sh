@@ -366,6 +366,45 @@ else
 	bad "$demo not built (make check-tool builds it)"
 fi
 
+# kvpull-stream-bench: --runs is 1-9 (the runs' times sit in 9-entry
+# arrays), and a producer rank that cannot start says why, not a bare
+# exit status 1. Arguments are checked before any device is opened.
+sbench=$(dirname "$plan")/kvpull-stream-bench
+if [ -x "$sbench" ]; then
+	# srun NAME WANT_RC ARGS...: as run, for kvpull-stream-bench.
+	srun() {
+		name=$1 want=$2
+		shift 2
+		"$sbench" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
+		rc=$?
+		if [ "$rc" -eq "$want" ]; then ok; else
+			bad "$name: exit $rc, want $want (kvpull-stream-bench $*)"
+			sed 's/^/  | /' "$tmp/$name.err" >&2
+		fi
+	}
+	srun sbench_runs10 2 --runs 10 --addr 127.0.0.1
+	exact sbench_runs10 "kvpull-stream-bench: --runs: 10 is out of range (1-9)"
+	srun sbench_runs0 2 --runs 0 --addr 127.0.0.1
+	exact sbench_runs0 "kvpull-stream-bench: --runs: 0 is out of range (1-9)"
+	srun sbench_runsx 2 --runs 4294967296 --addr 127.0.0.1
+	exact sbench_runsx "kvpull-stream-bench: --runs: '4294967296' is not a number"
+	if [ -z "$(ls /sys/class/infiniband 2>/dev/null)" ]; then
+		srun sbench_nodev 1 --case dense-layerwise --runs 1 \
+			--addr 127.0.0.1
+		exact sbench_nodev "stream-bench: dense-layerwise: producer rank 0: open: no RDMA device"
+		has sbench_nodev err "stream-bench: dense-layerwise: the producer ranks did not start"
+		# the first case that cannot start ends the run
+		srun sbench_nodev_all 1 --runs 1 --addr 127.0.0.1
+		n=$(wc -l <"$tmp/sbench_nodev_all.err")
+		[ "$n" -eq 2 ] && ok ||
+			bad "sbench_nodev_all: $n lines on stderr, want 2"
+	else
+		echo "test_tool: an RDMA device is present: kvpull-stream-bench's no-device checks skipped"
+	fi
+else
+	bad "$sbench not built (make check-tool builds it)"
+fi
+
 # --version, --list
 run version 0 --version
 if [ "$(cat "$tmp/version.out")" = "kvpull-plan 0.1.0" ]; then ok; else

@@ -295,22 +295,26 @@ static int agent_nap(kvp_agent *a, uint64_t until)
 	return 0;
 }
 
+/* 0, or a negative errno. */
 static int poll_for(kvp_agent *a, uint64_t until)
 {
 	struct kvp_event ev[16];
+	int n;
 
 	for (;;) {
-		if (kvp_agent_poll(a, ev, 16) < 0)
-			return -1;
+		n = kvp_agent_poll(a, ev, 16);
+		if (n < 0)
+			return n;
 		if (tool_now_ns() >= until)
 			return 0;
 		if (agent_nap(a, until))
-			return -1;
+			return -EIO;
 	}
 }
 
 /* One paced prefill of request `id` (its blocks: request index id %
- * NREQ; pace 0: everything at once), over poison written first. */
+ * NREQ; pace 0: everything at once), over poison written first. 0, or a
+ * negative errno. */
 static int prefill(struct bench *b, kvp_agent *a, const kvp_layout *l,
 		   struct kvt_mem *live, const struct kvt_mem *src,
 		   uint32_t rank, uint32_t id, uint64_t pace)
@@ -322,6 +326,7 @@ static int prefill(struct bench *b, kvp_agent *a, const kvp_layout *l,
 	uint64_t step_ns, next;
 	struct kvp_agent_stats st0, st1;
 	const uint32_t k = id % NREQ;
+	int err;
 
 	/* the steps: layer by layer in each chunk */
 	for (t0 = 0; t0 < c->tokens; t0 = t1) {
@@ -341,22 +346,23 @@ static int prefill(struct bench *b, kvp_agent *a, const kvp_layout *l,
 		if (layers > 1) {
 			write_part(l, live, src, b->ids[k], 0, layers - 1, 0,
 				   KVP_TOKENS_END);
-			if (kvp_agent_publish(a, CONSUMER_ENGINE, id,
-					      &(struct kvp_progress){
-						      0, KVP_TOKENS_END,
-						      layers - 1, 0 }))
-				return -1;
-			while (b->ctl->rest != seq)
-				if (poll_for(a, tool_now_ns() + 200000))
-					return -1;
+			err = kvp_agent_publish(a, CONSUMER_ENGINE, id,
+						&(struct kvp_progress){
+							0, KVP_TOKENS_END,
+							layers - 1, 0 });
+			while (!err && b->ctl->rest != seq)
+				err = poll_for(a, tool_now_ns() + 200000);
+			if (err)
+				return err;
 		}
 		write_part(l, live, src, b->ids[k], layers - 1, layers, 0,
 			   KVP_TOKENS_END);
-		if (kvp_agent_publish(a, CONSUMER_ENGINE, id,
-				      &(struct kvp_progress){
-					      KVP_TOKENS_END, KVP_TOKENS_END,
-					      0, 0 }))
-			return -1;
+		err = kvp_agent_publish(a, CONSUMER_ENGINE, id,
+					&(struct kvp_progress){
+						KVP_TOKENS_END, KVP_TOKENS_END,
+						0, 0 });
+		if (err)
+			return err;
 		b->ctl->t_first[rank] = tool_now_ns();
 		n = 0;
 	}
@@ -368,10 +374,11 @@ static int prefill(struct bench *b, kvp_agent *a, const kvp_layout *l,
 			write_part(l, live, src, b->ids[k], q, q + 1,
 				   kvt_ready(&pub, q), kvt_ready(&s[i], q));
 		/* the step's "compute" */
-		if (pace && poll_for(a, next))
-			return -1;
-		if (kvp_agent_publish(a, CONSUMER_ENGINE, id, &s[i]))
-			return -1;
+		err = pace ? poll_for(a, next) : 0;
+		if (!err)
+			err = kvp_agent_publish(a, CONSUMER_ENGINE, id, &s[i]);
+		if (err)
+			return err;
 		pub = s[i];
 		if (rank == 0) {
 			b->ctl->t_pub[i] = tool_now_ns();
@@ -392,42 +399,59 @@ static int producer(void *arg, uint32_t rank, int ready_fd, int stop_fd)
 	kvp_agent *a = NULL;
 	struct kvp_event ev[16];
 	uint32_t seen = 0, k;
-	int ret = 1;
+	const char *what = "setup";
+	int err = -ENOMEM, ret = 1;
 
 	alarm(600);
 	if (!l || kvt_mem_alloc(l, &live) || kvt_mem_alloc(l, &src))
-		goto out;
+		goto fail;
 	truth(&src, rank);
 	for (k = 0; k < live.nregions; k++)
 		memset(live.buf[k], POISON, live.size[k]);
-	if (tool_producer_open(l, b->addr, (uint16_t)(b->port + rank), NREQ * MAXRUNS,
-			       &live, &a))
-		goto out;
-	for (k = 0; k < NREQ * b->runs; k++)
-		if (kvp_agent_expect(a, CONSUMER_ENGINE, k,
-				     tool_now_ns() + 600000000000ull))
-			goto out;
+	what = "open";
+	err = tool_producer_open(l, b->addr, (uint16_t)(b->port + rank),
+				 NREQ * MAXRUNS, &live, &a);
+	if (err)
+		goto fail;
+	what = "expect";
+	for (k = 0; k < NREQ * b->runs && !err; k++)
+		err = kvp_agent_expect(a, CONSUMER_ENGINE, k,
+				       tool_now_ns() + 600000000000ull);
+	if (err)
+		goto fail;
 	if (write(ready_fd, "r", 1) != 1)
-		goto out;
+		goto out; /* the parent is gone */
 	for (;;) {
 		struct pollfd p = { .fd = stop_fd, .events = POLLIN };
 
 		if (b->ctl->seq != seen) {
 			seen = b->ctl->seq;
-			if (prefill(b, a, l, &live, &src, rank, b->ctl->req,
-				    b->ctl->pace_ns))
-				goto out;
+			what = "prefill";
+			err = prefill(b, a, l, &live, &src, rank, b->ctl->req,
+				      b->ctl->pace_ns);
+			if (err)
+				goto fail;
 			b->ctl->done[rank] = seen;
 		}
 		/* between runs: asleep on the agent (1 ms at most: the next
 		 * run is a counter in shared memory, not an fd) */
-		if (kvp_agent_poll(a, ev, 16) < 0 ||
-		    tool_agent_sleep(a, stop_fd, 1))
-			goto out;
+		what = "poll";
+		err = kvp_agent_poll(a, ev, 16);
+		if (err >= 0)
+			err = tool_agent_sleep(a, stop_fd, 1);
+		if (err)
+			goto fail;
 		if (poll(&p, 1, 0) > 0)
 			break;
 	}
 	ret = 0;
+	goto out;
+fail:
+	/* the reason, or the case would end with exit status 1 and no word
+	 * (no RDMA device: "stream-bench: NAME: producer rank 0: listen: no
+	 * RDMA device") */
+	fprintf(stderr, "stream-bench: %s: producer rank %u: %s: %s\n",
+		b->c->name, rank, what, kvp_strerror(err));
 out:
 	kvp_agent_close(a);
 	kvt_mem_free(&live);
@@ -767,8 +791,9 @@ static int consumer(void *arg, uint32_t rank)
 	int err, ret = 1;
 
 	alarm(600);
+	err = -ENOMEM;
 	if (!dl || kvt_mem_alloc(dl, &mem))
-		goto out;
+		goto fail;
 	for (i = 0; i < mem.nregions; i++)
 		memset(mem.buf[i], 0x11, mem.size[i]);
 	memset(&at, 0, sizeof(at));
@@ -784,7 +809,7 @@ static int consumer(void *arg, uint32_t rank)
 	if (!err)
 		err = kvp_agent_engine_info(a, h, &ei);
 	if (err) {
-		fprintf(stderr, "stream-bench: consumer: %s\n",
+		fprintf(stderr, "stream-bench: %s: consumer: %s\n", c->name,
 			kvp_strerror(err));
 		goto out;
 	}
@@ -827,8 +852,12 @@ static int consumer(void *arg, uint32_t rank)
 		if (str.reads > reads_s)
 			reads_s = str.reads;
 		if (verify(b, ei.plan, dl, &mem, 1, &bulk) ||
-		    verify(b, ei.plan, dl, &mem, 2, &str))
+		    verify(b, ei.plan, dl, &mem, 2, &str)) {
+			fprintf(stderr, "stream-bench: %s: cannot verify the "
+					"bytes\n",
+				c->name);
 			goto out;
+		}
 		wrong += bulk.wrong + str.wrong;
 		early += bulk.early + str.early;
 		bulk.wrong = bulk.early = str.wrong = str.early = 0;
@@ -870,7 +899,7 @@ int main(int argc, char **argv)
 	uint32_t port = 21800, i, runs = 5;
 	const struct tool_opt opts[] = {
 		{ "--case", TOOL_STR, &only, 0 },
-		{ "--runs", TOOL_U32, &runs, MAXRUNS },
+		{ "--runs", TOOL_COUNT, &runs, MAXRUNS },
 		{ "--addr", TOOL_STR, &addr, 0 },
 		{ "--port", TOOL_PORT, &port, 65535 - TOOL_MAX_RANKS },
 		{ NULL, TOOL_STR, NULL, 0 },
@@ -886,8 +915,6 @@ int main(int argc, char **argv)
 		       P, MAXRUNS);
 	if (bad)
 		return bad == TOOL_ARGS_BAD ? 2 : 0;
-	if (!runs)
-		return tool_bad_arg(P, "--runs: 0: at least 1");
 	if (tool_default_addr(P, &addr))
 		return 2;
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -902,8 +929,10 @@ int main(int argc, char **argv)
 		b = mmap(NULL, sizeof(*b) + sizeof(struct ctl),
 			 PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
 			 0);
-		if (b == MAP_FAILED)
+		if (b == MAP_FAILED) {
+			fprintf(stderr, "%s: out of memory\n", P);
 			return 1;
+		}
 		memset(b, 0, sizeof(*b) + sizeof(struct ctl));
 		b->c = &cases[i];
 		b->addr = addr;
@@ -911,16 +940,28 @@ int main(int argc, char **argv)
 		b->ctl = (struct ctl *)(b + 1);
 		b->runs = runs;
 		pl = build(b->c, 1, 0);
-		if (!pl)
+		if (!pl) {
+			fprintf(stderr, "%s: %s: cannot build the layout\n", P,
+				b->c->name);
 			return 1;
+		}
 		if (make_ids(b, pl)) {
 			fprintf(stderr, "%s: %s: the blocks do not fit\n", P,
 				b->c->name);
 			return 1;
 		}
 		kvp_layout_destroy(pl);
-		if (tool_start_producers(&prod, b->c->P, producer, b) ||
-		    tool_run_consumers(&prod, 1, consumer, b))
+		if (tool_start_producers(&prod, b->c->P, producer, b)) {
+			/* each rank said why (no RDMA device: every case
+			 * would fail alike) */
+			fprintf(stderr, "stream-bench: %s: the producer ranks "
+					"did not start\n",
+				b->c->name);
+			(void)tool_stop_producers(&prod, 1);
+			munmap(b, sizeof(*b) + sizeof(struct ctl));
+			return 1;
+		}
+		if (tool_run_consumers(&prod, 1, consumer, b))
 			fail = 1;
 		if (tool_stop_producers(&prod, 0))
 			fail = 1;

@@ -51,9 +51,13 @@ static int set_opt(const char *prog, const struct tool_opt *o,
 		*(uint32_t *)o->val = 1;
 		return 0;
 	case TOOL_U32:
-		if (parse_u32(val, o->val))
+		if (parse_u32(val, &v))
 			return tool_bad_arg(prog, "%s: '%s' is not a number",
 					    o->name, val);
+		if (o->max && v > o->max)
+			return tool_bad_arg(prog, "%s: %u is out of range "
+					    "(0-%u)", o->name, v, o->max);
+		*(uint32_t *)o->val = v;
 		return 0;
 	case TOOL_COUNT:
 		if (parse_u32(val, &v))

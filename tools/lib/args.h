@@ -10,7 +10,7 @@
 
 enum tool_arg {
 	TOOL_STR,    /* const char *: the argument itself */
-	TOOL_U32,    /* uint32_t, decimal */
+	TOOL_U32,    /* uint32_t, decimal, at most `max` (0: UINT32_MAX) */
 	TOOL_COUNT,  /* uint32_t, decimal, 1 to `max` (0: UINT32_MAX) */
 	TOOL_PORT,   /* uint16_t, decimal, at most `max` (0: 65535) */
 	TOOL_LAYOUT, /* uint32_t: enum kvp_kv_layout, by name (names.h) */
