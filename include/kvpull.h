@@ -1224,13 +1224,16 @@ struct kvp_agent_attr {
 	 * consumer rank (see kvp_agent_listen()). Consumer: 0: max_peers x
 	 * qps_per_peer; an engine whose handshake finds too few free closes
 	 * the least recently used engine that is up with nothing in flight
-	 * (not kvp_agent_connect()'s): ENGINE_DOWN -ENOSPC with
+	 * and no notification owed (a pull is DONE once its data is in; its
+	 * notifications follow, and closing the engine before they are sent
+	 * would leave the producer holding the blocks until their deadline)
+	 * and that is not kvp_agent_connect()'s: ENGINE_DOWN -ENOSPC with
 	 * KVP_REASON_EVICTED, stats.evictions; its next
 	 * kvp_agent_pull_from() reconnects it, nothing registered again.
-	 * The handshake waits for the slots to drain (within its timeout);
-	 * when even every idle engine's slots would not do, it goes down
-	 * with -ENOSPC. At least 1; at most 65535 (32767 for
-	 * KVP_ROLE_BOTH). */
+	 * The handshake waits for the slots to drain, or for engines that
+	 * only owe notifications to send them (within its timeout); when
+	 * even every such engine's slots would not do, it goes down with
+	 * -ENOSPC. At least 1; at most 65535 (32767 for KVP_ROLE_BOTH). */
 	uint32_t max_qps;
 	/* Producer: a READY consumer rank that sent no notification or
 	 * FOLLOW for idle_ms is disconnected with all its queue pairs

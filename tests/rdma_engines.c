@@ -16,7 +16,11 @@
  *    reconnects once the producer polls again;
  *  - a consumer whose max_qps holds two engines, pulling from three: the
  *    least recently used idle engine is closed for the newcomer and
- *    reconnected on demand, an engine with a pull in flight never.
+ *    reconnected on demand, an engine with a pull in flight never;
+ *  - the same budget when the least recently used engine has every pull
+ *    DONE but a notification still waiting for its producer's credit:
+ *    it is not idle, the other engine makes room, and the producer
+ *    releases every request once it polls again.
  * Every rank is a process with its own agent; every consumer's whole
  * memory is checked byte for byte against the identity expectation.
  *
@@ -43,6 +47,7 @@ struct eng_spec {
 	uint32_t tp, block, kv_layout, nblocks, layers;
 	uint16_t port; /* producer rank r listens on env.port + port + r */
 	uint32_t max_inflight, max_peers; /* producer agent, 0: defaults */
+	uint32_t rq_depth, srq;		  /* producer agent, 0: defaults */
 	uint32_t qps;	/* consumer agent: queue pairs per rank, 0: 2 */
 };
 
@@ -402,6 +407,8 @@ static int producer_rank(const struct eng_spec *s, uint32_t ei, uint32_t rank,
 	at.addr = env.addr0;
 	at.max_inflight = s->max_inflight;
 	at.max_peers = s->max_peers;
+	at.rq_depth = s->rq_depth;
+	at.srq = s->srq;
 	err = kvp_agent_open(&at, &a);
 	if (err)
 		RT_FAIL("open: %s", kvp_strerror(err));
@@ -1866,6 +1873,202 @@ out:
 	return ret;
 }
 
+/* ---- 6. the QP budget: an engine that owes notifications is not idle ----- */
+
+static const struct eng_spec c6_cons =
+	ENG("decode", RT_CONS_ENGINE, 1, 16, HND, 64, 1, 0);
+
+static const struct eng_spec c6_engs[3] = {
+	/* A: four receive buffers on its rank's first queue pair (no shared
+	 * queue), so that once it stops polling a few pulls use its credit
+	 * up and the next notification waits */
+	{ .name = "A", .id = 0x50f1, .tp = 1, .block = 16, .kv_layout = HND,
+	  .nblocks = 48, .layers = 1, .port = 92, .rq_depth = 4,
+	  .srq = KVP_SRQ_OFF },
+	ENG("B", 0x50f2, 1, 16, NHD, 48, 1, 96),
+	ENG("C", 0x50f3, 1, 16, HND, 48, 1, 100),
+};
+
+/* k0..k15 A, k16 B, k17 C */
+#define C6_A 16
+#define C6_REQ (C6_A + 2)
+static struct req c6_rq[C6_REQ];
+
+struct c6_fds {
+	int paused, resume;
+};
+
+static int c6_consumer(const void *arg, uint32_t rank)
+{
+	const struct c6_fds *fd = arg;
+	struct kvp_agent_attr at;
+	struct kvp_agent_stats st;
+	struct kvp_engine_info in;
+	struct want w = { .ups = { 1, 1, 0 } };
+	struct cons *c;
+	const char *who = "decode";
+	uint32_t k, next, owed = 0;
+	double end;
+	int ret = 1;
+
+	memset(&at, 0, sizeof(at));
+	at.max_qps = 4; /* two engines of one rank, two queue pairs each */
+	at.stall_ms = 60000; /* the waiting notification outlives the case */
+	c = cons_new(&c6_cons, rank, c6_engs, 3, c6_rq, C6_REQ, &at);
+	if (!c)
+		return 1;
+	who = c->who;
+	if (cons_add(c, 0, 30000) || cons_add(c, 1, 30000) ||
+	    cons_wait(c, &w, 40, "A and B up"))
+		goto out;
+	w.quiet = 1;
+	if (cons_pull_busy(c, 0, 20) || cons_wait(c, &w, 30, "A's first DONE") ||
+	    wait_byte_polling(fd->paused, 30, cons_poll_fn, c))
+		RT_FAIL("A's producer never stopped polling");
+	/* A's producer re-posts no receive buffer now, but its NIC still
+	 * serves READs: pull until, every pull DONE and the credit read
+	 * again, a notification waits. */
+	for (next = 1; next < C6_A && !owed; next++) {
+		if (cons_pull_busy(c, next, 20) ||
+		    cons_wait(c, &w, 30, "DONE from A"))
+			goto out;
+		end = rt_now() + 0.1;
+		while (rt_now() < end)
+			if (cons_poll(c) < 0)
+				goto out;
+			else
+				usleep(500);
+		kvp_agent_get_stats(c->a, &st);
+		owed = next + 1 - (uint32_t)st.notes_sent;
+	}
+	if (!owed)
+		RT_FAIL("%u pulls from A, every notification sent: its credit never ran out",
+			next);
+	/* B used after A: A is the least recently used engine, and every
+	 * pull of it is DONE, but it still owes its producer a notification:
+	 * only B is idle, and B makes room for C. */
+	if (info(c, 1, &in) || c->downs[1] || in.state != KVP_ENGINE_UP)
+		RT_FAIL("B: %u downs (%s, reason %u), state %u, why \"%s\"",
+			c->downs[1], kvp_strerror(c->down_status[1]),
+			c->down_reason[1], in.state, in.why);
+	if (cons_pull_busy(c, C6_A, 20) || cons_wait(c, &w, 30, "B's DONE"))
+		goto out;
+	if (cons_add(c, 2, 30000))
+		goto out;
+	end = rt_now() + 40;
+	while (!c->ups[2] || !c->downs[1]) {
+		if (cons_poll(c) < 0)
+			goto out;
+		if (c->downs[0])
+			RT_FAIL("A went down (%s, reason %u) with %u notification(s) still owed to its producer",
+				kvp_strerror(c->down_status[0]),
+				c->down_reason[0], owed);
+		if (c->downs[2])
+			RT_FAIL("C went down: %s",
+				kvp_strerror(c->down_status[2]));
+		if (rt_now() > end)
+			RT_FAIL("timeout waiting for C up, B down");
+		usleep(50);
+	}
+	if (evicted(c, 1, 1))
+		goto out;
+	if (info(c, 0, &in))
+		goto out;
+	if (c->downs[0] || in.state != KVP_ENGINE_UP)
+		RT_FAIL("A: %u downs, state %u, want 0 and UP", c->downs[0],
+			in.state);
+	kvp_agent_get_stats(c->a, &st);
+	if (next + 1 - (uint32_t)st.notes_sent != owed)
+		RT_FAIL("%llu notifications sent of %u (A's and B's) before the resume, want %u owed",
+			(unsigned long long)st.notes_sent, next + 1, owed);
+	/* A's producer polls again: the owed notification goes out, and
+	 * the rest of A's requests (every one is expected) are pulled. */
+	if (write(fd->resume, "r", 1) != 1)
+		RT_FAIL("resume pipe");
+	for (k = next; k < C6_A; k++)
+		if (cons_pull_busy(c, k, 20))
+			goto out;
+	w.ups[2] = 1;
+	w.downs[1] = 1;
+	if (cons_pull_busy(c, C6_A + 1, 20) ||
+	    cons_wait(c, &w, 30, "A's and C's DONE"))
+		goto out;
+	end = rt_now() + 20;
+	for (;;) {
+		kvp_agent_get_stats(c->a, &st);
+		if (st.notes_sent == C6_REQ)
+			break;
+		if (cons_poll(c) < 0)
+			goto out;
+		if (rt_now() > end)
+			RT_FAIL("%llu notifications sent, want %u",
+				(unsigned long long)st.notes_sent, C6_REQ);
+		usleep(200);
+	}
+	for (k = 0; k < C6_REQ; k++)
+		if (c->st[k] != R_DONE)
+			RT_FAIL("%llu not DONE", (unsigned long long)c6_rq[k].id);
+	if (st.evictions != 1 || st.transport_failures)
+		RT_FAIL("stats: %llu evictions (want 1), %llu transport failures",
+			(unsigned long long)st.evictions,
+			(unsigned long long)st.transport_failures);
+	printf("     A, least recently used, owed %u notification(s): B closed for C instead; A's producer released all %u\n",
+	       owed, C6_A);
+	if (cons_check_mem(c))
+		goto out;
+	ret = 0;
+out:
+	cons_free(c);
+	return ret;
+}
+
+static uint32_t c6_eng_of(uint32_t k)
+{
+	return k < C6_A ? 0 : k - C6_A + 1;
+}
+
+static uint32_t c6_tokens(uint32_t k)
+{
+	(void)k;
+	return 16;
+}
+
+static int run_owed(void)
+{
+	enum { READY, STOP, PAUSED, RESUME, NPIPES };
+	int f[NPIPES][2], ret = -1;
+	/* A's producer stops polling once it released the first request,
+	 * and must release every one of them (none may expire) */
+	struct prod_opts oa = { .phases = 1, .disc_fd = -1, .pause_after = 1 };
+	struct prod_opts o = { .phases = 1, .disc_fd = -1 };
+	struct c6_fds fd;
+	uint32_t e;
+	pid_t d;
+
+	reqs_init(c6_rq, C6_REQ, 6000, c6_eng_of, c6_tokens);
+	if (pipes_open(f, NPIPES) ||
+	    make_blocks(c6_rq, C6_REQ, c6_engs, 3, &c6_cons, 16))
+		goto out;
+	oa.paused_fd = f[PAUSED][1];
+	oa.resume_fd = f[RESUME][0];
+	for (e = 0; e < 3; e++)
+		if (spawn_engine(&c6_engs[e], e, c6_rq, C6_REQ, e ? &o : &oa,
+				 f[READY][1], f[STOP][0], NULL))
+			goto out;
+	if (wait_bytes(f[READY][0], 3, 30, "producers ready"))
+		goto out;
+	fd.paused = f[PAUSED][0];
+	fd.resume = f[RESUME][1];
+	if ((d = spawn(c6_consumer, &fd, 0)) < 0 || kid_wait(d, 90) ||
+	    engines_stop(f[STOP][1], 3))
+		goto out;
+	ret = 0;
+out:
+	kids_end();
+	pipes_close(f, NPIPES);
+	return ret;
+}
+
 int main(int argc, char **argv)
 {
 	const char *filter = argc > 1 ? argv[1] : NULL;
@@ -1883,6 +2086,8 @@ int main(int argc, char **argv)
 		{ "producer stops polling: stall, then resume", run_stall },
 		{ "max_qps: the LRU idle engine closed, reopened on demand",
 		  run_budget },
+		{ "max_qps: an engine that owes notifications is not idle",
+		  run_owed },
 	};
 
 	if (rt_start(&env, 20500))

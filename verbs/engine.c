@@ -268,28 +268,60 @@ static struct kvp_conn *free_cons_slot(kvp_agent *a)
 
 /* ---- the QP budget (max_qps) ------------------------------------------- */
 
-/* An engine with nothing in flight: every pull of it was delivered. */
+/* Whether engine e still owes a producer rank a notification: a pull's
+ * DONE comes once its data is in, its notification goes out after
+ * (behind the READs, or later when it waits for the rank's credit) and
+ * counts until its send completes. A rank's first queue pair retires a
+ * chunk only then (c_head), its others once their READs are in, so any
+ * chunk left on a connection is owed. Closing the engine would drop it,
+ * and the producer would hold those blocks until their deadline. Linear
+ * in the engine's connections. */
+static int eng_owes(const kvp_agent *a, const struct kvp_eng *e)
+{
+	uint32_t i;
+
+	for (i = 0; e->rank_conn && i < e->n * e->nq; i++) {
+		const struct kvp_conn *c;
+
+		if (e->rank_conn[i] == NO_CONN)
+			continue;
+		c = &a->conns[e->rank_conn[i]];
+		if (c->c_head != c->c_tail)
+			return 1;
+	}
+	return 0;
+}
+
+/* An engine up whose every pull was delivered (DONE or FAILED), not
+ * kvp_agent_connect()'s, and not already going: 1 when it is idle (it
+ * owes nothing, see eng_owes()), 2 when it still owes a notification
+ * (it will be idle once that is sent), else 0. */
 static int eng_idle(const kvp_agent *a, const struct kvp_eng *e)
 {
-	return e->state == KVP_ENGINE_UP && !e->evicted && !e->removing &&
-	       e->st.pulls == e->st.done + e->st.failed &&
-	       kvp__engine_handle(a, e) != a->def_eng;
+	if (e->state != KVP_ENGINE_UP || e->evicted || e->removing ||
+	    e->st.pulls != e->st.done + e->st.failed ||
+	    kvp__engine_handle(a, e) == a->def_eng)
+		return 0;
+	return eng_owes(a, e) ? 2 : 1;
 }
 
 /* Room for `need` more connections within max_qps, for engine self: 0
  * when the free slots suffice; -EAGAIN when room is coming (an engine
- * that went to make it drains: the handshake waits, within its deadline);
- * -ENOSPC when even every idle engine's slots would not do. The least
- * recently used idle engine (up, nothing in flight, not
- * kvp_agent_connect()'s) goes down, ENGINE_DOWN -ENOSPC with
+ * that went to make it drains, or the idle engines' slots will do once
+ * those that only owe notifications have sent them: the handshake waits,
+ * within its deadline); -ENOSPC when even those would not do. The least
+ * recently used idle engine (up, nothing in flight, no notification
+ * owed, not kvp_agent_connect()'s) goes down, ENGINE_DOWN -ENOSPC with
  * KVP_REASON_EVICTED; its next kvp_agent_pull_from() reconnects it, the
  * memory registered once. One at a time: the next only once the slots of
- * the last are free. Linear in max_peers, and only when slots lack. */
+ * the last are free. Linear in max_peers and the consumer's connections,
+ * and only when slots lack. */
 static int make_room(kvp_agent *a, const struct kvp_eng *self, uint32_t need)
 {
 	struct kvp_eng *lru = NULL;
-	uint64_t could = a->ncons_free;
+	uint64_t could = a->ncons_free, soon = 0;
 	uint32_t i;
+	int idle;
 
 	if (need <= a->ncons_free)
 		return 0;
@@ -298,14 +330,17 @@ static int make_room(kvp_agent *a, const struct kvp_eng *self, uint32_t need)
 	for (i = 0; i < a->max_peers; i++) {
 		struct kvp_eng *e = &a->engs[i];
 
-		if (e == self || !eng_idle(a, e))
+		idle = e == self ? 0 : eng_idle(a, e);
+		if (idle == 2)
+			soon += e->nconn;
+		if (idle != 1)
 			continue;
 		could += e->nconn;
 		if (!lru || e->last_used < lru->last_used)
 			lru = e;
 	}
 	if (!lru || could < need)
-		return -ENOSPC;
+		return could + soon >= need ? -EAGAIN : -ENOSPC;
 	kvp__why_clear(&lru->why);
 	kvp__why(&lru->why, -ENOSPC, KVP_REASON_EVICTED,
 		 "closed to make room within max_qps (%u queue pairs): reconnected on demand",
@@ -318,7 +353,7 @@ static int make_room(kvp_agent *a, const struct kvp_eng *self, uint32_t need)
 }
 
 /* Whether an engine's first connection can have a slot, now or once an
- * idle engine made room. */
+ * idle engine made room (or one that owes notifications sent them). */
 static int room_possible(const kvp_agent *a)
 {
 	uint32_t i;
