@@ -71,14 +71,20 @@
 # with default attributes against N consumer agents (engines of TP 8, in 8
 # processes) released at once, each pulling verified bytes; the cases
 # N = 64, 256 and 1024, then 1024 with a QP budget of 512 (--budget 512)
-# pulling twice (--rounds 2) so that pulls force evictions and reopens.
-# Each case prints its lines and one summary line,
+# pulling twice (--rounds 2) so that pulls force evictions and reopens,
+# then N = 256 and 1024 streamed (--stream: every rank pulls with
+# kvp_agent_pull_stream() while the producer writes and publishes each
+# request layer by layer, kvp_agent_publish(): 4 layers, one every
+# second from the release). Each case prints its lines and one summary
+# line,
 #   storm: peers=N qps=Q budget=B all_ready_ms=T p50_ms=A p99_ms=P
 #     refused=R timeouts=X worst_poll_ms=W evictions=E reopens=O
 #     bytes_per_peer=M wrong_bytes=K
-# and the summary lines are repeated at the end. --storm N runs one case
-# of N ranks (KVP_VM_MEM 2048 up to 256 ranks), with any further
-# kvpull-storm options: --storm 1024 --budget 512 --rounds 2.
+# a streamed case with " mode=stream stalls=S" after it (S: pulls FAILED
+# for the stall deadline, KVP_REASON_STALL; counted in X too), and the
+# summary lines are repeated at the end. --storm N runs one case of N
+# ranks (KVP_VM_MEM 2048 up to 256 ranks), with any further kvpull-storm
+# options: --storm 1024 --budget 512 --rounds 2; --storm 64 --stream.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -249,7 +255,9 @@ storm() {
 		cmds=("$bin --ranks 64 --port 24800"
 			"$bin --ranks 256 --port 24810"
 			"$bin --ranks 1024 --port 24820"
-			"$bin --ranks 1024 --budget 512 --rounds 2 --port 24830")
+			"$bin --ranks 1024 --budget 512 --rounds 2 --port 24830"
+			"$bin --ranks 256 --stream --port 24840"
+			"$bin --ranks 1024 --stream --port 24850")
 	fi
 	bash scripts/install-deps.sh
 	make -s BUILD=build build/tools/kvpull-storm

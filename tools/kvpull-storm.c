@@ -6,7 +6,8 @@
  * budget below 2N forces evictions and reopens. Public API only.
  *
  *   kvpull-storm --ranks N [--procs P] [--budget B] [--rounds R]
- *                [--timeout S] [--nice K] [--addr IP] [--port N]
+ *                [--timeout S] [--nice K] [--stream] [--layers L]
+ *                [--layer-ms T] [--addr IP] [--port N]
  *
  * The producer is one agent, the one rank of a TP 1 engine, in this (the
  * parent) process, opened with default attributes for everything about
@@ -26,7 +27,22 @@
  * host. The model is llama-3.1-8b cut to one layer (K and V regions,
  * FLASH_HND, 16-token blocks): a consumer rank's block is 4 KiB per
  * region, a request reads 4 blocks (32 KiB), and 1,024 ranks fit in a VM
- * of a few GiB.
+ * of a few GiB. --layers L cuts it to L layers instead (1 by default, 4
+ * with --stream).
+ *
+ * --stream: every rank pulls with kvp_agent_pull_stream() instead of
+ * kvp_agent_pull_from(), and the producer runs a prefill of every
+ * request, layer by layer: its blocks hold only their background until
+ * the release, then every --layer-ms T ms (default 1000; 0: all at once)
+ * it writes one more layer of every block set (kvt_fill_producer_part())
+ * and publishes it for every expected request (kvp_agent_publish():
+ * layers [0, l) at every token, the last one as tokens_all =
+ * KVP_TOKENS_END). A READ before its layer's publish lands background,
+ * so the byte check also catches a byte read early. A rank that follows
+ * before the prefill ends streams; one that follows later gets what is
+ * published at once. The consumers keep default attributes (stall_ms
+ * 10 s: a streamed request with no new progress for that long fails
+ * alone, FAILED -ETIMEDOUT KVP_REASON_STALL).
  *
  * The processes are forked before the producer opens (no verbs state
  * crosses a fork). Each opens and registers its ranks' agents, computes
@@ -71,7 +87,7 @@
  *
  *   storm: peers=N qps=Q budget=B all_ready_ms=T p50_ms=A p99_ms=P
  *     refused=R timeouts=X worst_poll_ms=W evictions=E reopens=O
- *     bytes_per_peer=M wrong_bytes=K
+ *     bytes_per_peer=M wrong_bytes=K [mode=stream stalls=S]
  *
  * peers: consumer ranks; qps: the producer's stats.qps high-water; budget:
  * max_qps, or "default"; all_ready_ms: from the release to the last rank's
@@ -93,9 +109,13 @@
  * stats.peers (N when every rank is connected at once, as without a
  * budget; if stats.peers reads 0, mem_bytes once every first pull was
  * reported, over N); wrong_bytes: over every rank and
- * round. Exit status: 0; 1 when anything failed or a byte was wrong; 2
- * for bad arguments. scripts/rdma-bench.sh --storm runs the cases of the
- * issue in one soft-RoCE VM boot.
+ * round; mode=stream stalls=S, with --stream only: rank pulls that ended
+ * FAILED for the stall deadline (reason KVP_REASON_STALL), over every
+ * round; they are in timeouts too. With --stream, all_ready_ms, p50_ms
+ * and p99_ms include the prefill (L x T ms). Exit status: 0; 1 when
+ * anything failed or a byte was wrong; 2 for bad arguments.
+ * scripts/rdma-bench.sh --storm runs the cases of the issue in one
+ * soft-RoCE VM boot, the streamed ones included.
  */
 #define _GNU_SOURCE /* strerrorname_np */
 #include <dirent.h>
@@ -130,12 +150,17 @@
 #define MAX_PROCS 64
 #define MAX_ROUNDS 16
 #define MAX_KINDS 32
+#define MAX_LAYERS 32	  /* llama-3.1-8b's */
+#define STREAM_LAYERS 4	  /* --layers with --stream, by default */
+#define STREAM_LAYER_MS 1000 /* --layer-ms by default: most ranks of a
+				* small storm follow mid-prefill */
 #define MS 1000000ull
 #define SEC 1000000000ull
 
 struct opts {
 	const char *addr;
 	uint32_t ranks, procs, budget, rounds, timeout_s, nice;
+	uint32_t stream, layers, layer_ms;
 	uint16_t port;
 };
 
@@ -155,8 +180,9 @@ struct rec {
 	 * FINAL: stats.reconnects summed, engines down while idle,
 	 * stats.handshake_failures summed, the reopens' handshake times
 	 * summed (ns), anonymous and file RSS at the end of the round where
-	 * they were highest (bytes), the longest reopen (ns). */
-	uint64_t a, b, c, d, e, f, g;
+	 * they were highest (bytes), the longest reopen (ns), stats.stalls
+	 * and stats.progress_seen summed. */
+	uint64_t a, b, c, d, e, f, g, h, k;
 	char where[16];
 	char why[KVP_WHY_LEN];
 };
@@ -164,7 +190,7 @@ struct rec {
 /* ---- shared by both sides ------------------------------------------------ */
 
 static kvp_layout *build(uint32_t tp, uint32_t rank, uint64_t engine_id,
-			 uint32_t nblocks)
+			 uint32_t nblocks, uint32_t layers)
 {
 	struct kvp_engine_desc e;
 	struct kvp_model m;
@@ -172,7 +198,7 @@ static kvp_layout *build(uint32_t tp, uint32_t rank, uint64_t engine_id,
 
 	if (kvp_model_preset(MODEL, &m))
 		return NULL;
-	m.layers = 1;
+	m.layers = layers;
 	memset(&e, 0, sizeof(e));
 	e.engine_id = engine_id;
 	e.tp_size = tp;
@@ -465,7 +491,13 @@ static int drive(struct child *c, struct rank *r)
 		}
 	}
 	if (r->state == RS_PULL) {
-		err = kvp_agent_pull_from(r->a, r->h, c->round, &r->ids);
+		/* Same returns either way: only the READs' pace differs. */
+		if (c->o->stream)
+			err = kvp_agent_pull_stream(r->a, r->h, c->round,
+						    &r->ids);
+		else
+			err = kvp_agent_pull_from(r->a, r->h, c->round,
+						  &r->ids);
 		if (!err) {
 			r->state = RS_WAIT;
 		} else if (err == -EAGAIN) {
@@ -475,7 +507,9 @@ static int drive(struct child *c, struct rank *r)
 			return n ? 2 : 1;
 		} else {
 			reason = kvp_agent_last_error(r->a, why, sizeof(why));
-			report(c, r, err, reason, 0, "pull_from", why, 0);
+			report(c, r, err, reason, 0,
+			       c->o->stream ? "pull_stream" : "pull_from",
+			       why, 0);
 		}
 	}
 	return n ? 2 : 0;
@@ -567,7 +601,7 @@ static int open_rank(struct child *c, struct rank *r,
 	r->engine = r->id / TP;
 	request_ids(r->engine, r->lid, r->rid, &r->ids);
 	r->l = build(TP, r->id % TP, CONSUMER_ENGINE + r->engine + 1,
-		     LOCAL_BLOCKS);
+		     LOCAL_BLOCKS, c->o->layers);
 	if (!r->l || kvt_mem_alloc(r->l, &r->mem)) {
 		snprintf(r->setup_why, sizeof(r->setup_why),
 			 "layout or memory");
@@ -635,7 +669,7 @@ static int child_main(const struct opts *o, uint32_t proc, int ctl, int rep,
 	c.n = (o->ranks - proc + o->procs - 1) / o->procs;
 	c.r = calloc(c.n, sizeof(*c.r));
 	c.pfd = calloc((size_t)c.n * KVP_AGENT_FDS + 1, sizeof(*c.pfd));
-	remote = build(1, 0, PRODUCER_ENGINE, NSETS * NIDS);
+	remote = build(1, 0, PRODUCER_ENGINE, NSETS * NIDS, o->layers);
 	if (!c.r || !c.pfd || !remote)
 		return 1;
 	memset(&m, 0, sizeof(m));
@@ -745,6 +779,8 @@ static int child_main(const struct opts *o, uint32_t proc, int ctl, int rep,
 		kvp_agent_get_stats(c.r[i].a, &st);
 		m.a += st.reconnects;
 		m.c += st.handshake_failures;
+		m.h += st.stalls;
+		m.k += st.progress_seen;
 	}
 	for (i = 0; i < c.n; i++) {
 		kvp_agent_close(c.r[i].a);
@@ -780,6 +816,13 @@ struct kind {
 struct run {
 	const struct opts *o;
 	kvp_agent *prod;
+	const kvp_layout *pl;	/* the producer's layout and memory */
+	struct kvt_mem *pmem;
+	struct kvt_mem pbg;	/* --stream: its memory before a prefill */
+	uint8_t *expected;	/* E: this round's request is expected */
+	uint32_t layer_pub;	/* --stream: layers published this round */
+	uint32_t nstalls[MAX_ROUNDS];
+	uint64_t publish_failed;
 	uint32_t N, E, P, R;
 	uint64_t round_ns;
 	pid_t pid[MAX_PROCS];
@@ -807,6 +850,7 @@ struct run {
 	/* the consumers */
 	uint64_t cons_mem, cons_fds, cons_anon, cons_file, cons_buf;
 	uint64_t reopens, idle_downs, hs_failures;
+	uint64_t cons_stalls, progress_seen; /* stats summed */
 	uint64_t reopen_ns, reopen_max_ns; /* reopens' handshakes: sum, max */
 	uint64_t cons_rss_anon, cons_rss_file;
 	uint64_t rss_open, rss_peak, rss_end, exp_dl;
@@ -878,6 +922,10 @@ static void on_rec(struct run *s, uint32_t proc, const struct rec *m)
 		if (m->err)
 			add_kind(s, m->where, m->err, m->reason,
 				 m->peer_reason, m->rank, m->round, m->why);
+		/* The library's reason, not the errno: -ETIMEDOUT is also
+		 * the transport giving up, or the round's deadline. */
+		if (m->err && m->reason == KVP_REASON_STALL)
+			s->nstalls[m->round]++;
 		break;
 	case REC_FINAL:
 		s->final[proc] = 1;
@@ -888,6 +936,8 @@ static void on_rec(struct run *s, uint32_t proc, const struct rec *m)
 			s->reopen_max_ns = m->g;
 		s->idle_downs += m->b;
 		s->hs_failures += m->c;
+		s->cons_stalls += m->h;
+		s->progress_seen += m->k;
 		s->cons_rss_anon += m->e;
 		s->cons_rss_file += m->f;
 		break;
@@ -1079,13 +1129,64 @@ static uint64_t cpu_ns(void)
 	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
+/* --stream: the prefill of the round's requests, one layer every
+ * layer_ms from the release: the layer's bytes of every block set are
+ * written first, then the layer is published for every expected request.
+ * Returns when the next layer is due, UINT64_MAX once all are out. */
+static uint64_t prefill(struct run *s)
+{
+	const uint32_t L = s->o->layers;
+	uint32_t lid[NIDS], rid[NIDS], set, e;
+	struct kvp_progress p;
+	struct kvp_ids ids;
+	uint64_t due;
+	int err;
+
+	if (!s->o->stream || s->phase != 1)
+		return UINT64_MAX;
+	while (s->layer_pub < L) {
+		due = s->t_go[s->cur] +
+		      (uint64_t)(s->layer_pub + 1) * s->o->layer_ms * MS;
+		if (tool_now_ns() < due)
+			return due;
+		for (set = 0; set < NSETS && set < s->E; set++) {
+			request_ids(set, lid, rid, &ids);
+			kvt_fill_producer_part(s->pl, s->pmem, &ids,
+					       s->layer_pub, s->layer_pub + 1,
+					       0, KVP_TOKENS_END);
+		}
+		s->layer_pub++;
+		/* Layers [0, l) at every token; the last one as the
+		 * finished prefill. */
+		memset(&p, 0, sizeof(p));
+		p.tokens_cur = KVP_TOKENS_END;
+		if (s->layer_pub == L)
+			p.tokens_all = KVP_TOKENS_END;
+		else
+			p.layers_cur = s->layer_pub;
+		for (e = 0; e < s->E; e++) {
+			if (!s->expected[e])
+				continue;
+			err = kvp_agent_publish(s->prod,
+						CONSUMER_ENGINE + e + 1,
+						s->cur + 1, &p);
+			if (err) {
+				s->publish_failed++;
+				add_kind(s, "publish", err, 0, 0, e * TP,
+					 s->cur, "");
+			}
+		}
+	}
+	return UINT64_MAX;
+}
+
 /* Drives the producer (and reads the reports) until cond(s) holds or the
  * deadline passes. Returns 1 when cond held. */
 static int pump(struct run *s, int (*cond)(const struct run *),
 		uint64_t deadline)
 {
 	struct kvp_event ev[64];
-	uint64_t t0, t1, c0, c1;
+	uint64_t t0, t1, c0, c1, next;
 	int n, i;
 
 	for (;;) {
@@ -1093,6 +1194,7 @@ static int pump(struct run *s, int (*cond)(const struct run *),
 			return 1;
 		if (s->fatal || tool_now_ns() >= deadline)
 			return 0;
+		next = prefill(s);
 		c0 = cpu_ns();
 		t0 = tool_now_ns();
 		n = kvp_agent_poll(s->prod, ev, 64);
@@ -1117,7 +1219,7 @@ static int pump(struct run *s, int (*cond)(const struct run *),
 		sample(s);
 		if (read_reports(s) || n)
 			continue;
-		producer_sleep(s, deadline);
+		producer_sleep(s, next < deadline ? next : deadline);
 	}
 }
 
@@ -1307,6 +1409,12 @@ static void usage(FILE *f)
 		"                is done, at most %d [1]\n"
 		"  --timeout S   bound on each round, seconds [60 + N/8]\n"
 		"  --nice K      the consumer processes' nice value, 0-19 [0]\n"
+		"  --stream      pull with kvp_agent_pull_stream() while the\n"
+		"                producer publishes each request layer by layer\n"
+		"  --layers L    the model's layers, at most %d [1; %d with\n"
+		"                --stream]\n"
+		"  --layer-ms T  --stream: a layer published every T ms from the\n"
+		"                release, 0: all at once [%d]\n"
 		"  --addr IP     the producer's address, which the consumers\n"
 		"                also use as their source [$KVP_ADDR0]\n"
 		"  --port N      the producer's port [24800]\n"
@@ -1317,8 +1425,11 @@ static void usage(FILE *f)
 		"  storm: peers=N qps=Q budget=B all_ready_ms=T p50_ms=A p99_ms=P\n"
 		"    refused=R timeouts=X worst_poll_ms=W evictions=E reopens=O\n"
 		"    bytes_per_peer=M wrong_bytes=K\n"
+		"and with --stream \" mode=stream stalls=S\" after it (S: pulls\n"
+		"FAILED for the stall deadline, KVP_REASON_STALL; in X too)\n"
 		"(scripts/rdma-bench.sh --storm; tools/README.md).\n",
-		MAX_RANKS, MAX_ROUNDS);
+		MAX_RANKS, MAX_ROUNDS, MAX_LAYERS, STREAM_LAYERS,
+		STREAM_LAYER_MS);
 }
 
 /* The producer: opened, filled, listening. Returns 0 or -errno. */
@@ -1329,11 +1440,16 @@ static int producer_open(struct run *s, kvp_layout **pl, struct kvt_mem *mem)
 	struct kvp_ids ids;
 	int err;
 
-	*pl = build(1, 0, PRODUCER_ENGINE, NSETS * NIDS);
+	*pl = build(1, 0, PRODUCER_ENGINE, NSETS * NIDS, s->o->layers);
 	if (!*pl || kvt_mem_alloc(*pl, mem))
 		return -ENOMEM;
 	kvt_fill_background(mem, 5);
-	for (set = 0; set < NSETS; set++) {
+	s->pl = *pl;
+	s->pmem = mem;
+	/* Streamed: the blocks are written by each round's prefill. */
+	if (s->o->stream && kvt_mem_copy(&s->pbg, mem))
+		return -ENOMEM;
+	for (set = 0; set < NSETS && !s->o->stream; set++) {
 		request_ids(set, lid, rid, &ids);
 		kvt_fill_producer(*pl, mem, &ids);
 	}
@@ -1356,7 +1472,8 @@ static int producer_open(struct run *s, kvp_layout **pl, struct kvt_mem *mem)
 
 int main(int argc, char **argv)
 {
-	struct opts o = { .procs = 8, .rounds = 1, .port = 24800 };
+	struct opts o = { .procs = 8, .rounds = 1, .port = 24800,
+			  .layer_ms = UINT32_MAX };
 	const struct tool_opt opts[] = {
 		{ "--ranks", TOOL_COUNT, &o.ranks, MAX_RANKS },
 		{ "--procs", TOOL_COUNT, &o.procs, MAX_PROCS },
@@ -1364,6 +1481,9 @@ int main(int argc, char **argv)
 		{ "--rounds", TOOL_COUNT, &o.rounds, MAX_ROUNDS },
 		{ "--timeout", TOOL_COUNT, &o.timeout_s, 3600 },
 		{ "--nice", TOOL_U32, &o.nice, 0 },
+		{ "--stream", TOOL_FLAG, &o.stream, 0 },
+		{ "--layers", TOOL_COUNT, &o.layers, MAX_LAYERS },
+		{ "--layer-ms", TOOL_U32, &o.layer_ms, 0 },
 		{ "--addr", TOOL_STR, &o.addr, 0 },
 		{ "--port", TOOL_PORT, &o.port, 0 },
 		{ NULL, TOOL_STR, NULL, 0 },
@@ -1372,7 +1492,7 @@ int main(int argc, char **argv)
 	kvp_layout *pl = NULL;
 	struct run *s;
 	uint64_t *t = NULL, now, wrong = 0, failures = 0, setup_ns, unrel = 0;
-	uint64_t cpu_go = 0, cpu_round = 0, wall_round = 0;
+	uint64_t cpu_go = 0, cpu_round = 0, wall_round = 0, stalls;
 	uint32_t r, e, i, nt;
 	double all_ms = -1;
 	char budget[16];
@@ -1399,6 +1519,22 @@ int main(int argc, char **argv)
 		o.procs = o.ranks;
 	if (!o.timeout_s)
 		o.timeout_s = 60 + o.ranks / 8;
+	if (o.layer_ms != UINT32_MAX && !o.stream)
+		return tool_bad_arg(PROG, "--layer-ms: only with --stream");
+	if (o.layer_ms == UINT32_MAX)
+		o.layer_ms = STREAM_LAYER_MS;
+	/* Half the consumers' default stall_ms (10 s) at most between two
+	 * layers, so that a rank's stall is the library's, not the pace's. */
+	if (o.layer_ms > 5000)
+		return tool_bad_arg(PROG, "--layer-ms: %u is above 5000",
+				    o.layer_ms);
+	if (!o.layers)
+		o.layers = o.stream ? STREAM_LAYERS : 1;
+	/* And the prefill ends well inside the round. */
+	if (o.stream && (uint64_t)o.layers * o.layer_ms > o.timeout_s * 500ull)
+		return tool_bad_arg(PROG, "--layer-ms: %u layers of %u ms "
+				    "take over half of the round's %u s",
+				    o.layers, o.layer_ms, o.timeout_s);
 
 	s = calloc(1, sizeof(*s));
 	if (!s)
@@ -1411,8 +1547,9 @@ int main(int argc, char **argv)
 	s->round_ns = (uint64_t)o.timeout_s * SEC;
 	s->res = calloc((size_t)s->R * s->N, sizeof(*s->res));
 	s->released = calloc((size_t)s->R * s->E, 1);
+	s->expected = calloc(s->E, 1);
 	t = calloc(s->N, sizeof(*t));
-	if (!s->res || !s->released || !t)
+	if (!s->res || !s->released || !s->expected || !t)
 		return 1;
 	for (i = 0; i < MAX_PROCS; i++)
 		s->ctl[i] = s->rep[i] = -1;
@@ -1426,11 +1563,18 @@ int main(int argc, char **argv)
 	snprintf(budget, sizeof(budget), o.budget ? "%u" : "default",
 		 o.budget);
 
-	printf("storm: %u consumer ranks (%u engines of TP %d, %s cut to 1 "
-	       "layer, flash_hnd, 16-token blocks; a rank reads its head of "
+	printf("storm: %u consumer ranks (%u engines of TP %d, %s cut to %u "
+	       "layer%s, flash_hnd, 16-token blocks; a rank reads its head of "
 	       "%d: %d blocks, K and V) in %u processes, %u round(s), "
 	       "%u s each at most\n",
-	       s->N, s->E, TP, MODEL, TP, NIDS, s->P, s->R, o.timeout_s);
+	       s->N, s->E, TP, MODEL, o.layers, o.layers > 1 ? "s" : "",
+	       TP, NIDS, s->P, s->R, o.timeout_s);
+	if (o.stream)
+		printf("storm: streamed: every rank pulls with "
+		       "kvp_agent_pull_stream(); the producer writes and "
+		       "publishes one layer of every request every %u ms from "
+		       "the release (the last at +%u ms)\n",
+		       o.layer_ms, o.layers * o.layer_ms);
 	printf("storm: producer: one agent (TP 1) at %s:%u, attributes "
 	       "default but max_inflight=%u (one request per consumer "
 	       "engine and round), max_qps=%s; consumers: default "
@@ -1502,9 +1646,15 @@ int main(int argc, char **argv)
 		 * notify; early enough that a failed engine's request is
 		 * reported before the next round expects its own. */
 		s->exp_dl = now + s->round_ns + 10 * SEC;
+		/* Streamed: every request's prefill starts over, from the
+		 * background; the last round's readers are all reported. */
+		for (i = 0; o.stream && i < pmem.nregions; i++)
+			memcpy(pmem.buf[i], s->pbg.buf[i], pmem.size[i]);
+		s->layer_pub = 0;
 		for (e = 0; e < s->E; e++) {
 			err = kvp_agent_expect(s->prod, CONSUMER_ENGINE + e + 1,
 					       r + 1, s->exp_dl);
+			s->expected[e] = !err;
 			if (err) {
 				s->nexpect_failed[r]++;
 				add_kind(s, "expect", err, 0, 0, e * TP, r, "");
@@ -1556,6 +1706,16 @@ int main(int argc, char **argv)
 		       (unsigned long long)(s->st.evictions +
 					    s->st.idle_closes),
 		       cpu_round / 1e9, wall_round / 1e9);
+		if (o.stream)
+			printf("storm: round %u: streamed: %u of %u layers "
+			       "published, %u pulls FAILED for a stall; "
+			       "producer so far: publishes=%llu follows=%llu "
+			       "progress_writes=%llu notes_dropped=%llu\n",
+			       r, s->layer_pub, o.layers, s->nstalls[r],
+			       (unsigned long long)s->st.publishes,
+			       (unsigned long long)s->st.follows,
+			       (unsigned long long)s->st.progress_writes,
+			       (unsigned long long)s->st.notes_dropped);
 	}
 
 out:
@@ -1664,6 +1824,21 @@ out:
 		       "at most\n",
 		       (unsigned long long)s->reopens,
 		       s->reopen_ns / 1e6 / s->reopens, s->reopen_max_ns / 1e6);
+	for (r = 0, stalls = 0; r < s->R; r++)
+		stalls += s->nstalls[r];
+	if (o.stream)
+		printf("storm: streamed: producer publishes=%llu follows=%llu "
+		       "progress_writes=%llu notes_dropped=%llu, publishes "
+		       "failed %llu; consumers: progress_seen=%llu, "
+		       "stats.stalls=%llu, pulls FAILED for a stall %llu\n",
+		       (unsigned long long)s->st.publishes,
+		       (unsigned long long)s->st.follows,
+		       (unsigned long long)s->st.progress_writes,
+		       (unsigned long long)s->st.notes_dropped,
+		       (unsigned long long)s->publish_failed,
+		       (unsigned long long)s->progress_seen,
+		       (unsigned long long)s->cons_stalls,
+		       (unsigned long long)stalls);
 	for (i = 0; i < s->P; i++)
 		if (s->fate[i][0])
 			printf("storm: consumer process %u: %s\n", i,
@@ -1707,7 +1882,7 @@ out:
 		printf("storm: peers=%u qps=%llu budget=%s all_ready_ms=%.1f "
 		       "p50_ms=%.1f p99_ms=%.1f refused=%llu timeouts=%llu "
 		       "worst_poll_ms=%.1f evictions=%llu reopens=%llu "
-		       "bytes_per_peer=%lld wrong_bytes=%llu\n",
+		       "bytes_per_peer=%lld wrong_bytes=%llu",
 		       s->N, (unsigned long long)s->peak_qps, budget, all_ms,
 		       pct_ms(t, nt, 50), pct_ms(t, nt, 99),
 		       (unsigned long long)s->st.refused,
@@ -1718,13 +1893,21 @@ out:
 		       (long long)((int64_t)(mem - s->st0.mem_bytes) /
 				   (int64_t)peers),
 		       (unsigned long long)wrong);
+		/* Appended, so that the bulk line reads as before. */
+		if (o.stream)
+			printf(" mode=stream stalls=%llu",
+			       (unsigned long long)stalls);
+		printf("\n");
 	}
-	ok = !s->fatal && !failures && !wrong && !s->failed_procs;
+	ok = !s->fatal && !failures && !wrong && !s->failed_procs &&
+	     !s->publish_failed;
 	kvp_agent_close(s->prod);
 	kvt_mem_free(&pmem);
+	kvt_mem_free(&s->pbg);
 	kvp_layout_destroy(pl);
 	free(s->res);
 	free(s->released);
+	free(s->expected);
 	free(s);
 	free(t);
 	return ok ? 0 : 1;
