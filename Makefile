@@ -122,9 +122,10 @@ $(BUILD)/kvpull.pc: $(BUILD)/pc.vars Makefile
 	printf 'prefix=%s\nlibdir=%s\nincludedir=%s\n\nName: kvpull\nDescription: KV-cache block transfer over RDMA READs\nVersion: %s\nLibs: -L$${libdir} -lkvpull\nLibs.private: %s\nCflags: -I$${includedir}\n' \
 		'$(PREFIX)' '$(PC_LIBDIR)' '$(PC_INCDIR)' '$(VERSION)' '$(VERBS_LIBS)' > $@
 
-# Unit tests of the pure parts of verbs/ compile them in (test_hmac.c,
+# Unit tests of the pure parts of verbs/ compile them in (test_hmac.c, test_credit.c,
 # test_limits.c).
-VERBS_PURE := verbs/hmac.c verbs/hmac.h verbs/limits.c verbs/limits.h
+VERBS_PURE := verbs/hmac.c verbs/hmac.h verbs/limits.c verbs/limits.h \
+	verbs/credit.c verbs/credit.h
 $(BUILD)/tests/test_%: tests/test_%.c $(VERBS_PURE) $(BUILD)/config $(TESTLIB_OBJ) $(BUILD)/libkvpull_plan.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Iplan -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libkvpull_plan.a -lcmocka

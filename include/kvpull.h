@@ -1247,18 +1247,25 @@ struct kvp_agent_attr {
 	 * FOLLOW, TABLE, BYE: 64 bytes at most; a consumer's blob is READ,
 	 * never sent) are received. 0: one shared receive queue (SRQ) for
 	 * every queue pair, when the device has one (max_srq; max_srq_wr
-	 * for one buffer per QP slot and a pool of 4 x rq_depth; max_cqe
+	 * for two buffers per QP slot and a pool of 4 x rq_depth; max_cqe
 	 * for twice that): receive memory does not grow with the queue
-	 * pairs (64 bytes per slot taken, registered 64 buffers at a
-	 * time, and the pool). Each connection holds one credit of its
-	 * own (its AUTH's buffer, then its first notification's); a rank's
-	 * first QP borrows up to 8 more at the handshake, and each message
-	 * gives its credit back and borrows one more while a quarter of
-	 * the pool is free (up to rq_depth), or gives one back when less
-	 * is: the queue never empties under consumers that keep to their
-	 * credit. One that does not is dropped (-EPROTO,
-	 * stats.credit_abuses) at the first poll that sees it past its
-	 * credit and 2 x rq_depth; until then it may empty the queue, and
+	 * pairs (128 bytes per slot taken, registered 64 buffers at a
+	 * time, and the pool). Each connection holds credits of its own
+	 * that nobody else borrows: two on a rank's first QP (its TABLE
+	 * and FOLLOW, so that a streamed pull can always start), one on
+	 * the others (their BYE). First QPs borrow from the pool, up to 8
+	 * at the handshake, then as they send, each up to its fair share
+	 * (the pool over the first QPs connected, and rq_depth in all);
+	 * one above its share (others came since) gives a loan back with
+	 * each message, and one gone quiet hands its loans back (the
+	 * consumer sends GIVE). The queue never empties under consumers
+	 * that keep to their credit, and none that does is ever dropped:
+	 * the credit given during a poll is published when it ends, so
+	 * one message past what was published is a consumer that ignored
+	 * its credit, dropped then (-EPROTO, stats.credit_abuses). A
+	 * connection that has not proved the secret (or, without one, not
+	 * yet sent its AUTH) is dropped at any message but its AUTH. Until
+	 * the poll that sees it, an abuser may empty the queue, and
 	 * other consumers' messages are retried by their NICs (RNR: 6
 	 * times, 1.28 ms apart) while the next poll refills it, so poll a
 	 * producer more often than every few milliseconds. KVP_SRQ_OFF,
@@ -1960,7 +1967,11 @@ struct kvp_agent_stats {
 			       * queue now (0: a receive queue per queue
 			       * pair; see kvp_agent_attr.srq) */
 	uint64_t credit_abuses; /* producer: connections dropped for
-				 * sending beyond their credit */
+				 * sending beyond their credit, or for
+				 * anything but AUTH before proving it */
+	uint64_t credit_gives;	/* consumer: GIVEs sent (a quiet first
+				 * QP's loans handed back); producer: GIVEs
+				 * taken */
 };
 
 /* Copies the agent's counters into *st. */

@@ -480,12 +480,22 @@ out:
 
 /* What verbs/internal.h defines; this test pins the wire format. */
 #define W_HELLO_MAGIC 0x4b565048u
+#define W_HELLO_VERSION 4
 #define W_HELLO_LEN 48
+#define W_TAG_LEN 8 /* with a secret: HMAC("kvpull hello " || hello) */
+#define W_GO_LEN 24
+#define W_GIVE_MAGIC 0x4b565043u
 #define W_ACCEPT_LEN 80
 #define W_AUTH_MAGIC 0x4b565041u
 #define W_GO_MAGIC 0x4b565047u
 #define W_REFUSE_MAGIC 0x4b565052u
 #define W_REFUSE_LEN 12 /* magic, -errno, reason */
+
+/* The key a raw client's connect request proves (a hello with
+ * KVP_HELLO_AUTH): the producer's secret unless a case sets another. */
+static const uint8_t *raw_tag_key;
+/* Seconds added to the clock in a raw client's hello (a stale request). */
+static int64_t raw_clock_skew;
 
 /* The reason of the last refusal a raw client read (enum kvp_reason). */
 static uint32_t raw_reason;
@@ -508,6 +518,9 @@ struct raw {
 	 * (RDMA-READ when out of credit); notifications sent */
 	uint32_t credits, ctr_rkey;
 	uint64_t ctr_addr, ctr_seen, sent;
+	/* Completions polled while waiting for the other kind: kept, not
+	 * lost (a GO may complete before our AUTH's send is polled). */
+	uint32_t sends_seen, recvs_seen, recv_len[8];
 };
 
 #define RAW_RX 0
@@ -566,7 +579,7 @@ static int raw_connect_as(struct raw *r, const char *src, const char *dst,
 	struct sockaddr_in d = { .sin_family = AF_INET };
 	struct rdma_conn_param cp;
 	struct ibv_qp_init_attr qa;
-	uint8_t pd[196];
+	uint8_t pd[196], req[W_HELLO_LEN + W_TAG_LEN];
 	uint32_t plen = 0;
 	int err, i;
 
@@ -604,18 +617,33 @@ static int raw_connect_as(struct raw *r, const char *src, const char *dst,
 	if (rdma_create_qp(r->id, r->pd, &qa))
 		return -ENOMEM;
 	kvp__put32(r->hello_c, W_HELLO_MAGIC);
-	r->hello_c[4] = 3; /* version */
+	r->hello_c[4] = W_HELLO_VERSION;
 	r->hello_c[6] = KVP_ROLE_CONSUMER;
 	kvp__put32(r->hello_c + 8, tp);
 	kvp__put32(r->hello_c + 12, rank);
 	kvp__put32(r->hello_c + 16, blob_len);
 	kvp__put32(r->hello_c + 20, flags);
 	kvp__put64(r->hello_c + 24, engine);
-	for (i = 0; i < 16; i++)
+	/* The nonce: the clock (seconds), then 8 random bytes. */
+	kvp__put64(r->hello_c + 32, (uint64_t)((int64_t)time(NULL) +
+					       raw_clock_skew));
+	for (i = 8; i < 16; i++)
 		r->hello_c[32 + i] = (uint8_t)(rand() >> 7);
+	memcpy(req, r->hello_c, W_HELLO_LEN);
+	if (flags & 1) {
+		static const char label[] = "kvpull hello ";
+		const void *m[2] = { label, r->hello_c };
+		const size_t l[2] = { sizeof(label) - 1, W_HELLO_LEN };
+		uint8_t mac[32];
+
+		kvp__hmac_sha256(raw_tag_key ? raw_tag_key : secret, 32, m, l,
+				 2, mac);
+		memcpy(req + W_HELLO_LEN, mac, W_TAG_LEN);
+	}
 	memset(&cp, 0, sizeof(cp));
-	cp.private_data = r->hello_c;
-	cp.private_data_len = W_HELLO_LEN;
+	cp.private_data = req;
+	cp.private_data_len = flags & 1 ? W_HELLO_LEN + W_TAG_LEN :
+					  W_HELLO_LEN;
 	cp.initiator_depth = 1;
 	cp.responder_resources = 1; /* the producer's probe, as kvpull's */
 	cp.retry_count = 7;
@@ -673,12 +701,24 @@ static int raw_send(struct raw *r, uint32_t off, uint32_t len)
 }
 
 /* Waits for one completion of `recv` (1) or a send (0); returns its
- * byte_len, or a negative code. */
+ * byte_len, or a negative code. One of the other kind polled meanwhile is
+ * kept for the wait that wants it. */
 static int raw_wait(struct raw *r, int recv, int timeout_ms)
 {
 	double end = rt_now() + timeout_ms / 1000.0;
 	struct ibv_wc wc;
 
+	if (recv && r->recvs_seen) {
+		int len = (int)r->recv_len[0];
+
+		memmove(r->recv_len, r->recv_len + 1,
+			--r->recvs_seen * sizeof(r->recv_len[0]));
+		return len;
+	}
+	if (!recv && r->sends_seen) {
+		r->sends_seen--;
+		return 0;
+	}
 	while (rt_now() < end) {
 		int n = ibv_poll_cq(r->cq, 1, &wc);
 
@@ -692,6 +732,10 @@ static int raw_wait(struct raw *r, int recv, int timeout_ms)
 			return -ECONNRESET;
 		if (!!(wc.opcode & IBV_WC_RECV) == recv)
 			return (int)wc.byte_len;
+		if (recv)
+			r->sends_seen++; /* a send's */
+		else if (r->recvs_seen < 8)
+			r->recv_len[r->recvs_seen++] = wc.byte_len;
 	}
 	return -ETIMEDOUT;
 }
@@ -730,7 +774,7 @@ static int raw_auth_key(struct raw *r, const uint8_t *key, uint32_t key_xor)
 		raw_reason = kvp__get32(rx + 8);
 		return (int32_t)kvp__get32(rx + 4);
 	}
-	if (n != 20 || kvp__get32(rx) != W_GO_MAGIC)
+	if (n != W_GO_LEN || kvp__get32(rx) != W_GO_MAGIC)
 		return -EPROTO;
 	r->credits = kvp__get32(rx + 4);
 	r->ctr_addr = kvp__get64(rx + 8);
@@ -1923,6 +1967,361 @@ static int case_fair(const struct rt_env *env, struct ctx *x)
 	return 0;
 }
 
+/* Issue 33, item 1: peers that have not proved the secret never empty
+ * the shared receive queue. Strangers whose connect request carries a
+ * true proof (a request replayed within its window: the only way to a
+ * queue pair without the secret) send a wrong AUTH and, without waiting
+ * for the refusal (they post no receive: its delivery would wait on their
+ * RNR), flood SENDs with an infinite RNR retry. Each is dropped at its
+ * first message after the AUTH (stats.credit_abuses), while a consumer
+ * with the secret pulls and checks every byte. Before: their messages
+ * were reposted and ignored, no abuse counted, the connection held until
+ * the refusal's delivery or the handshake bound. */
+#define H_STR_ROUNDS 8
+#define H_STR_MSGS 48
+static int raw_strangers(const struct rt_env *env, void *arg)
+{
+	const struct slow *s = arg;
+	const char *who = "strangers";
+	struct raw r[H_PER_SOURCE];
+	uint32_t round, i, k, dropped = 0;
+	int err;
+
+	for (round = 0; round < H_STR_ROUNDS; round++) {
+		for (i = 0; i < H_PER_SOURCE; i++) {
+			uint8_t *tx;
+
+			err = raw_connect_as(&r[i], env->addr0, env->addr0,
+					     s->port, H_EVIL + round,
+					     H_PER_SOURCE, i, 4096, 1, 4096);
+			CHECK(!err, "round %u connect %u: %s", round, i,
+			      kvp_strerror(err));
+			tx = r[i].buf + RAW_TX;
+			kvp__put32(tx, W_AUTH_MAGIC);
+			memset(tx + 4, 0, 52); /* a proof of zeros */
+			kvp__put64(tx + 40,
+				   (uint64_t)(uintptr_t)(r[i].buf + RAW_BLOB));
+			kvp__put32(tx + 48, r[i].mr->rkey);
+			CHECK(!raw_send(&r[i], RAW_TX, 56), "auth");
+			for (k = 0; k < H_STR_MSGS; k++) {
+				uint8_t *m = tx + 64 * (1 + k % 32);
+
+				kvp__put32(m, W_NOTE_MAGIC);
+				kvp__put64(m + 8, H_REQ0 + k);
+				kvp__put64(m + 16, H_EVIL);
+				CHECK(!raw_send(&r[i], RAW_TX + 64 *
+							       (1 + k % 32),
+						32),
+				      "send");
+			}
+		}
+		if (!round)
+			CHECK(write(s->ready_fd, "r", 1) == 1, "ready");
+		for (i = 0; i < H_PER_SOURCE; i++) {
+			/* (dropped before the producer saw it established:
+			 * a reject) */
+			err = raw_event(&r[i], RDMA_CM_EVENT_DISCONNECTED,
+					10000, NULL, NULL);
+			CHECK(!err || err == -(1000 + RDMA_CM_EVENT_REJECTED),
+			      "round %u: stranger %u not dropped: %d", round,
+			      i, err);
+			dropped++;
+			raw_close(&r[i]);
+		}
+	}
+	printf("    %u strangers, each a wrong AUTH then %u SENDs: all "
+	       "dropped\n", dropped, H_STR_MSGS);
+	return 0;
+}
+
+static int case_strangers(const struct rt_env *env, struct ctx *x)
+{
+	const char *who = "strangers";
+	struct slow s = { .port = x->p2.port };
+	struct h_reply st0, st1;
+	int fd, ok;
+	pid_t pid;
+	char c;
+
+	CHECK(env->addr1, "needs KVP_ADDR1 (--devices 2)");
+	CHECK(!case_stats(&x->p2, &st0), "stats");
+	CHECK(st0.st.srq_bufs > 0, "P2 has no shared receive queue");
+	pid = raw_child(env, &s, raw_strangers, &fd);
+	ok = pid > 0 && read(fd, &c, 1) == 1 &&
+	     !serve_good(env, x, &x->p2, env->addr1, secret, 2);
+	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "raw child"))
+		ok = 0;
+	if (fd >= 0)
+		close(fd);
+	CHECK(ok, "strangers, or the consumer beside them");
+	CHECK(!case_stats(&x->p2, &st1), "stats");
+	CHECK(st1.st.credit_abuses - st0.st.credit_abuses ==
+		      H_STR_ROUNDS * H_PER_SOURCE,
+	      "%llu strangers dropped at their first message, want %u",
+	      (unsigned long long)(st1.st.credit_abuses -
+				   st0.st.credit_abuses),
+	      H_STR_ROUNDS * H_PER_SOURCE);
+	CHECK(st1.st.connects == st0.st.connects + 1,
+	      "%llu ranks connected, want the good one",
+	      (unsigned long long)(st1.st.connects - st0.st.connects));
+	CHECK(st1.st.srq_bufs == st0.st.srq_bufs,
+	      "shared receive queue: %llu buffers, %llu before",
+	      (unsigned long long)st1.st.srq_bufs,
+	      (unsigned long long)st0.st.srq_bufs);
+	return 0;
+}
+
+/* Issue 33, item 3: consumers that keep to their credit are never
+ * dropped, however long the producer takes to poll. 8 ranks (4 from each
+ * address) send 10,000 notifications each within their credit, as fast
+ * as it allows: up to 60 sends in flight per rank, the counter READ when
+ * out of credit, so that the producer's backlog outlasts its polls (256
+ * completions a CQ a poll) for the whole run; and the producer does not
+ * poll for 500 ms at the start. Before: a rank that kept to its credit
+ * was dropped once one backlog held more than its credit at the start
+ * and 2 x rq_depth. */
+#define H_COMPLY 10000
+#define H_COMPLY_RANKS 8
+#define H_COMPLY_PAUSE_MS 500
+static int comply_step(struct raw *r, uint64_t engine, uint64_t *inflight,
+		       int *reading)
+{
+	struct ibv_send_wr *bad;
+	struct ibv_wc wc[16];
+	int n, i;
+
+	n = ibv_poll_cq(r->cq, 16, wc);
+	for (i = 0; i < n; i++) {
+		if (wc[i].status != IBV_WC_SUCCESS)
+			return -ECONNRESET;
+		if (wc[i].wr_id == 2) {
+			*reading = 0;
+			r->ctr_seen = kvp__get64(r->buf + RAW_CTR);
+		} else {
+			(*inflight)--;
+		}
+	}
+	while (r->sent < H_COMPLY && *inflight < 60 &&
+	       r->credits + r->ctr_seen > r->sent) {
+		uint8_t *m = r->buf + RAW_TX + 64 * (1 + r->sent % 60);
+
+		kvp__put32(m, W_NOTE_MAGIC);
+		kvp__put32(m + 4, 0);
+		kvp__put64(m + 8, 900000 + r->sent);
+		kvp__put64(m + 16, engine);
+		kvp__put64(m + 24, 0);
+		if (raw_send(r, RAW_TX + 64 * (1 + r->sent % 60), 32))
+			return -EIO;
+		r->sent++;
+		(*inflight)++;
+	}
+	if (r->sent < H_COMPLY && !*reading &&
+	    r->credits + r->ctr_seen == r->sent) {
+		struct ibv_sge g = { .addr = (uintptr_t)(r->buf + RAW_CTR),
+				     .length = 8, .lkey = r->mr->lkey };
+		struct ibv_send_wr w = { .wr_id = 2, .sg_list = &g,
+					 .num_sge = 1,
+					 .opcode = IBV_WR_RDMA_READ,
+					 .send_flags = IBV_SEND_SIGNALED };
+
+		w.wr.rdma.remote_addr = r->ctr_addr;
+		w.wr.rdma.rkey = r->ctr_rkey;
+		if (ibv_post_send(r->id->qp, &w, &bad))
+			return -EIO;
+		*reading = 1;
+	}
+	return r->sent == H_COMPLY && !*inflight && !*reading;
+}
+
+static int raw_comply(const struct rt_env *env, void *arg)
+{
+	const struct slow *s = arg;
+	const char *who = "compliant";
+	struct raw r[H_COMPLY_RANKS];
+	uint64_t inflight[H_COMPLY_RANKS] = { 0 };
+	int reading[H_COMPLY_RANKS] = { 0 };
+	uint32_t k, left = H_COMPLY_RANKS;
+	double end;
+	int err;
+
+	for (k = 0; k < H_COMPLY_RANKS; k++) {
+		err = raw_join_from(&r[k], env, k & 1 ? env->addr1 : env->addr0,
+				    s->port, H_EVIL + 16 + k, 1, 0);
+		CHECK(!err, "join %u: %s", k, kvp_strerror(err));
+	}
+	CHECK(write(s->ready_fd, "r", 1) == 1, "ready");
+	end = rt_now() + 50;
+	while (left && rt_now() < end) {
+		left = 0;
+		for (k = 0; k < H_COMPLY_RANKS; k++) {
+			err = comply_step(&r[k], H_EVIL + 16 + k, &inflight[k],
+					  &reading[k]);
+			CHECK(err >= 0, "rank %u at note %llu: %s", k,
+			      (unsigned long long)r[k].sent,
+			      kvp_strerror(err));
+			left += !err;
+		}
+	}
+	CHECK(!left, "%u ranks not done", left);
+	for (k = 0; k < H_COMPLY_RANKS; k++)
+		raw_close(&r[k]);
+	return 0;
+}
+
+static int case_comply(const struct rt_env *env, struct ctx *x)
+{
+	const char *who = "compliant";
+	struct slow s = { .port = x->p1.port };
+	struct h_reply st0, st1, rep;
+	uint64_t seen;
+	pid_t pid;
+	int fd, ok;
+	char c;
+
+	CHECK(env->addr1, "needs KVP_ADDR1 (--devices 2)");
+	CHECK(!case_stats(&x->p1, &st0), "stats");
+	pid = raw_child(env, &s, raw_comply, &fd);
+	ok = pid > 0 && read(fd, &c, 1) == 1 &&
+	     prod_cmd(&x->p1, C_PAUSE, 0, 0, H_COMPLY_PAUSE_MS, &rep) == 0;
+	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "raw child"))
+		ok = 0;
+	if (fd >= 0)
+		close(fd);
+	CHECK(ok, "raw child");
+	CHECK(!case_stats(&x->p1, &st1), "stats");
+	seen = st1.st.notes_recv + st1.st.notes_dropped - st0.st.notes_recv -
+	       st0.st.notes_dropped;
+	printf("    %u ranks, %u notifications each at their credit, the "
+	       "producer paused %d ms: %llu seen, %llu dropped as abusers\n",
+	       H_COMPLY_RANKS, H_COMPLY, H_COMPLY_PAUSE_MS, (unsigned long long)seen,
+	       (unsigned long long)(st1.st.credit_abuses -
+				    st0.st.credit_abuses));
+	CHECK(st1.st.credit_abuses == st0.st.credit_abuses,
+	      "%llu compliant ranks dropped",
+	      (unsigned long long)(st1.st.credit_abuses -
+				   st0.st.credit_abuses));
+	CHECK(seen >= (uint64_t)H_COMPLY_RANKS * H_COMPLY,
+	      "%llu of %u notifications seen", (unsigned long long)seen,
+	      H_COMPLY_RANKS * H_COMPLY);
+	return serve_good(env, x, &x->p1, env->addr0, NULL, 1);
+}
+
+/* Issue 33, item 5: a pull with nothing to read (a full prefix hit: no
+ * local block) is DONE at once, and its notification goes out with it,
+ * not at the connection's next flush, which an idle consumer never has:
+ * the producer releases the request while the consumer stays connected
+ * and idle. Before: RELEASED only when the consumer closed. */
+struct nullhit {
+	uint16_t port;
+	int ready_fd;	/* written once DONE */
+	int hold_fd;	/* the consumer stays up until this closes */
+	uint64_t req;
+};
+
+static int nullhit_main(const struct rt_env *env, void *arg)
+{
+	const struct nullhit *h = arg;
+	struct kvp_peer peer = { .addr = env->addr0, .port = h->port };
+	kvp_layout *l = rt_layout_engine(&eng, 0, 0, H_CONS);
+	struct kvt_mem mem = { 0 };
+	struct kvp_agent_attr at;
+	struct kvp_ids ids = reqs[0].ids;
+	struct kvp_event ev[8];
+	struct pollfd p;
+	kvp_agent *a = NULL;
+	const char *who = "null hit";
+	uint32_t done = 0;
+	double end;
+	int ret = 1, err, n, i;
+	char c;
+
+	if (!l || kvt_mem_alloc(l, &mem))
+		RT_FAIL("layout");
+	memset(&at, 0, sizeof(at));
+	at.role = KVP_ROLE_CONSUMER;
+	at.layout = l;
+	at.addr = env->addr0;
+	err = kvp_agent_open(&at, &a);
+	if (!err)
+		err = rt_register_all(a, &mem);
+	if (!err)
+		err = kvp_agent_connect(a, &peer, 1, 20000);
+	if (err)
+		RT_FAIL("setup: %s", kvp_strerror(err));
+	ids.nlocal = 0; /* every token a hit: nothing to read */
+	err = kvp_agent_pull(a, h->req, &ids);
+	if (err)
+		RT_FAIL("pull: %s", kvp_strerror(err));
+	end = rt_now() + 30;
+	while (!done && rt_now() < end) {
+		n = kvp_agent_poll(a, ev, 8);
+		for (i = 0; i < n; i++) {
+			if (ev[i].type != KVP_EV_DONE)
+				RT_FAIL("event %u: %s", ev[i].type,
+					kvp_strerror(ev[i].status));
+			done++;
+		}
+	}
+	if (!done || write(h->ready_fd, "d", 1) != 1)
+		RT_FAIL("not done");
+	/* Idle, connected, polling, until the parent has its answer. */
+	p.fd = h->hold_fd;
+	p.events = POLLIN;
+	end = rt_now() + 40;
+	while (poll(&p, 1, 1) == 0 && rt_now() < end)
+		if (kvp_agent_poll(a, ev, 8) < 0)
+			RT_FAIL("poll");
+	(void)read(h->hold_fd, &c, 1);
+	ret = 0;
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvp_layout_destroy(l);
+	return ret;
+}
+
+static int case_nullhit(const struct rt_env *env, struct ctx *x)
+{
+	const char *who = "null hit";
+	struct nullhit h = { .port = x->p1.port, .req = H_REQ0 + 500 };
+	struct h_reply rep;
+	int rfd[2], hfd[2], got;
+	pid_t pid;
+	char c;
+
+	CHECK(!pipe(rfd) && !pipe(hfd), "pipes");
+	CHECK(!prod_cmd(&x->p1, C_EXPECT, H_CONS, h.req, 60000, &rep),
+	      "expect");
+	h.ready_fd = rfd[1];
+	h.hold_fd = hfd[0];
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		alarm(60);
+		close(rfd[0]);
+		close(hfd[1]);
+		RT_EXIT(nullhit_main(env, &h));
+	}
+	close(rfd[1]);
+	close(hfd[0]);
+	got = pid > 0 && read(rfd[0], &c, 1) == 1;
+	/* The consumer is connected and idle: the release must come. */
+	rep.rc = got ? prod_cmd(&x->p1, C_WAIT, H_CONS, h.req, 10000, &rep) :
+		       -EIO;
+	close(hfd[1]);
+	close(rfd[0]);
+	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "null-hit consumer"))
+		got = 0;
+	CHECK(got, "the null-hit consumer");
+	CHECK(rep.rc == KVP_EV_RELEASED,
+	      "request %llu: %s while its consumer is connected, want "
+	      "RELEASED", (unsigned long long)h.req,
+	      rep.rc < 0 ? kvp_strerror(rep.rc) : "EXPIRED");
+	printf("    a pull with nothing to read: DONE, released while its "
+	       "consumer idles\n");
+	return 0;
+}
+
 /* Secrets: P2 has one. */
 static int raw_forged(const struct rt_env *env, void *arg)
 {
@@ -1931,7 +2330,27 @@ static int raw_forged(const struct rt_env *env, void *arg)
 	struct raw r;
 	int err;
 
-	/* Claims a secret, proves another: refused before GO. */
+	/* A connect request whose proof is under another key: refused
+	 * before any queue pair is made. */
+	raw_tag_key = other_secret;
+	err = raw_connect(&r, env->addr0, env->addr0, *port, H_EVIL, 4096, 1,
+			  64);
+	raw_tag_key = NULL;
+	raw_close(&r);
+	CHECK(err == -EPERM, "forged hello proof: %s, want -EPERM",
+	      kvp_strerror(err));
+	CHECK(raw_reason == KVP_REASON_AUTH, "forged hello proof: reason %u",
+	      raw_reason);
+	/* A true proof from a clock 10 minutes off (a replay): refused. */
+	raw_clock_skew = -600;
+	err = raw_connect(&r, env->addr0, env->addr0, *port, H_EVIL, 4096, 1,
+			  64);
+	raw_clock_skew = 0;
+	raw_close(&r);
+	CHECK(err == -EPERM, "stale hello: %s, want -EPERM",
+	      kvp_strerror(err));
+	/* A true connect request (replayed within its window), then a
+	 * proof under another key: refused before GO. */
 	err = raw_connect(&r, env->addr0, env->addr0, *port, H_EVIL, 4096, 1,
 			  64);
 	CHECK(!err, "connect: %s", kvp_strerror(err));
@@ -1970,8 +2389,9 @@ static int case_secret(const struct rt_env *env, struct ctx *x)
 	CHECK(!run_child(good_main, env, &g, 60), "producer without secret");
 	CHECK(!run_child(raw_forged, env, &x->p2.port, 60), "forged");
 	CHECK(!case_stats(&x->p2, &st1), "stats");
-	/* No secret (in the hello), forged proof, no secret (raw). */
-	CHECK(st1.st.refused >= st0.st.refused + 3, "refusals not counted");
+	/* No secret (in the hello), a forged and a stale hello proof, a
+	 * forged AUTH, no secret (raw). */
+	CHECK(st1.st.refused >= st0.st.refused + 5, "refusals not counted");
 	CHECK(st1.st.connects == st0.st.connects, "a stranger got connected");
 	return serve_good(env, x, &x->p2, env->addr0, secret, 2);
 }
@@ -2107,6 +2527,12 @@ static const struct h_case cases[] = {
 	{ "idle ranks dropped after idle_ms, busy ones not; the dropped "
 	  "pull again", case_idle_close, on_p3 },
 	{ "wrong, missing and forged secrets", case_secret, on_p2 },
+	{ "strangers flood the shared queue: each dropped at once",
+	  case_strangers, on_p2 },
+	{ "compliant ranks, the producer paused: none dropped",
+	  case_comply, on_p1 },
+	{ "a pull with nothing to read: released while connected",
+	  case_nullhit, on_p1 },
 	{ "a consumer host gone silent: probed, dropped", case_silent,
 	  on_p1 },
 };

@@ -513,7 +513,7 @@ static uint64_t mem_bytes(const kvp_agent *a)
 	uint64_t m = sizeof(*a), ng = a->li.ngroups;
 	uint32_t i;
 
-	m += (uint64_t)a->nconns * (sizeof(*a->conns) + 2 * KVP_CTL_LEN);
+	m += (uint64_t)a->nconns * (sizeof(*a->conns) + KVP_CTL_SLOT);
 	m += (uint64_t)a->ev_cap * sizeof(*a->evq);
 	m += a->blob_len;
 	/* Region maps and MR tables. */
@@ -749,7 +749,7 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 /* Polls each CQ in arrays of 32, a bounded number of times. */
 static int cq_drain(kvp_agent *a)
 {
-	int b, i, n, total = 0, behind = 0;
+	int b, i, n, total = 0;
 	uint32_t k;
 
 	for (k = 0; k < a->ncq; k++) {
@@ -766,13 +766,12 @@ static int cq_drain(kvp_agent *a)
 			if (n < 32)
 				break;
 		}
-		behind |= b == CQ_BATCHES;
 	}
-	/* Every CQ emptied: what comes next is a new backlog (the shared
-	 * receive queue's credit check, listen.c). Never 0: a connection's
-	 * rx_epoch 0 is "none yet". */
-	if (!behind && !++a->poll_epoch)
-		a->poll_epoch = 1;
+	/* The credit given for the messages taken, published now: not
+	 * during the drain, so that a message taken in it was sent knowing
+	 * at most what was published before (credit.h's exact rule). */
+	if (a->ncr_dirty)
+		kvp__srq_publish(a);
 	return total;
 }
 

@@ -225,8 +225,9 @@ int kvp__slot_prepare(kvp_agent *a, struct kvp_conn *c)
 				  IBV_ACCESS_REMOTE_READ, &a->ctr_mr[c->idx]);
 		/* The slot's own buffer in the shared receive queue. */
 		if (!err && a->srq)
-			err = kvp__srq_grow(a, a->srq_pool +
-						       a->nprepared[0] + 1);
+			err = kvp__srq_grow(a, (uint32_t)kvp__credit_bufs(
+						       a->nprepared[0] + 1,
+						       a->srq_pool));
 		if (err) {
 			kvp__dereg_mr(a->ctr_mr[c->idx]);
 			a->ctr_mr[c->idx] = NULL;
@@ -353,7 +354,7 @@ void kvp__peer_blob_free(struct kvp_conn *c)
 
 int kvp__ctl_alloc(kvp_agent *a, uint32_t n)
 {
-	size_t len = (size_t)n * 2 * KVP_CTL_LEN;
+	size_t len = (size_t)n * KVP_CTL_SLOT;
 	int err;
 
 	a->ctl = calloc(1, len);
@@ -378,7 +379,12 @@ void kvp__ctl_free(kvp_agent *a)
 
 uint8_t *kvp__ctl_rx(const kvp_agent *a, const struct kvp_conn *c)
 {
-	return a->ctl + (size_t)c->idx * 2 * KVP_CTL_LEN;
+	return a->ctl + (size_t)c->idx * KVP_CTL_SLOT;
+}
+
+uint8_t *kvp__ctl_aux(const kvp_agent *a, const struct kvp_conn *c)
+{
+	return kvp__ctl_rx(a, c) + 2 * KVP_CTL_LEN;
 }
 
 uint8_t *kvp__ctl_tx(const kvp_agent *a, const struct kvp_conn *c)
@@ -408,6 +414,26 @@ void kvp__auth_mac(const kvp_agent *a, char label, const uint8_t *hello_c,
 			      KVP_HELLO_LEN };
 
 	kvp__hmac_sha256(a->secret, a->secret_len, m, l, 4, mac);
+}
+
+void kvp__hello_tag(const kvp_agent *a, const uint8_t *hello,
+		    uint8_t tag[KVP_HELLO_TAG_LEN])
+{
+	static const char label[] = "kvpull hello ";
+	const void *m[2] = { label, hello };
+	const size_t l[2] = { sizeof(label) - 1, KVP_HELLO_LEN };
+	uint8_t mac[KVP_MAC_LEN];
+
+	kvp__hmac_sha256(a->secret, a->secret_len, m, l, 2, mac);
+	memcpy(tag, mac, KVP_HELLO_TAG_LEN);
+}
+
+uint64_t kvp__wall_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec;
 }
 
 int kvp__refusal_errno(int32_t err)

@@ -94,6 +94,7 @@ static int consumer_credit(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 	c->credit_max = credits;
 	c->ctr_raddr = kvp__get64(m + 8);
 	c->ctr_rkey = kvp__get32(m + 16);
+	c->loans = (kvp__get32(m + 20) & KVP_GO_LOANS) && !c->q;
 	return 0;
 }
 
@@ -144,6 +145,7 @@ static int create_qp(void *arg, struct ibv_qp_init_attr *qa)
 
 static int consumer_route(kvp_agent *a, struct kvp_conn *c)
 {
+	uint8_t req[KVP_HELLO_REQ_LEN];
 	struct rdma_conn_param param;
 	struct ibv_qp_init_attr qa;
 	struct qp_on on = { c->id, a->pd };
@@ -175,13 +177,20 @@ static int consumer_route(kvp_agent *a, struct kvp_conn *c)
 	c->inline_notes = qa.cap.max_inline_data >= KVP_NOTE_LEN;
 	kvp__hello_fill(a, KVP_ROLE_CONSUMER, &h);
 	h.flags |= c->q << KVP_HELLO_QI_SHIFT;
-	err = kvp__random(h.nonce, sizeof(h.nonce));
+	/* The nonce: our clock, then 8 random bytes (the producer's own
+	 * nonce keeps the proofs fresh; the clock bounds a replayed
+	 * connect request). */
+	kvp__put64(h.nonce, kvp__wall_s());
+	err = kvp__random(h.nonce + 8, sizeof(h.nonce) - 8);
 	if (err)
 		return err;
 	kvp__hello_put(c->hello_c, &h);
+	memcpy(req, c->hello_c, KVP_HELLO_LEN);
+	if (a->secret)
+		kvp__hello_tag(a, c->hello_c, req + KVP_HELLO_LEN);
 	memset(&param, 0, sizeof(param));
-	param.private_data = c->hello_c;
-	param.private_data_len = KVP_HELLO_LEN;
+	param.private_data = req;
+	param.private_data_len = a->secret ? KVP_HELLO_REQ_LEN : KVP_HELLO_LEN;
 	/* READs in flight per QP: as many as the device allows. */
 	param.initiator_depth = (uint8_t)a->lim.rd_atom;
 	/* The producer's liveness probe: one zero-length READ at a time. */

@@ -14,6 +14,7 @@
 #include <rdma/rdma_cma.h>
 
 #include "kvpull.h"
+#include "credit.h"
 #include "limits.h"
 #include "../plan/le.h"
 
@@ -203,8 +204,21 @@ static inline uint64_t kvp__wrid(uint32_t kind, uint32_t gen, uint32_t conn,
  * the smallest private data rdma_cm carries on IB/RoCE: 56 bytes in a
  * connect request, 196 in an accept. */
 #define KVP_HELLO_MAGIC 0x4b565048u /* "HPVK" read as LE: 'K','V','P','H' */
-#define KVP_HELLO_VERSION 3
+#define KVP_HELLO_VERSION 4
 #define KVP_HELLO_LEN 48
+/* With a secret, a consumer's connect request carries its hello and then
+ * a proof of the secret over it: the first KVP_HELLO_TAG_LEN bytes of
+ * HMAC-SHA-256(secret, "kvpull hello " || hello), 56 bytes in all. The
+ * hello's nonce starts with the sender's clock (u64 seconds since the
+ * epoch) and 8 random bytes; a producer refuses a request without a
+ * valid proof, or one whose clock is more than KVP_HELLO_SKEW_S from its
+ * own, before it creates a queue pair: a stranger without the secret
+ * never reaches the shared receive queue, and a connect request captured
+ * on the wire replays for that long at most (its AUTH, which covers the
+ * producer's fresh nonce, cannot be replayed). */
+#define KVP_HELLO_TAG_LEN 8
+#define KVP_HELLO_REQ_LEN (KVP_HELLO_LEN + KVP_HELLO_TAG_LEN)
+#define KVP_HELLO_SKEW_S 120
 #define KVP_HELLO_ACCEPT_LEN (KVP_HELLO_LEN + KVP_MAC_LEN)
 #define KVP_HELLO_AUTH 1u /* flags: the sender holds a shared secret */
 /* flags bits 8-11: a consumer rank's queue pairs to each producer rank
@@ -243,8 +257,10 @@ struct kvp_emit_pos;
  *   producer -> consumer  GO    u32 magic, u32 credits (notification
  *                         receive buffers, 1..KVP_CREDIT_MAX: rq_depth
  *                         on a rank's first queue pair, 1 on the others,
- *                         for their BYE), u64 the address and u32 the
- *                         rkey of its credit counter
+ *                         for their BYE; with a shared receive queue its
+ *                         own and a loan, credit.h), u64 the address and
+ *                         u32 the rkey of its credit counter, u32 flags
+ *                         (KVP_GO_LOANS)
  *   producer -> consumer  REFUSE u32 magic, i32 -errno, u32 reason (enum
  *                         kvp_reason; also the private data of a
  *                         rejected connect request)
@@ -256,7 +272,9 @@ struct kvp_emit_pos;
 #define KVP_AUTH_LEN (8 + KVP_MAC_LEN + 16)
 #define KVP_AUTH_BLOB_OFF (8 + KVP_MAC_LEN)
 #define KVP_GO_MAGIC 0x4b565047u
-#define KVP_GO_LEN 20
+#define KVP_GO_LEN 24
+#define KVP_GO_LOANS 1u /* GO's flags: a shared receive queue's loans,
+			 * which a quiet consumer hands back with GIVE */
 /* A producer's send queue: control, the consumer's blob's READ, our
  * blob, probe, drain marker, and PROG_SQ progress WRITEs (streaming) at
  * most. */
@@ -287,6 +305,12 @@ struct kvp_emit_pos;
  * once its connection is ready. Consumer -> producer: a notification of
  * KVP_NOTE_LEN bytes whose magic is this one, sent with the last credit
  * it holds (none left: no BYE, and the close reads as a reset). */
+/* GIVE (consumer -> producer, shared receive queue only): u32 magic, u32
+ * n, in a notification-sized message: a first queue pair gone quiet
+ * hands back n credits beyond the one this message takes (its loans;
+ * credit.h), and counts them as sent. */
+#define KVP_GIVE_MAGIC 0x4b565043u
+#define KVP_GIVE_NS 50000000ull /* quiet this long: loans handed back */
 #define KVP_BYE_MAGIC 0x4b565042u
 #define KVP_BYE_LEN 8
 /* notify.c: kvp_notify_expected() for a producer's handshake, with no
@@ -384,6 +408,12 @@ struct kvp_wait {
 KVP_HIDDEN void kvp__auth_mac(const kvp_agent *a, char label,
 			      const uint8_t *hello_c, const uint8_t *hello_p,
 			      uint8_t mac[KVP_MAC_LEN]);
+/* The connect request's proof of the secret over a hello
+ * (KVP_HELLO_TAG_LEN). */
+KVP_HIDDEN void kvp__hello_tag(const kvp_agent *a, const uint8_t *hello,
+			       uint8_t tag[KVP_HELLO_TAG_LEN]);
+/* Seconds since the epoch (CLOCK_REALTIME): a hello's clock. */
+KVP_HIDDEN uint64_t kvp__wall_s(void);
 
 /* A notification: the consumer's SEND after its reads. */
 #define KVP_NOTE_MAGIC 0x4b56504eu
@@ -594,6 +624,11 @@ struct kvp_conn {
 				   * waits for the timer (one a millisecond) */
 	int starved;		  /* notifications wait for credit */
 	uint64_t wait_since;	  /* a notification waits for credit since */
+	int loans;		  /* its credit holds loans it hands back
+				   * when quiet (GO's KVP_GO_LOANS) */
+	uint64_t quiet_mark;	  /* notes_posted when it went quiet */
+	uint64_t quiet_since;
+	int give_step;		  /* quiet: 0, counter READ posted 1, done 2 */
 
 	/* Handshake. */
 	uint8_t hello_c[KVP_HELLO_LEN]; /* both hellos, as sent: the MACs */
@@ -631,15 +666,9 @@ struct kvp_conn {
 	uint32_t notes_n;
 	uint32_t credits;	  /* producer: its GO's credits (per-QP
 				   * receive queues: the buffers posted) */
-	uint32_t extra;		  /* producer, shared receive queue: credits
-				   * of the pool it holds (beyond its 1) */
-	uint64_t used;		  /* producer, shared receive queue:
-				   * messages received since GO */
-	uint32_t rx;		  /* ... in backlog rx_epoch (poll_epoch) */
-	uint32_t rx_epoch;
-	uint64_t rx_allowed;	  /* ... at most: its credit then, and
-				   * 2 x rq_depth it may have learnt of
-				   * during the poll */
+	struct kvp_credit cr;	  /* producer, shared receive queue: its
+				   * credit (credit.h) */
+	int cr_dirty;		  /* ... given this poll: in a->cr_dirty */
 	int auth_seen;		  /* producer, shared receive queue */
 	uint32_t expected;	  /* notifications that free a request */
 	uint32_t peer_tp;	  /* the consumer engine's TP size */
@@ -952,9 +981,9 @@ struct kvp_agent {
 	uint32_t rq_depth;
 	/* The shared receive queue (serve.c), NULL: one per queue pair. Its
 	 * srq_n buffers of KVP_CTL_LEN bytes (registered SRQ_CHUNK at a
-	 * time, as slots are first taken): one per slot taken, for its
-	 * AUTH and then its first credit, and a pool of srq_pool credits
-	 * lent to the busiest connections (srq_free of them unlent). Its
+	 * time, as slots are first taken): KVP_CREDIT_OWN per slot taken,
+	 * for its AUTH and then its own credits, and a pool of srq_pool
+	 * credits lent to first queue pairs, a fair share each (crp). Its
 	 * completions name a queue pair, not a slot: qpn_tab maps QP
 	 * numbers to slot + 1 (linear probing, qpn_mask + 1 entries). */
 	struct ibv_srq *srq;
@@ -962,9 +991,11 @@ struct kvp_agent {
 	int srq_full;		/* a post failed: it grows no more */
 	uint8_t *srq_buf;
 	struct ibv_mr **srq_mr;
-	uint32_t srq_n, srq_cap, srq_pool, srq_free, srq_low;
+	uint32_t srq_n, srq_cap, srq_pool;
+	struct kvp_credit_pool crp; /* its loans (credit.h) */
+	uint32_t *cr_dirty, ncr_dirty; /* connections given credit this
+					* poll, published when it ends */
 	uint32_t *qpn_tab, qpn_mask;
-	uint32_t poll_epoch;	/* times every CQ was found empty */
 	uint64_t *bm;		/* rank bitmaps, KVP_BM_WORDS each */
 	uint32_t *bm_free, bm_nfree;
 	uint32_t nearly, early_cap, early_per_conn;
@@ -1035,13 +1066,19 @@ KVP_HIDDEN void kvp__srq_repost(kvp_agent *a, uint32_t i);
 KVP_HIDDEN void kvp__qpn_add(kvp_agent *a, struct kvp_conn *c);
 KVP_HIDDEN void kvp__qpn_del(kvp_agent *a, struct kvp_conn *c);
 KVP_HIDDEN struct kvp_conn *kvp__qpn_find(kvp_agent *a, uint32_t qpn);
-/* GO's credits for c, its qi-th QP of its rank: 1, and a loan from the
- * pool for a first QP. */
+/* GO's credits for c, its qi-th QP of its rank: its own buffers, and a
+ * loan from the pool for a first QP. */
 KVP_HIDDEN uint32_t kvp__srq_credits(kvp_agent *a, struct kvp_conn *c,
 				     uint32_t qi);
-/* c's message was taken and its buffer re-posted: its credit back, a
- * loan more or one taken back (ctr). */
-KVP_HIDDEN void kvp__srq_gave(kvp_agent *a, struct kvp_conn *c);
+/* A message of c's was taken (give: a GIVE of n credits beyond its own)
+ * and its buffer re-posted: its credit back, a loan more or one taken
+ * back, published at the poll's end. 0, or -EPROTO: c sent past its
+ * credit (credit.h; the caller drops it). */
+KVP_HIDDEN int kvp__srq_took(kvp_agent *a, struct kvp_conn *c, int give,
+			     uint32_t n);
+/* The poll ends: the credit given during it, written to the counters the
+ * consumers READ. */
+KVP_HIDDEN void kvp__srq_publish(kvp_agent *a);
 /* c is released: its loans back, its QP number forgotten. */
 KVP_HIDDEN void kvp__srq_conn_gone(kvp_agent *a, struct kvp_conn *c);
 /* listen.c: a completion of the shared receive queue. */
@@ -1143,6 +1180,13 @@ KVP_HIDDEN int kvp__ctl_alloc(kvp_agent *a, uint32_t n);
 KVP_HIDDEN void kvp__ctl_free(kvp_agent *a);
 KVP_HIDDEN uint8_t *kvp__ctl_rx(const kvp_agent *a, const struct kvp_conn *c);
 KVP_HIDDEN uint8_t *kvp__ctl_tx(const kvp_agent *a, const struct kvp_conn *c);
+/* A slot's third control buffer, never posted as a receive: the
+ * consumer's credit counter READ lands at its start (CTL_AUX_CREDIT), its
+ * GIVE is sent from its second half (CTL_AUX_GIVE). */
+KVP_HIDDEN uint8_t *kvp__ctl_aux(const kvp_agent *a, const struct kvp_conn *c);
+#define KVP_CTL_SLOT (3 * KVP_CTL_LEN) /* rx, tx, aux */
+#define CTL_AUX_CREDIT 0
+#define CTL_AUX_GIVE (KVP_CTL_LEN / 2)
 KVP_HIDDEN int kvp__post_ctl_recv(kvp_agent *a, struct kvp_conn *c);
 /* SENDs the first len bytes of c's control send buffer. */
 KVP_HIDDEN int kvp__post_ctl_send(kvp_agent *a, struct kvp_conn *c,
@@ -1270,6 +1314,10 @@ KVP_HIDDEN void kvp__req_reap(kvp_agent *a);
 KVP_HIDDEN extern const struct kvp_conn_ops kvp__consumer_ops;
 /* Emits and posts what c's chunks have waiting, as its room allows. */
 KVP_HIDDEN void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c);
+/* Consumer timers: a first queue pair quiet for KVP_GIVE_NS hands its
+ * loans back (GIVE). */
+KVP_HIDDEN void kvp__conn_give(kvp_agent *a, struct kvp_conn *c,
+			       uint64_t now);
 KVP_HIDDEN void kvp__send_wc(kvp_agent *a, struct kvp_conn *c,
 			     const struct ibv_wc *wc);
 

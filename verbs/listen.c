@@ -307,6 +307,22 @@ int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
 	return accept_one(a, id, pdata, plen, rr, 0);
 }
 
+/* With a secret: the connect request proves it (KVP_HELLO_TAG_LEN after
+ * the hello), and its clock is within KVP_HELLO_SKEW_S of ours. */
+static int hello_proved(const kvp_agent *a, const uint8_t *pdata,
+			uint32_t plen, const struct kvp_hello *h)
+{
+	uint8_t tag[KVP_HELLO_TAG_LEN];
+	uint64_t t = kvp__get64(h->nonce), now = kvp__wall_s();
+
+	if (plen < KVP_HELLO_REQ_LEN)
+		return 0;
+	kvp__hello_tag(a, pdata, tag);
+	if (!kvp__ct_equal(tag, pdata + KVP_HELLO_LEN, KVP_HELLO_TAG_LEN))
+		return 0;
+	return t <= now + KVP_HELLO_SKEW_S && now <= t + KVP_HELLO_SKEW_S;
+}
+
 /* since: when a request taken from the waiting ones arrived (0: a new
  * one). */
 static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
@@ -330,7 +346,8 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 		reject(a, id, -EPROTO, KVP_REASON_MALFORMED, 0);
 		return 0;
 	}
-	if (!a->secret != !(h.flags & KVP_HELLO_AUTH)) {
+	if (!a->secret != !(h.flags & KVP_HELLO_AUTH) ||
+	    (a->secret && !hello_proved(a, pdata, plen, &h))) {
 		reject(a, id, -EPERM, KVP_REASON_AUTH, 0);
 		return 0;
 	}
@@ -570,6 +587,7 @@ static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 	kvp__put64(kvp__ctl_tx(a, c) + 8,
 		   (uint64_t)(uintptr_t)&a->ctr[c->idx]);
 	kvp__put32(kvp__ctl_tx(a, c) + 16, a->ctr_mr[c->idx]->rkey);
+	kvp__put32(kvp__ctl_tx(a, c) + 20, a->srq ? KVP_GO_LOANS : 0);
 	if (kvp__post_ctl_send(a, c, KVP_GO_LEN))
 		return -EBUSY;
 	kvp__set_state(a, c, CS_HANDSHAKE);
@@ -692,13 +710,17 @@ void kvp__producer_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 
 /* A message in the shared receive queue, from the queue pair its
  * completion names: the AUTH of a connection in its handshake, then only
- * what its credit allows once it is ready. */
+ * what its credit allows once it is ready. Anything else (a second
+ * message before GO, any message once refused or before its blob checked
+ * out, one past its credit) drops the connection at once: a peer that has
+ * not proved the secret keeps at most its own buffer busy. */
 static void srq_msg(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 		    uint32_t len)
 {
-	int err;
+	uint32_t n = 0;
+	int give, err;
 
-	if (c->state == CS_CONNECTING && !c->auth_seen) {
+	if (c->state == CS_CONNECTING && !c->auth_seen && !c->refused) {
 		c->auth_seen = 1;
 		memcpy(kvp__ctl_rx(a, c), m, len);
 		err = producer_auth(a, c, len);
@@ -706,28 +728,19 @@ static void srq_msg(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 			refuse(a, c, err);
 		return;
 	}
-	/* Before GO's credits, or far past them: a consumer that would
-	 * empty the queue other consumers' notifications need. Within one
-	 * backlog (from a time every CQ was empty to the next), a consumer
-	 * may have sent what its credit was when the backlog began, and
-	 * what it learnt of while we gave credits back (a READ of its
-	 * counter away); 2 x rq_depth more are let pass for that. */
-	if (c->state == CS_READY && c->rx_epoch != a->poll_epoch) {
-		const uint64_t credit = c->credits + a->ctr[c->idx];
-
-		c->rx_epoch = a->poll_epoch;
-		c->rx = 0;
-		c->rx_allowed = (credit > c->used ? credit - c->used : 0) +
-				2ull * a->rq_depth;
-	}
-	if (c->state != CS_READY || ++c->rx > c->rx_allowed) {
+	give = len >= 8 && kvp__get32(m) == KVP_GIVE_MAGIC;
+	if (give)
+		n = kvp__get32(m + 4);
+	if (c->state != CS_READY || c->refused ||
+	    kvp__srq_took(a, c, give, n)) {
 		a->st.credit_abuses++;
 		kvp__conn_fail(a, c, -EPROTO);
 		return;
 	}
-	c->used++;
-	kvp__note_msg(a, c, m, len);
-	kvp__srq_gave(a, c);
+	if (give)
+		a->st.credit_gives++;
+	else
+		kvp__note_msg(a, c, m, len);
 }
 
 void kvp__srq_wc(kvp_agent *a, const struct ibv_wc *wc)
@@ -744,7 +757,7 @@ void kvp__srq_wc(kvp_agent *a, const struct ibv_wc *wc)
 	memcpy(m, a->srq_buf + (size_t)i * KVP_CTL_LEN, len);
 	kvp__srq_repost(a, i);
 	c = kvp__qpn_find(a, wc->qp_num);
-	if (!c || c->state >= CS_DRAINING || c->refused)
+	if (!c || c->state >= CS_DRAINING)
 		return; /* going: what it sent no longer counts */
 	if (wc->status != IBV_WC_SUCCESS)
 		kvp__conn_fail(a, c, kvp__wc_errno(wc->status));

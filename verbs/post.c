@@ -46,8 +46,6 @@ _Static_assert(sizeof(struct kvp_emit_sge) == sizeof(struct ibv_sge) &&
 			       offsetof(struct ibv_sge, lkey),
 	       "struct kvp_emit_sge is struct ibv_sge");
 
-#define CREDIT_OFF (KVP_CTL_LEN - 8) /* the counter lands in the ctl rx
-				      * buffer, idle after the handshake */
 
 /* A queue pair's share of a request from one rank is in (its last READ
  * completed, or it had nothing to read): once every queue pair's share
@@ -221,7 +219,7 @@ void kvp__send_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 		return;
 	case WK_CREDIT:
 		c->credit_reading = 0;
-		seen = kvp__get64(kvp__ctl_rx(a, c) + CREDIT_OFF);
+		seen = kvp__get64(kvp__ctl_aux(a, c) + CTL_AUX_CREDIT);
 		/* A producer gives back what we sent and may lend more
 		 * (its shared receive queue's pool), never past
 		 * KVP_CREDIT_MAX at once. */
@@ -389,7 +387,8 @@ static void post_credit_read(kvp_agent *a, struct kvp_conn *c,
 	struct ibv_send_wr *s = chain_add(ch);
 
 	s->num_sge = 1;
-	ch->g->addr = (uint64_t)(uintptr_t)(kvp__ctl_rx(a, c) + CREDIT_OFF);
+	ch->g->addr = (uint64_t)(uintptr_t)(kvp__ctl_aux(a, c) +
+					  CTL_AUX_CREDIT);
 	ch->g->length = 8;
 	ch->g->lkey = a->ctl_mr->lkey;
 	ch->g++;
@@ -398,6 +397,61 @@ static void post_credit_read(kvp_agent *a, struct kvp_conn *c,
 	s->wr.rdma.rkey = c->ctr_rkey;
 	chain_signal(ch, c, WK_CREDIT);
 	c->credit_reading = 1;
+}
+
+/* A first queue pair gone quiet (nothing sent for KVP_GIVE_NS, nothing in
+ * flight or waiting) hands its loans back: it READs its counter, so that
+ * it knows every credit it holds, then sends GIVE with all but its own
+ * (credit.h): loans do not stay with a rank that no longer uses them.
+ * Once per quiet spell. */
+void kvp__conn_give(kvp_agent *a, struct kvp_conn *c, uint64_t now)
+{
+	struct chain ch = { a->swr, NULL, a->ssge, 0, 0, 0, a->dirty, 0, 0 };
+	struct ibv_send_wr *bad;
+	uint64_t v;
+	uint8_t *m;
+	int err;
+
+	/* Only once its engine is up: coming up resets its counts. */
+	if (c->state != CS_READY || !c->loans || c->credit_reading ||
+	    a->engs[c->eng].state != KVP_ENGINE_UP)
+		return;
+	if (c->bye_sent || c->c_head != c->c_tail ||
+	    c->notes_posted != c->quiet_mark) {
+		c->quiet_mark = c->notes_posted;
+		c->quiet_since = now;
+		c->give_step = 0;
+		return;
+	}
+	if (c->give_step == 2 || now - c->quiet_since < KVP_GIVE_NS ||
+	    c->outstanding + 2 > c->sq_cap)
+		return;
+	if (!c->give_step) {
+		post_credit_read(a, c, &ch);
+		c->give_step = 1;
+	} else {
+		v = credits(c);
+		c->give_step = 2;
+		if (v < KVP_CREDIT_OWN + 2)
+			return;
+		v -= KVP_CREDIT_OWN + 1;
+		m = kvp__ctl_aux(a, c) + CTL_AUX_GIVE;
+		memset(m, 0, KVP_NOTE_LEN);
+		kvp__put32(m, KVP_GIVE_MAGIC);
+		kvp__put32(m + 4, (uint32_t)v);
+		post_msg(a, c, &ch, m, a->ctl_mr->lkey, WK_FOLLOW);
+		c->notes_posted += v; /* and the GIVE's own */
+		c->quiet_mark = c->notes_posted;
+		a->st.credit_gives++;
+	}
+	ch.s->next = NULL;
+	err = kvp__post_send(c->qp, ch.w, &bad);
+	chain_reset(&ch);
+	if (kvp_unlikely(err)) {
+		kvp__conn_fail(a, c, err);
+		return;
+	}
+	c->outstanding += ch.n;
 }
 
 /* Appends up to `room` READs of the stripe's next window to the chain,
@@ -627,11 +681,12 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 	const uint32_t mask = a->chunk_mask;
 	struct ibv_send_wr *bad;
 	uint32_t room, i;
-	int err, k;
+	int err, k, again = 0;
 
 	if (kvp_unlikely(c->state != CS_READY))
 		return;
 	room = c->sq_cap - c->outstanding;
+top:
 	/* Chunks from c_post on, in order; one that cannot post now (a
 	 * streamed chunk waiting for progress or credit) is passed, the
 	 * ones after it go on. c_post: the first chunk not closed. */
@@ -731,6 +786,14 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 	while (c->c_post != c->c_tail &&
 	       chunk_closed(&c->chunks[c->c_post & mask]))
 		c->c_post++;
+	/* A chunk that closed with nothing to read (a pull that reads
+	 * nothing from this rank: a full prefix hit) has its notification
+	 * go now, not at the connection's next flush, which an idle one
+	 * never has. Once: the loop's top posts it, or reads credit. */
+	if (!c->q && c->c_note != c->c_post && ch.n < room && !again) {
+		again = 1;
+		goto top;
+	}
 	/* Chunks passed while a streamed one waited may be in already. */
 	if (c->c_data != c->c_post)
 		chunks_retire(a, c);

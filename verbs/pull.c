@@ -536,6 +536,9 @@ void kvp__pull_timers(kvp_agent *a, uint64_t now)
 		if (!c->credit_reading)
 			kvp__conn_flush(a, c);
 	}
+	for (i = a->nprod; i < a->cons_end; i++)
+		if (a->conns[i].loans)
+			kvp__conn_give(a, &a->conns[i], now);
 }
 
 /* ---- allocation --------------------------------------------------------- */

@@ -1,22 +1,19 @@
 // SPDX-License-Identifier: MIT
 /*
  * The producer's shared receive queue: where every message a consumer
- * sends (AUTH, notifications, FOLLOW, TABLE, BYE: KVP_CTL_LEN bytes at
- * most, the blob being READ) lands, whatever the number of queue pairs.
+ * sends (AUTH, notifications, FOLLOW, TABLE, GIVE, BYE: KVP_CTL_LEN bytes
+ * at most, the blob being READ) lands, whatever the number of queue pairs.
  *
- * Credits keep it from ever running dry for a consumer that keeps to
- * them. A connection holds one buffer from the start (it takes its AUTH,
- * then is its first credit); a pool of srq_pool more is lent out: a
- * rank's first queue pair starts with up to SRQ_W0 of it, and each
- * message received gives its credit back (ctr, which the consumer READs)
- * and lends one more while the pool is above its low mark (srq_low), up
- * to rq_depth; below it, a connection's loans are taken back one per
- * message instead of given back. So the buffers a connection may fill are
- * 1 + extra, their sum over connections at most srq_n, and the queue
- * never empties under consumers that keep to their credit. One that does
- * not is dropped at the first message past it (listen.c); until then it
- * may empty the queue, and other consumers' messages meet RNR NAKs and
- * are retried (6 times, 1.28 ms apart) while the next poll refills it.
+ * Credits keep it from ever running dry for consumers that keep to them
+ * (the rules: credit.h, pure arithmetic, tests/test_credit.c). Each slot
+ * taken brings KVP_CREDIT_OWN buffers (its AUTH, then its own credits: a
+ * rank's first queue pair can always send TABLE and FOLLOW at once); a
+ * pool of srq_pool more is lent to first queue pairs, a fair share each.
+ * One that sends past its credit is dropped at the first message past it
+ * (listen.c); until then it may empty the queue, and other consumers'
+ * messages meet RNR NAKs and are retried (6 times, 1.28 ms apart) while
+ * the next poll refills it. A connection that has not proved the secret
+ * is dropped at any message but its AUTH.
  *
  * Completions name a queue pair, not a slot: qpn_tab maps QP numbers to
  * slots (linear probing, deletion by backward shift). Buffers are
@@ -31,15 +28,17 @@
 uint32_t kvp__srq_want(const kvp_agent *a, uint32_t rq_depth)
 {
 	const struct ibv_device_attr *d = &a->dattr;
-	uint64_t cap, pool = 4ull * rq_depth;
+	const uint64_t own = kvp__credit_bufs(a->nprod, 0);
+	uint64_t cap;
 
 	if (!a->producer || a->srq_off || d->max_srq <= 0 ||
 	    d->max_srq_wr <= 0 || d->max_srq_sge < 1)
 		return 0;
-	cap = (a->nprod + pool + SRQ_CHUNK - 1) / SRQ_CHUNK * SRQ_CHUNK;
+	cap = kvp__credit_bufs(a->nprod, 4 * rq_depth);
+	cap = (cap + SRQ_CHUNK - 1) / SRQ_CHUNK * SRQ_CHUNK;
 	if (cap > (uint64_t)d->max_srq_wr) {
 		cap = (uint64_t)d->max_srq_wr / SRQ_CHUNK * SRQ_CHUNK;
-		if (cap < (uint64_t)a->nprod + rq_depth)
+		if (cap < own + rq_depth)
 			return 0;
 	}
 	/* Any producer CQ must hold every buffer's completion besides its
@@ -101,18 +100,19 @@ int kvp__srq_open(kvp_agent *a)
 	const uint32_t cap = a->srq_cap;
 	int err;
 
-	a->srq_pool = cap - a->nprod;
+	a->srq_pool = cap - (uint32_t)kvp__credit_bufs(a->nprod, 0);
 	if (a->srq_pool > 4 * a->rq_depth)
 		a->srq_pool = 4 * a->rq_depth;
-	a->srq_free = a->srq_pool;
-	a->srq_low = a->srq_pool / 4;
+	kvp__credit_pool_init(&a->crp, a->srq_pool, a->rq_depth);
 	a->qpn_mask = kvp__pow2_at_least(2 * a->nprod) - 1;
 	/* Reserved, touched a chunk at a time. */
 	a->srq_buf = calloc(cap, KVP_CTL_LEN);
 	a->srq_mr = calloc(cap / SRQ_CHUNK, sizeof(*a->srq_mr));
 	a->qpn_tab = calloc((size_t)a->qpn_mask + 1, sizeof(*a->qpn_tab));
+	a->cr_dirty = calloc(a->nprod, sizeof(*a->cr_dirty));
+	a->ncr_dirty = 0;
 	err = -ENOMEM;
-	if (a->srq_buf && a->srq_mr && a->qpn_tab)
+	if (a->srq_buf && a->srq_mr && a->qpn_tab && a->cr_dirty)
 		err = kvp__create_srq(a->pd, cap, &a->srq);
 	if (!err)
 		err = kvp__srq_grow(a, a->srq_pool);
@@ -132,11 +132,14 @@ void kvp__srq_close(kvp_agent *a)
 	free(a->srq_mr);
 	free(a->srq_buf);
 	free(a->qpn_tab);
+	free(a->cr_dirty);
 	a->srq = NULL;
 	a->srq_mr = NULL;
 	a->srq_buf = NULL;
 	a->qpn_tab = NULL;
-	a->srq_n = a->srq_cap = a->srq_pool = a->srq_free = 0;
+	a->cr_dirty = NULL;
+	a->srq_n = a->srq_cap = a->srq_pool = a->ncr_dirty = 0;
+	kvp__credit_pool_init(&a->crp, 0, 0);
 	a->srq_full = 0;
 }
 
@@ -144,8 +147,10 @@ void kvp__srq_repost(kvp_agent *a, uint32_t i)
 {
 	/* A buffer lost (a device failure): the pool shrinks, so that
 	 * credits stay within the buffers posted. */
-	if (srq_post(a, i) && a->srq_free)
-		a->srq_free--;
+	if (srq_post(a, i) && a->crp.free) {
+		a->crp.free--;
+		a->crp.pool--;
+	}
 }
 
 /* ---- QP numbers to slots ------------------------------------------------- */
@@ -203,43 +208,39 @@ void kvp__qpn_del(kvp_agent *a, struct kvp_conn *c)
 
 uint32_t kvp__srq_credits(kvp_agent *a, struct kvp_conn *c, uint32_t qi)
 {
-	uint32_t lend = 0;
-
-	if (!qi && a->srq_free > a->srq_low) {
-		lend = a->srq_free - a->srq_low;
-		if (lend > SRQ_W0)
-			lend = SRQ_W0;
-	}
-	/* used, rx and rx_epoch are 0 (kvp__srq_conn_gone() of the slot's
-	 * last connection): none yet, poll_epoch counts from 1. */
-	a->srq_free -= lend;
-	c->extra = lend;
-	return 1 + lend;
+	/* (cr_dirty stays: set, c is in the list until the poll ends) */
+	return kvp__credit_go(&a->crp, &c->cr, qi == 0);
 }
 
-void kvp__srq_gave(kvp_agent *a, struct kvp_conn *c)
+int kvp__srq_took(kvp_agent *a, struct kvp_conn *c, int give, uint32_t n)
 {
-	if (c->extra && a->srq_free < a->srq_low) {
-		/* Taken back: the pool runs low. */
-		c->extra--;
-		a->srq_free++;
-		return;
+	int err = kvp__credit_msg(&a->crp, &c->cr, give, n);
+
+	if (!err && c->cr.owed && !c->cr_dirty) {
+		c->cr_dirty = 1;
+		a->cr_dirty[a->ncr_dirty++] = c->idx;
 	}
-	a->ctr[c->idx]++;
-	if (a->srq_free > a->srq_low && c->extra + 1 < a->rq_depth) {
-		c->extra++;
-		a->srq_free--;
-		a->ctr[c->idx]++;
+	return err;
+}
+
+void kvp__srq_publish(kvp_agent *a)
+{
+	uint32_t i;
+
+	for (i = 0; i < a->ncr_dirty; i++) {
+		struct kvp_conn *c = &a->conns[a->cr_dirty[i]];
+
+		/* Gone since (its credit reset): nothing to publish. */
+		if (c->cr_dirty && c->cr.live)
+			a->ctr[c->idx] = kvp__credit_publish(&c->cr);
+		c->cr_dirty = 0;
 	}
+	a->ncr_dirty = 0;
 }
 
 void kvp__srq_conn_gone(kvp_agent *a, struct kvp_conn *c)
 {
-	a->srq_free += c->extra;
-	c->extra = 0;
-	c->used = 0;
-	c->rx = 0;
-	c->rx_epoch = 0;
+	kvp__credit_gone(&a->crp, &c->cr);
 	c->auth_seen = 0;
 	if (c->qp)
 		kvp__qpn_del(a, c);
