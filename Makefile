@@ -193,7 +193,7 @@ $(BUILD)/tools/libkvpull_pullbench.so: python/bench_pull.c include/kvpull.h $(BU
 # and the connections (conn.c) and the floor below name neither side.
 FLOORS_DIRS ?= plan tools/plan verbs
 FLOORS_CONSUMER := connect,engine,plans,req,post,pull
-FLOORS_PRODUCER := listen,serve
+FLOORS_PRODUCER := admit,listen,inbox,serve
 FLOORS_BASE := conn,srq,reg,event,wrap,limits,hmac,why
 FLOORS_RULES := --never 'verbs:$(FLOORS_CONSUMER)>$(FLOORS_PRODUCER)' \
 	--never 'verbs:$(FLOORS_PRODUCER)>$(FLOORS_CONSUMER)' \

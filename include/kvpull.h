@@ -1010,12 +1010,28 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  *  - With a shared secret (kvp_agent_attr.secret, the same bytes on every
  *    agent of a deployment), each side proves knowledge of it before the
  *    other reveals anything: HMAC-SHA-256 over both sides' hellos and
- *    fresh 16-byte nonces, never the secret itself. A producer gives a
+ *    fresh 16-byte nonces, never the secret itself. The connect request
+ *    itself carries a proof (a truncated HMAC of the consumer's hello,
+ *    whose nonce starts with its clock): a producer turns down a request
+ *    without a valid one, or from a clock more than 120 s from its own,
+ *    before it makes a queue pair, so a stranger without the secret
+ *    costs a producer one rdma_cm request and reject, nothing more, and
+ *    never reaches its shared receive queue, its slots or its wait
+ *    queue. What a stranger can still cost: a connect request captured
+ *    on the wire and replayed within those 120 s gets a queue pair and a
+ *    handshake slot until its AUTH (which covers the producer's fresh
+ *    nonce and cannot be replayed) fails; any message it sends but that
+ *    AUTH drops it at the poll that sees it, so it holds at most the
+ *    messages it sent before that poll in the shared receive queue.
+ *    Hosts of a deployment keep their clocks within 120 s. A producer gives a
  *    consumer its blob (and so any rkey), registers a buffer for the
  *    consumer's blob, READs it (the consumer's one remotely readable
- *    memory: its blob, which holds no key) and posts the notification
- *    buffers only after the consumer's proof; a consumer reads from a producer only after the
- *    producer's proof, so a stranger can neither read nor feed it bytes.
+ *    memory: its blob, which holds no key unless the agent is a producer
+ *    too, KVP_ROLE_BOTH: its one blob then carries its producer keys,
+ *    which go only to a producer that proved the secret first) and posts
+ *    the notification buffers only after the consumer's proof; a
+ *    consumer reads from a producer only after the producer's proof, so
+ *    a stranger can neither read nor feed it bytes.
  *    The secret authenticates the handshake, not the traffic: RDMA itself
  *    is not encrypted, and the rkeys it protects travel in clear to
  *    authenticated peers. A passive listener on the fabric sees the
@@ -1029,7 +1045,11 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  *    and at most 64 (and half of max_qps) handshakes under way, each
  *    for at most handshake_ms, the connect requests beyond them waiting
  *    in arrival order for at most as long: idle or slow peers cannot
- *    hold every slot. A
+ *    hold every slot. One address has at most three quarters of the
+ *    handshakes under way and of the waiting requests; a rank's queue
+ *    pair that a handshake under way claims already is not claimed
+ *    again until it ends; and a connection that has not sent its AUTH
+ *    (or whose AUTH failed) is dropped at any other message. A
  *    consumer engine's notifications only
  *    ever count for its own requests (see kvp_agent_expect()). Each
  *    consumer rank's credit counter (see Liveness) is an MR of its own 8

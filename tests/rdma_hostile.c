@@ -2322,6 +2322,57 @@ static int case_nullhit(const struct rt_env *env, struct ctx *x)
 	return 0;
 }
 
+/* Issue 33, item 6: a handshake claims a rank's queue pair before it has
+ * proved anything; a second connect request that claims the same one
+ * (rank 0 of 1, its only queue pair) while the first is still half-open
+ * waits for it to end (the first sends no AUTH: dropped at the handshake
+ * bound), or is refused. Before: both were admitted at once, each holding
+ * slots (eight such were seen admitted together). */
+static int raw_twice(const struct rt_env *env, void *arg)
+{
+	const struct slow *s = arg;
+	const char *who = "claimed twice";
+	struct raw r1, r2;
+	int err, gone;
+
+	err = raw_connect_as(&r1, env->addr0, env->addr0, s->port,
+			     H_EVIL + 40, 1, 0, 4096, 0, 4096);
+	CHECK(!err, "first: %s", kvp_strerror(err));
+	CHECK(write(s->ready_fd, "r", 1) == 1, "ready");
+	err = raw_connect_as(&r2, env->addr0, env->addr0, s->port,
+			     H_EVIL + 40, 1, 0, 4096, 0, 4096);
+	/* Admitted: only once the first was dropped (its event within
+	 * moments of the second's; before, the first lived on for the
+	 * handshake bound). */
+	gone = !raw_event(&r1, RDMA_CM_EVENT_DISCONNECTED, 2000, NULL, NULL);
+	raw_close(&r1);
+	raw_close(&r2);
+	CHECK(err == -EBUSY || (!err && gone),
+	      "second claim: %s, the first %s", kvp_strerror(err),
+	      gone ? "dropped" : "still half-open");
+	printf("    the same queue pair claimed twice: the second %s\n",
+	       err ? "refused (busy)" : "admitted after the first ended");
+	return 0;
+}
+
+static int case_twice(const struct rt_env *env, struct ctx *x)
+{
+	const char *who = "claimed twice";
+	struct slow s = { .port = x->p1.port };
+	pid_t pid;
+	int fd, ok;
+	char c;
+
+	pid = raw_child(env, &s, raw_twice, &fd);
+	ok = pid > 0 && read(fd, &c, 1) == 1;
+	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "raw child"))
+		ok = 0;
+	if (fd >= 0)
+		close(fd);
+	CHECK(ok, "raw child");
+	return serve_good(env, x, &x->p1, env->addr0, NULL, 1);
+}
+
 /* Secrets: P2 has one. */
 static int raw_forged(const struct rt_env *env, void *arg)
 {
@@ -2533,6 +2584,8 @@ static const struct h_case cases[] = {
 	  case_comply, on_p1 },
 	{ "a pull with nothing to read: released while connected",
 	  case_nullhit, on_p1 },
+	{ "a queue pair claimed twice while half-open: one at a time",
+	  case_twice, on_p1 },
 	{ "a consumer host gone silent: probed, dropped", case_silent,
 	  on_p1 },
 };

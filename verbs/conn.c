@@ -7,24 +7,31 @@
  * names neither side: what happens to a connection goes to its side
  * through the callbacks in c->ops (failed, drained).
  *
- * The handshake on one RC QP, after rdma_cm's exchange of private data:
- *   consumer: connect, hello (role, engine, TP rank, blob length, nonce)
- *   producer: checks the hello and its limits (length bounds, slots per
- *             source address, handshakes at once), QP with one RECV for a
- *             control message, accept: hello, nonce, MAC
- *   consumer: checks the producer's MAC when it holds a secret,
- *             RECV(control), SEND(AUTH: its MAC)
+ * The handshake (version 4) on one RC QP, after rdma_cm's exchange of
+ * private data:
+ *   consumer: connect: hello (role, engine, TP rank and size, blob length,
+ *             QP index and count, nonce: clock and random), and with a
+ *             secret the hello's proof (KVP_HELLO_TAG_LEN)
+ *   producer: checks the hello, its proof and clock (with a secret) and
+ *             its limits (admit.c: length bounds, slots per source
+ *             address, handshakes at once), makes the QP (on the shared
+ *             receive queue, or with one RECV for a control message),
+ *             accept: hello, nonce, MAC
+ *   consumer: checks the producer's MAC when it holds a secret; RECVs for
+ *             GO and the producer's blob, SEND(AUTH: its MAC, its blob's
+ *             address and key)
  *   producer: checks the MAC when it holds a secret; only then registers
- *             a buffer for the consumer's blob and the notification
- *             buffers, RECVs them, SEND(GO)
- *   consumer: RECV(producer blob), SEND(consumer blob)
+ *             a buffer for the consumer's blob and READs it, SEND(GO: the
+ *             credits, the counter, the flags)
  *   producer: checks the blob (one per poll), SEND(its blob) or
  *             SEND(REFUSE: -errno)
  *   consumer: ready
- * Each side posts a RECV before anything can be sent to it, so no RNR wait
- * is part of the handshake. The blobs exceed what rdma_cm's private data
- * carries, hence the SEND/RECV. Without a secret the MACs are not checked
- * (anyone who reaches the port is trusted: see the header).
+ * The consumer posts its RECVs before anything can be sent to it, so no
+ * RNR wait is part of the handshake; the producer only receives AUTH and
+ * notification-sized messages (its blob it READs). Any message but AUTH
+ * before the producer's GO drops the connection (inbox.c). Without a
+ * secret the MACs are not checked (anyone who reaches the port is
+ * trusted: see the header).
  */
 #include <poll.h>
 #include <stdlib.h>

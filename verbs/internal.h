@@ -393,6 +393,7 @@ struct kvp_wait {
 	uint64_t since;
 	uint32_t plen;
 	uint8_t rr;
+	uint8_t src[16];
 	uint8_t pdata[KVP_WAIT_PDATA];
 };
 
@@ -1081,7 +1082,7 @@ KVP_HIDDEN int kvp__srq_took(kvp_agent *a, struct kvp_conn *c, int give,
 KVP_HIDDEN void kvp__srq_publish(kvp_agent *a);
 /* c is released: its loans back, its QP number forgotten. */
 KVP_HIDDEN void kvp__srq_conn_gone(kvp_agent *a, struct kvp_conn *c);
-/* listen.c: a completion of the shared receive queue. */
+/* inbox.c: a completion of the shared receive queue. */
 KVP_HIDDEN void kvp__srq_wc(kvp_agent *a, const struct ibv_wc *wc);
 /* Expires requests, forgets early and gone entries whose time is up. */
 KVP_HIDDEN void kvp__serve_timers(kvp_agent *a, uint64_t now);
@@ -1219,8 +1220,39 @@ KVP_HIDDEN int kvp__accept_conn(kvp_agent *a, struct rdma_cm_id *id,
  * QP was set up); one waiting longer than handshake_ms is refused with a
  * retry hint. */
 KVP_HIDDEN int kvp__accept_waiting(kvp_agent *a, uint64_t now);
+/* An AUTH from the shared receive queue (inbox.c): checked, GO or a
+ * refusal sent. */
+KVP_HIDDEN void kvp__auth_in(kvp_agent *a, struct kvp_conn *c,
+			     const uint8_t *m, uint32_t len);
+
+/* admit.c: the producer's admission policy */
+/* Turns a connect request down (its id destroyed), telling the consumer
+ * why; retry_ms: when a full producer expects room again (0: no hint). */
+KVP_HIDDEN void kvp__reject_req(kvp_agent *a, struct rdma_cm_id *id, int err,
+				uint32_t reason, uint32_t retry_ms);
+/* A free slot for queue pair qi (of nq) of consumer rank (src, engine,
+ * rank), or NULL with *err (-EUSERS: its address or rank is full;
+ * -EBUSY: handshakes or slots), the retry hint and *full (1: its
+ * address's ranks, 2: every slot; an eviction may make room). *hd: the
+ * rank's first connection. */
+KVP_HIDDEN struct kvp_conn *kvp__slot_for(kvp_agent *a, const uint8_t *src,
+					  uint64_t engine, uint32_t rank,
+					  uint32_t nq, uint32_t qi,
+					  struct kvp_conn **hd, int *err,
+					  uint32_t *retry_ms, int *full);
+/* Room for a newcomer from src (NULL: any address): the least recently
+ * used idle consumer rank is disconnected. 1 when room is coming. */
+KVP_HIDDEN int kvp__evict_idle(kvp_agent *a, const uint8_t *src);
 KVP_HIDDEN int kvp__wait_alloc(kvp_agent *a);
 KVP_HIDDEN void kvp__wait_free(kvp_agent *a);
+/* Queues a connect request (0), or -ENOSPC: the queue, or its address's
+ * three quarters of it, full. front: one that had waited already. */
+KVP_HIDDEN int kvp__wait_push(kvp_agent *a, struct rdma_cm_id *id,
+			      const uint8_t *src, const uint8_t *pdata,
+			      uint32_t plen, uint8_t rr, uint64_t since,
+			      int front);
+KVP_HIDDEN int kvp__wait_take(kvp_agent *a, uint64_t now,
+			      struct kvp_wait *w);
 KVP_HIDDEN void kvp__producer_event(kvp_agent *a, struct kvp_conn *c,
 				    enum rdma_cm_event_type type);
 KVP_HIDDEN void kvp__producer_wc(kvp_agent *a, struct kvp_conn *c,

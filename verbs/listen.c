@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
- * The producer's connections: listen, the checks on a connect request, the
- * shared-secret proof, the consumer's blob, refusals. See conn.c for the
- * handshake as a whole.
+ * The producer's handshake: listen, the checks on a connect request, the
+ * shared-secret proofs, the consumer's blob, refusals. Who gets a slot is
+ * admit.c's; the messages of the shared receive queue are inbox.c's. See
+ * conn.c for the handshake as a whole.
  *
  * What a consumer can make a producer spend before proving the secret (or,
  * without one, before its AUTH arrives): a connection slot among
@@ -64,219 +65,6 @@ err_id:
 	return err;
 }
 
-/* Turns a connect request down, telling the consumer why; retry_ms: when
- * a full producer expects room again (0: no hint). */
-static void reject(kvp_agent *a, struct rdma_cm_id *id, int err,
-		   uint32_t reason, uint32_t retry_ms)
-{
-	uint8_t r[KVP_REFUSE_HINT_LEN];
-
-	kvp__put32(r, KVP_REFUSE_MAGIC);
-	kvp__put32(r + 4, (uint32_t)err);
-	kvp__put32(r + 8, reason);
-	kvp__put32(r + 12, retry_ms);
-	(void)kvp__reject(id, r, sizeof(r));
-	kvp__destroy_id(id);
-	a->st.refused++;
-}
-
-/* A free slot for queue pair of consumer rank (src, engine, rank), or NULL
- * and the reason. max_per_source counts ranks, not queue pairs: a rank
- * that holds a slot has its next queue pairs admitted up to KVP_MAX_QPS
- * (then -EUSERS), a new rank only while its address has fewer than
- * max_per_source ranks (-EUSERS); max_half_open handshakes under way or
- * every slot taken: -EBUSY. *head: the rank's first. *retry_ms: the hint
- * for the refused. */
-static struct kvp_conn *slot_for(kvp_agent *a, const uint8_t *src,
-				 uint64_t engine, uint32_t rank, uint32_t nq,
-				 struct kvp_conn **hd, int *err,
-				 uint32_t *retry_ms, int *full)
-{
-	struct kvp_conn *free_slot = NULL;
-	uint32_t i, ranks = 0, all = 0, qps = 0, half = a->nhalf;
-	uint32_t nfree = a->nprod - a->prod_hw, room;
-
-	*hd = NULL;
-	for (i = 0; i < a->prod_hw; i++) {
-		struct kvp_conn *c = &a->conns[i];
-
-		if (c->state == CS_FREE) {
-			if (!free_slot)
-				free_slot = c;
-			nfree++;
-			continue;
-		}
-		all += c->rank_head != 0;
-		if (memcmp(c->src, src, sizeof(c->src)))
-			continue;
-		ranks += c->rank_head != 0;
-		if (c->engine_id == engine && c->rank == rank) {
-			qps++;
-			if (c->rank_head)
-				*hd = c;
-		}
-	}
-	/* Never used yet: the next above the mark (prepared when taken). */
-	if (!free_slot && a->prod_hw < a->nprod)
-		free_slot = &a->conns[a->prod_hw];
-	/* A rank's queue pairs come in together: a new rank needs room for
-	 * all of them beyond the slots held for others' (so that no rank
-	 * holds some of its QPs and waits for the rest while others do the
-	 * same); a rank's next QP takes one held for it. */
-	room = nfree > a->nreserved ? nfree - a->nreserved : 0;
-	if (qps && *hd && (*hd)->resv)
-		room = nfree;
-	*err = qps ? (qps >= KVP_MAX_QPS ? -EUSERS : 0) :
-		     (ranks >= a->max_per_source ? -EUSERS : 0);
-	*full = *err && !qps ? 1 : 0; /* a new rank, its address full */
-	/* A new rank beyond max_peers, or a queue pair beyond max_qps. */
-	if (!*err && (half >= a->max_half_open || !free_slot ||
-		      room < (qps ? 1 : nq) ||
-		      (!qps && all >= a->prod_peers)))
-		*err = -EBUSY;
-	if (*err == -EBUSY && half < a->max_half_open)
-		*full = 2; /* every slot taken */
-	*retry_ms = *err != -EBUSY	      ? KVP_RETRY_FULL_MS :
-		    half >= a->max_half_open ? KVP_RETRY_HALF_MS :
-					       KVP_RETRY_FULL_MS;
-	return *err ? NULL : free_slot;
-}
-
-/* Disconnects every READY queue pair of c's consumer rank (its address,
- * engine and rank) with err; evict: to make room (a newcomer waits for
- * the slots to drain). */
-static void rank_drop(kvp_agent *a, const struct kvp_conn *r, int evict,
-		      int err)
-{
-	uint64_t engine = r->engine_id;
-	uint32_t i, rank = r->rank;
-	uint8_t src[sizeof(r->src)];
-
-	memcpy(src, r->src, sizeof(src)); /* r goes with the others */
-
-	for (i = 0; i < a->prod_hw; i++) {
-		struct kvp_conn *c = &a->conns[i];
-
-		if (c->state != CS_READY || c->engine_id != engine ||
-		    c->rank != rank || memcmp(c->src, src, sizeof(src)))
-			continue;
-		if (evict) {
-			c->evicted = 1;
-			a->nevicting++;
-		}
-		kvp__conn_fail(a, c, err);
-	}
-}
-
-/* Room for a newcomer that found none (from address src, or NULL: any
- * slot): the least recently used connected consumer rank (all its queue
- * pairs) with nothing in flight here -- it notified every request of its
- * engine expected or early, so it reads or follows none -- is
- * disconnected; its slots free once they drain. Ranks found busy are
- * passed over, at most EVICT_TRIES of them a call. While one rank's slots drain no other goes.
- * 1 when room is coming. */
-#define EVICT_TRIES 16
-static int evict_idle(kvp_agent *a, const uint8_t *src)
-{
-	struct kvp_conn *lru = NULL;
-	uint32_t i, tries, gen;
-
-	if (a->nevicting)
-		return 1;
-	gen = ++a->evict_gen;
-	for (tries = 0; tries < EVICT_TRIES; tries++) {
-		lru = NULL;
-		for (i = 0; i < a->prod_hw; i++) {
-			struct kvp_conn *c = &a->conns[i];
-
-			if (c->state != CS_READY || c->evict_mark == gen ||
-			    (src && memcmp(c->src, src, sizeof(c->src))))
-				continue;
-			if (!lru || c->last_used < lru->last_used)
-				lru = c;
-		}
-		if (!lru || !kvp__rank_busy(a, lru->engine_id, lru->rank))
-			break;
-		for (i = 0; i < a->prod_hw; i++)
-			if (a->conns[i].engine_id == lru->engine_id &&
-			    a->conns[i].rank == lru->rank)
-				a->conns[i].evict_mark = gen;
-		lru = NULL;
-	}
-	if (!lru)
-		return 0;
-	a->st.evictions++;
-	rank_drop(a, lru, 1, -ECONNRESET);
-	return 1;
-}
-
-void kvp__idle_sweep(kvp_agent *a, uint64_t now)
-{
-	uint64_t next = UINT64_MAX;
-	uint32_t i;
-
-	for (i = 0; i < a->prod_hw; i++) {
-		struct kvp_conn *c = &a->conns[i];
-
-		if (!c->rank_head || c->state != CS_READY)
-			continue;
-		if (now < c->last_used || now - c->last_used < a->idle_ns) {
-			if (c->last_used + a->idle_ns < next)
-				next = c->last_used + a->idle_ns;
-			continue;
-		}
-		if (kvp__rank_busy(a, c->engine_id, c->rank)) {
-			c->last_used = now; /* checked again idle_ns later */
-			if (now + a->idle_ns < next)
-				next = now + a->idle_ns;
-			continue;
-		}
-		a->st.idle_closes++;
-		rank_drop(a, c, 0, -ETIMEDOUT);
-	}
-	a->idle_at = next;
-}
-
-int kvp__wait_alloc(kvp_agent *a)
-{
-	a->wq_cap = a->nprod;
-	a->wq = calloc(a->wq_cap, sizeof(*a->wq));
-	return a->wq ? 0 : -ENOMEM;
-}
-
-void kvp__wait_free(kvp_agent *a)
-{
-	for (; a->wq && a->wq_n; a->wq_n--) {
-		kvp__destroy_id(a->wq[a->wq_head].id);
-		a->wq_head = (a->wq_head + 1) % a->wq_cap;
-	}
-	free(a->wq);
-	a->wq = NULL;
-}
-
-/* Queues a connect request that arrived at `since` behind the others, or
- * ahead of them (front: one that had waited already); 0, or -ENOSPC when
- * as many wait as there are slots. */
-static int wait_push(kvp_agent *a, struct rdma_cm_id *id,
-		     const uint8_t *pdata, uint32_t plen, uint8_t rr,
-		     uint64_t since, int front)
-{
-	struct kvp_wait *w;
-
-	if (a->wq_n == a->wq_cap || plen > KVP_WAIT_PDATA)
-		return -ENOSPC;
-	if (front)
-		a->wq_head = (a->wq_head + a->wq_cap - 1) % a->wq_cap;
-	w = &a->wq[front ? a->wq_head : (a->wq_head + a->wq_n) % a->wq_cap];
-	a->wq_n++;
-	w->id = id;
-	w->since = since;
-	w->plen = plen;
-	w->rr = rr;
-	memcpy(w->pdata, pdata, plen);
-	return 0;
-}
-
 static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 		      const uint8_t *pdata, uint32_t plen, uint8_t rr,
 		      uint64_t since);
@@ -285,19 +73,8 @@ int kvp__accept_waiting(kvp_agent *a, uint64_t now)
 {
 	struct kvp_wait w;
 
-	/* Waited the handshake's bound: come back later. */
-	/* (since may be later than now: queued in this poll) */
-	while (a->wq_n && now > a->wq[a->wq_head].since + a->handshake_ns) {
-		reject(a, a->wq[a->wq_head].id, -EBUSY, KVP_REASON_PEER_FULL,
-		       KVP_RETRY_FULL_MS);
-		a->wq_head = (a->wq_head + 1) % a->wq_cap;
-		a->wq_n--;
-	}
-	if (!a->wq_n || a->nhalf >= a->max_half_open || !a->costly_left)
+	if (!kvp__wait_take(a, now, &w))
 		return 0;
-	w = a->wq[a->wq_head];
-	a->wq_head = (a->wq_head + 1) % a->wq_cap;
-	a->wq_n--;
 	return accept_one(a, w.id, w.pdata, w.plen, w.rr, w.since);
 }
 
@@ -343,50 +120,50 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 	    id->verbs != a->ctx || h.tp_size > KVP_MAX_TP_SIZE ||
 	    h.blob_len < KVP_META_MIN_LEN || h.blob_len > a->peer_blob_cap ||
 	    kvp__peer_addr(id, src)) {
-		reject(a, id, -EPROTO, KVP_REASON_MALFORMED, 0);
+		kvp__reject_req(a, id, -EPROTO, KVP_REASON_MALFORMED, 0);
 		return 0;
 	}
 	if (!a->secret != !(h.flags & KVP_HELLO_AUTH) ||
 	    (a->secret && !hello_proved(a, pdata, plen, &h))) {
-		reject(a, id, -EPERM, KVP_REASON_AUTH, 0);
+		kvp__reject_req(a, id, -EPERM, KVP_REASON_AUTH, 0);
 		return 0;
 	}
 	/* Refused while too many DISCONNECTED events wait to be polled:
 	 * that bounds the event queue. */
 	if (kvp__ev_room(a) <= (int)(a->max_inflight + a->nprod)) {
-		reject(a, id, -EBUSY, KVP_REASON_PEER_FULL,
+		kvp__reject_req(a, id, -EBUSY, KVP_REASON_PEER_FULL,
 		       KVP_RETRY_HALF_MS);
 		return 0;
 	}
 	/* Others wait for a handshake slot: after them. */
 	if (!queued && a->wq_n) {
-		if (!wait_push(a, id, pdata, plen, rr, kvp__now_ns(), 0))
+		if (!kvp__wait_push(a, id, src, pdata, plen, rr, kvp__now_ns(), 0))
 			return 0;
-		reject(a, id, -EBUSY, KVP_REASON_PEER_FULL, KVP_RETRY_FULL_MS);
+		kvp__reject_req(a, id, -EBUSY, KVP_REASON_PEER_FULL, KVP_RETRY_FULL_MS);
 		return 0;
 	}
 	nq = (h.flags & KVP_HELLO_QPS_MASK) >> KVP_HELLO_QPS_SHIFT;
 	nq = nq < 1 ? 1 : nq > KVP_MAX_QPS ? KVP_MAX_QPS : nq;
 	qi = (h.flags & KVP_HELLO_QI_MASK) >> KVP_HELLO_QI_SHIFT;
 	if (qi >= nq) {
-		reject(a, id, -EPROTO, KVP_REASON_MALFORMED, 0);
+		kvp__reject_req(a, id, -EPROTO, KVP_REASON_MALFORMED, 0);
 		return 0;
 	}
-	c = slot_for(a, src, h.engine_id, h.tp_rank, nq, &hd, &err,
+	c = kvp__slot_for(a, src, h.engine_id, h.tp_rank, nq, qi, &hd, &err,
 		     &retry_ms, &full);
 	/* Handshakes under way fill max_half_open: wait for one to end
 	 * (rdma_cm told the consumer to expect a late answer). */
 	if (!c && err == -EBUSY && !full && !queued &&
-	    !wait_push(a, id, pdata, plen, rr, kvp__now_ns(), 0))
+	    !kvp__wait_push(a, id, src, pdata, plen, rr, kvp__now_ns(), 0))
 		return 0;
 	if (!c) {
 		/* No room: an idle rank makes some, the newcomer comes back
 		 * as soon as it drains. */
-		if (full && evict_idle(a, full == 1 ? src : NULL)) {
+		if (full && kvp__evict_idle(a, full == 1 ? src : NULL)) {
 			err = -EBUSY;
 			retry_ms = KVP_RETRY_HALF_MS;
 		}
-		reject(a, id, err, KVP_REASON_PEER_FULL, retry_ms);
+		kvp__reject_req(a, id, err, KVP_REASON_PEER_FULL, retry_ms);
 		return 0;
 	}
 	/* A slot's first setup (its CQ if new, then its MRs), and a QP's
@@ -401,15 +178,15 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 			a->costly_left--;
 			if (a->cqs[k] ? kvp__slot_prepare(a, c) :
 					kvp__cq_make(a, k)) {
-				reject(a, id, -EBUSY, KVP_REASON_PEER_FULL,
+				kvp__reject_req(a, id, -EBUSY, KVP_REASON_PEER_FULL,
 				       KVP_RETRY_FULL_MS);
 				return 0;
 			}
 		}
-		if (!wait_push(a, id, pdata, plen, rr,
+		if (!kvp__wait_push(a, id, src, pdata, plen, rr,
 			       queued ? since : kvp__now_ns(), queued))
 			return 0;
-		reject(a, id, -EBUSY, KVP_REASON_PEER_FULL, KVP_RETRY_FULL_MS);
+		kvp__reject_req(a, id, -EBUSY, KVP_REASON_PEER_FULL, KVP_RETRY_FULL_MS);
 		return 0;
 	}
 	a->costly_left--;
@@ -650,6 +427,17 @@ static int producer_meta(kvp_agent *a, struct kvp_conn *c)
 	return 0;
 }
 
+void kvp__auth_in(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
+		  uint32_t len)
+{
+	int err;
+
+	memcpy(kvp__ctl_rx(a, c), m, len);
+	err = producer_auth(a, c, len);
+	if (err)
+		refuse(a, c, err);
+}
+
 void kvp__blob_check_one(kvp_agent *a)
 {
 	uint32_t i, k;
@@ -706,63 +494,6 @@ void kvp__producer_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 	default:
 		return;
 	}
-}
-
-/* A message in the shared receive queue, from the queue pair its
- * completion names: the AUTH of a connection in its handshake, then only
- * what its credit allows once it is ready. Anything else (a second
- * message before GO, any message once refused or before its blob checked
- * out, one past its credit) drops the connection at once: a peer that has
- * not proved the secret keeps at most its own buffer busy. */
-static void srq_msg(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
-		    uint32_t len)
-{
-	uint32_t n = 0;
-	int give, err;
-
-	if (c->state == CS_CONNECTING && !c->auth_seen && !c->refused) {
-		c->auth_seen = 1;
-		memcpy(kvp__ctl_rx(a, c), m, len);
-		err = producer_auth(a, c, len);
-		if (err)
-			refuse(a, c, err);
-		return;
-	}
-	give = len >= 8 && kvp__get32(m) == KVP_GIVE_MAGIC;
-	if (give)
-		n = kvp__get32(m + 4);
-	if (c->state != CS_READY || c->refused ||
-	    kvp__srq_took(a, c, give, n)) {
-		a->st.credit_abuses++;
-		kvp__conn_fail(a, c, -EPROTO);
-		return;
-	}
-	if (give)
-		a->st.credit_gives++;
-	else
-		kvp__note_msg(a, c, m, len);
-}
-
-void kvp__srq_wc(kvp_agent *a, const struct ibv_wc *wc)
-{
-	const uint32_t i = WRID_VALUE(wc->wr_id);
-	const uint32_t len = wc->byte_len < KVP_CTL_LEN ? wc->byte_len :
-							  KVP_CTL_LEN;
-	uint8_t m[KVP_CTL_LEN];
-	struct kvp_conn *c;
-
-	if (i >= a->srq_n)
-		return; /* unreachable: our own wr_id */
-	/* The buffer goes back before the credit it frees is given. */
-	memcpy(m, a->srq_buf + (size_t)i * KVP_CTL_LEN, len);
-	kvp__srq_repost(a, i);
-	c = kvp__qpn_find(a, wc->qp_num);
-	if (!c || c->state >= CS_DRAINING)
-		return; /* going: what it sent no longer counts */
-	if (wc->status != IBV_WC_SUCCESS)
-		kvp__conn_fail(a, c, kvp__wc_errno(wc->status));
-	else
-		srq_msg(a, c, m, len);
 }
 
 void kvp__producer_event(kvp_agent *a, struct kvp_conn *c,
