@@ -1676,7 +1676,11 @@ KVP_API KVP_MUST_CHECK int kvp_agent_pull_from(kvp_agent *agent,
  * max_inflight / 8, at least 8, per consumer rank; max_inflight in all),
  * and at most its max_inflight followed requests per consumer rank: a
  * FOLLOW past those is dropped (stats.notes_dropped) and the request
- * stalls (stall_ms). Same returns as kvp_agent_pull_from().
+ * stalls (stall_ms). A consumer rank follows a request until its
+ * notification of it reaches the producer rank (after DONE or FAILED),
+ * even while the producer holds the request for other ranks: then it
+ * gets no more progress records of it, and its record and follower slot
+ * serve its later requests. Same returns as kvp_agent_pull_from().
  *
  * GPU memory: DONE means the READs completed at this rank's NIC, as for a
  * bulk pull; on platforms where that does not make the bytes visible to a

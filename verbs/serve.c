@@ -397,6 +397,47 @@ void kvp__progress_wc(kvp_agent *a, struct kvp_conn *c,
 	}
 }
 
+/* Follower k lets go: out of its entry's chain, and free. A WRITE of it
+ * in flight completes on its own (kvp__progress_wc() finds it unused). */
+static void fol_drop(kvp_agent *a, uint32_t k)
+{
+	struct kvp_fol *f = &a->fol[k];
+	struct kvp_ent *e;
+	uint32_t *p;
+
+	if (f->used && (e = fol_entry(a, f)) != NULL) {
+		for (p = &e->fol; *p != NO_FOL; p = &a->fol[*p].next)
+			if (*p == k) {
+				*p = f->next;
+				break;
+			}
+	}
+	memset(f, 0, sizeof(*f));
+	f->next = NO_FOL;
+}
+
+/* Connection c's followers of entry e let go: the consumer rank on c
+ * notified e, so it reads none of it any more, and its records (the
+ * request's slot) are its own to reuse: a follower left attached would
+ * WRITE a later request's progress record there. Linear in e's
+ * followers. */
+static void fol_drop_conn(kvp_agent *a, struct kvp_ent *e,
+			  const struct kvp_conn *c)
+{
+	uint32_t *p = &e->fol, k;
+
+	while (*p != NO_FOL) {
+		k = *p;
+		if (k / a->fol_per != c->idx) {
+			p = &a->fol[k].next;
+			continue;
+		}
+		*p = a->fol[k].next;
+		memset(&a->fol[k], 0, sizeof(a->fol[k]));
+		a->fol[k].next = NO_FOL;
+	}
+}
+
 void kvp__follow_conn_gone(kvp_agent *a, struct kvp_conn *c)
 {
 	uint32_t k, end = (c->idx + 1) * a->fol_per;
@@ -405,21 +446,8 @@ void kvp__follow_conn_gone(kvp_agent *a, struct kvp_conn *c)
 	 * its records' pages stay untouched. */
 	if (!a->fol_mr || !a->fol_mr[c->idx])
 		return;
-	for (k = c->idx * a->fol_per; a->fol && k < end; k++) {
-		struct kvp_fol *f = &a->fol[k];
-		struct kvp_ent *e;
-		uint32_t *p;
-
-		if (f->used && (e = fol_entry(a, f)) != NULL) {
-			for (p = &e->fol; *p != NO_FOL; p = &a->fol[*p].next)
-				if (*p == k) {
-					*p = f->next;
-					break;
-				}
-		}
-		memset(f, 0, sizeof(*f));
-		f->next = NO_FOL;
-	}
+	for (k = c->idx * a->fol_per; a->fol && k < end; k++)
+		fol_drop(a, k);
 }
 
 /* Reports an EXPECTED entry and leaves it as a tombstone. */
@@ -570,11 +598,18 @@ static int follow_received(kvp_agent *a, struct kvp_conn *c,
 	if (!e)
 		return -EBUSY;
 	end = (c->idx + 1) * a->fol_per;
+	/* A record is the consumer's again once it is done with the request
+	 * it was lent to (it notified it, which let the follower go): one
+	 * still attached to it (its notification was dropped) would write
+	 * into the new request's record. */
+	for (k = c->idx * a->fol_per; k < end; k++)
+		if (a->fol[k].used && a->fol[k].rec == rec)
+			fol_drop(a, k);
 	for (k = c->idx * a->fol_per; k < end && a->fol[k].used; k++)
 		;
 	if (k == end)
 		return -EBUSY;
-	f = &a->fol[k];
+	f = &a->fol[k]; /* fol_drop() moves nothing in the table: e stands */
 	f->engine_id = engine;
 	f->req_id = id;
 	f->rec = rec;
@@ -632,6 +667,8 @@ void kvp__note_msg(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 	if (*w & 1ull << (rank % 64))
 		goto drop; /* duplicate */
 	*w |= 1ull << (rank % 64);
+	if (e->fol != NO_FOL)
+		fol_drop_conn(a, e, c);
 	if (!e->expected)
 		e->expected = c->expected;
 	e->count++;
