@@ -1817,7 +1817,9 @@ KVP_API KVP_MUST_CHECK int kvp_agent_expect(kvp_agent *agent,
  * Costs O(consumer ranks following the request), never O(blocks), and
  * never blocks: each follower gets one RDMA WRITE of a 40-byte record at
  * a time, and what is published while one is in flight goes with the
- * next (the latest progress, once).
+ * next (the latest progress, once). A WRITE that cannot be posted fails
+ * that consumer rank's connection (KVP_EV_DISCONNECTED follows); the
+ * request's other followers still get the progress.
  *
  * On GPUs, publish only after the engine's own event says the kernels
  * that wrote those layers finished (the consumer's READs may start at

@@ -26,13 +26,17 @@
  * a rank that gave a streamed request up (stalled, notified) while the
  * producer still holds it: publishing that request WRITEs nothing, and
  * the rank's request two pulls later in the same slot and progress record
- * completes.
+ * completes; a progress WRITE whose post fails mid-publish: that rank's
+ * connection fails alone, the request's other follower still gets the
+ * progress.
  *
  *   rdma_stream [filter]
  *
  * KVP_QUICK_CASES=1 runs only the cases marked quick (scripts/test.sh's
  * ASan stage; the plain stage runs them all).
  */
+#include <rdma/rdma_cma.h>
+
 #include "rdma/harness.h"
 
 #define END KVP_TOKENS_END
@@ -912,6 +916,22 @@ static int x_cons_end(struct xrun *x, struct xcons *c, uint32_t r,
 	return 0;
 }
 
+/* Polls until a byte on fd. */
+static int x_cons_wait(struct xrun *x, struct xcons *c, int fd, double secs)
+{
+	double end = rt_now() + secs;
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	char ch;
+
+	for (;;) {
+		if (poll(&p, 1, 0) > 0)
+			return read(fd, &ch, 1) == 1 ? 0 : -1;
+		if (x_cons_poll(x, c) < 0 || rt_now() > end || rt_usr1)
+			return -1;
+		usleep(50);
+	}
+}
+
 /* Pulls request r (streamed or bulk), polling while its slot is busy. */
 static int x_cons_pull(struct xrun *x, struct xcons *c, uint32_t r,
 		       int stream)
@@ -1126,6 +1146,142 @@ static int x8_run(const struct rt_env *env)
 	return x_run(&x, 1, x8_producer, x8_consumer);
 }
 
+/* -- a progress WRITE that cannot be posted ------------------------------- */
+
+/* The producer's verbs: every ibv_post_send() goes through a hook that,
+ * once armed, fails the first RDMA WRITE it sees and every later post on
+ * that queue pair (its drain marker too), as a queue pair that broke
+ * would: the library fails that connection in the call, and, with the
+ * shared receive queue (nothing to drain on the receive side), lets go of
+ * it there and then. */
+static struct {
+	int (*orig)(struct ibv_qp *, struct ibv_send_wr *,
+		    struct ibv_send_wr **);
+	int armed, fired;
+	struct ibv_qp *broken;
+} xhook;
+
+static int xhook_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
+			   struct ibv_send_wr **bad)
+{
+	if (qp == xhook.broken ||
+	    (xhook.armed && !xhook.fired &&
+	     wr->opcode == IBV_WR_RDMA_WRITE)) {
+		xhook.broken = qp;
+		xhook.fired = 1;
+		*bad = wr;
+		return EIO;
+	}
+	return xhook.orig(qp, wr, bad);
+}
+
+/* The hook on every device context librdmacm holds (the library's). */
+static int xhook_install(void)
+{
+	struct ibv_context **l;
+	int n = 0, i;
+
+	l = rdma_get_devices(&n);
+	if (!l)
+		return -1;
+	for (i = 0; i < n; i++) {
+		if (!xhook.orig)
+			xhook.orig = l[i]->ops.post_send;
+		if (l[i]->ops.post_send == xhook_post_send)
+			continue;
+		if (l[i]->ops.post_send != xhook.orig)
+			n = 0; /* two providers: not this test's setup */
+		else
+			l[i]->ops.post_send = xhook_post_send;
+	}
+	rdma_free_devices(l);
+	return n ? 0 : -1;
+}
+
+/* Request 0 (R) is followed by consumer ranks 0 and 1, rank 1's FOLLOW
+ * last (so its follower heads the chain). The producer publishes R whole
+ * with the hook armed: the WRITE to rank 1 fails and takes its connection
+ * (rank 1's R FAILED, its engine down); rank 0 must still get the
+ * progress, and R DONE with its bytes. */
+static int x12_producer(struct xrun *x)
+{
+	const char *who = "followers P0";
+	struct kvp_agent_stats st;
+	struct kvt_mem mem = { 0 };
+	kvp_layout *l = NULL;
+	kvp_agent *a = NULL;
+	const struct kvp_progress all = prog(END, END, 0);
+	int ret = 1, err;
+
+	alarm(90);
+	if (x_prod_open(x, &l, &mem, &a))
+		goto out;
+	if (xhook_install())
+		RT_FAIL("no device context to hook");
+	if (x_prod_until(a, &st.follows, &st, 1, 30))
+		RT_FAIL("no FOLLOW from rank 0");
+	if (write(x->to[1][1], "g", 1) != 1)
+		RT_FAIL("pipe");
+	if (x_prod_until(a, &st.follows, &st, 2, 30))
+		RT_FAIL("no FOLLOW from rank 1");
+	xhook.armed = 1;
+	err = kvp_agent_publish(a, RT_CONS_ENGINE, x->rq[0].id, &all);
+	xhook.armed = 0;
+	if (err)
+		RT_FAIL("publish: %s", kvp_strerror(err));
+	if (!xhook.fired)
+		RT_FAIL("no progress WRITE was posted");
+	if (x_prod_wait(a, x->stop[0], 60))
+		RT_FAIL("never told to stop");
+	ret = 0;
+out:
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvp_layout_destroy(l);
+	return ret;
+}
+
+static int x12_consumer(struct xrun *x, uint32_t rank)
+{
+	struct xcons c;
+	const char *who = "followers D";
+	int ret = 1;
+
+	alarm(90);
+	memset(&c, 0, sizeof(c));
+	if (x_cons_open(x, rank, &c))
+		goto out;
+	who = c.who;
+	if (rank == 1 && x_cons_wait(x, &c, x->to[1][0], 30))
+		RT_FAIL("never told to pull");
+	if (x_cons_pull(x, &c, 0, 1) || x_cons_end(x, &c, 0, 30))
+		RT_FAIL("R never ended");
+	if (rank == 1 && c.st[0] != KVP_EV_FAILED)
+		RT_FAIL("R: event %u, want FAILED (its progress WRITE failed its connection)",
+			c.st[0]);
+	if (rank == 0 && c.st[0] != KVP_EV_DONE)
+		RT_FAIL("R: event %u (%s, %s), want DONE (rank 1's connection failed in the same publish)",
+			c.st[0], kvp_strerror(c.status[0]),
+			kvp_reason_str(c.reason[0]));
+	if (x_cons_check(x, &c))
+		RT_FAIL("consumer memory differs");
+	ret = 0;
+out:
+	x_cons_close(&c);
+	return ret;
+}
+
+static int x12_run(const struct rt_env *env)
+{
+	static struct rt_req rq[RT_MAX_REQ];
+	struct xrun x = { .tc = &x_tc, .env = env, .rq = rq };
+
+	memset(rq, 0, sizeof(rq));
+	if (rt_make_requests(&x_tc, rq))
+		return -1;
+	return x_run(&x, 2, x12_producer, x12_consumer);
+}
+
 static const struct {
 	const char *name;
 	int (*fn)(const struct rt_env *env);
@@ -1133,6 +1289,8 @@ static const struct {
 } xcases[] = {
 	{ "llama 1->2 a streamed request given up: its follower lets go",
 	  x8_run, 1 },
+	{ "llama 1->2 a progress WRITE that cannot be posted fails its rank alone",
+	  x12_run, 1 },
 };
 
 int main(int argc, char **argv)

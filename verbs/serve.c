@@ -293,9 +293,12 @@ static void fol_detach_all(kvp_agent *a, struct kvp_ent *e)
 }
 
 /* WRITEs follower i's record: entry e's progress, into its record on
- * connection c. */
-static void fol_write(kvp_agent *a, struct kvp_conn *c, uint32_t i,
-		      const struct kvp_ent *e)
+ * connection c. 0, or -EIO when the post failed: c has failed then, and
+ * may have been released already, its followers gone from their chains
+ * (kvp__follow_conn_gone()): a caller walking a chain or c's followers
+ * must not go on from where it was. */
+static int fol_write(kvp_agent *a, struct kvp_conn *c, uint32_t i,
+		     const struct kvp_ent *e)
 {
 	struct kvp_fol *f = &a->fol[i];
 	uint8_t *rec = a->fol_rec + (size_t)i * KVP_PROG_REC;
@@ -323,29 +326,30 @@ static void fol_write(kvp_agent *a, struct kvp_conn *c, uint32_t i,
 	wr.wr.rdma.rkey = c->ptab_rkey;
 	if (kvp__post_send(c->qp, &wr, &bad)) {
 		kvp__conn_fail(a, c, -EIO);
-		return;
+		return -EIO;
 	}
 	f->writing = 1;
 	f->dirty = 0;
 	c->prog_out++;
 	a->st.progress_writes++;
+	return 0;
 }
 
 /* Follower i should see entry e's progress: now, or once its WRITE in
- * flight (or the send queue's room) allows. */
-static void fol_kick(kvp_agent *a, uint32_t i, const struct kvp_ent *e)
+ * flight (or the send queue's room) allows. 0, or -EIO as fol_write(). */
+static int fol_kick(kvp_agent *a, uint32_t i, const struct kvp_ent *e)
 {
 	struct kvp_conn *c = &a->conns[i / a->fol_per];
 	struct kvp_fol *f = &a->fol[i];
 
 	if (c->state != CS_READY)
-		return;
+		return 0;
 	if (f->writing || c->prog_out >= PROG_SQ) {
 		f->dirty = 1;
 		c->prog_dirty |= !f->writing;
-		return;
+		return 0;
 	}
-	fol_write(a, c, i, e);
+	return fol_write(a, c, i, e);
 }
 
 /* The entry a follower follows, if it still does. */
@@ -371,8 +375,8 @@ void kvp__progress_wc(kvp_agent *a, struct kvp_conn *c,
 	if (f->used && f->dirty) {
 		struct kvp_ent *e = fol_entry(a, f);
 
-		if (e)
-			fol_write(a, c, i, e);
+		if (e && fol_write(a, c, i, e))
+			return; /* c failed */
 	}
 	/* Followers that waited for room: at most the room there is. */
 	if (!c->prog_dirty)
@@ -390,10 +394,10 @@ void kvp__progress_wc(kvp_agent *a, struct kvp_conn *c,
 			return;
 		}
 		e = fol_entry(a, f);
-		if (e)
-			fol_write(a, c, k, e);
-		else
+		if (!e)
 			f->dirty = 0;
+		else if (fol_write(a, c, k, e))
+			return; /* c failed */
 	}
 }
 
@@ -618,8 +622,9 @@ static int follow_received(kvp_agent *a, struct kvp_conn *c,
 	f->dirty = 0;
 	f->next = e->fol;
 	e->fol = k;
+	/* A failed post fails c: nothing here walks on after it. */
 	if (e->prog.tokens_cur)
-		fol_kick(a, k, e);
+		(void)fol_kick(a, k, e);
 	return 0;
 }
 
@@ -709,7 +714,7 @@ int kvp_agent_publish(kvp_agent *a, uint64_t engine_id, uint64_t req_id,
 {
 	struct kvp_emit_range r[3];
 	struct kvp_ent *e;
-	uint32_t i;
+	uint32_t i, next;
 	int n;
 
 	if (!a || !a->producer || !p)
@@ -721,8 +726,16 @@ int kvp_agent_publish(kvp_agent *a, uint64_t engine_id, uint64_t req_id,
 	if (n <= 0)
 		return n; /* 0: nothing new; -EINVAL, -ERANGE */
 	e->prog = *p;
-	for (i = e->fol; i != NO_FOL; i = a->fol[i].next)
-		fol_kick(a, i, e);
+	/* A failed post fails its connection, which may drop that
+	 * connection's followers from this very chain (and zero them):
+	 * the walk starts again from the head then. Each restart is a
+	 * connection gone, whose followers are skipped or gone after it;
+	 * one already written is marked dirty and written once more. */
+	for (i = e->fol; i != NO_FOL; i = next) {
+		next = a->fol[i].next;
+		if (fol_kick(a, i, e))
+			next = e->fol;
+	}
 	a->st.publishes++;
 	return 0;
 }
