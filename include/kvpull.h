@@ -1094,9 +1094,10 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  * channel without blocking; its cold paths (a producer accepting a consumer
  * rank, a connection failing or being torn down) register memory and create
  * or destroy queue pairs. What one call does is bounded whatever peers send:
- * at most 256 completions, one accepted connection (one QP created), one
- * received blob decoded and checked, 16 rdma_cm events, and a scan of the
- * request table when a deadline passed.
+ * at most 256 completions (over all its CQs), one accepted connection (one
+ * QP created), one QP destroyed, one received blob decoded and checked,
+ * 16 rdma_cm events, 8 consumer ranks closed for idleness, one evicted,
+ * and a scan of the request table when a deadline passed.
  */
 
 typedef struct kvp_agent kvp_agent;
@@ -1998,6 +1999,15 @@ struct kvp_agent_stats {
 	uint64_t credit_gives;	/* consumer: GIVEs sent (a quiet first
 				 * QP's loans handed back); producer: GIVEs
 				 * taken */
+	uint64_t srq_last_wqe;	/* producer, shared receive queue: whether
+				 * the device reports a QP's last WQE
+				 * (IBV_EVENT_QP_LAST_WQE_REACHED), which a
+				 * QP's release waits for (without it, mlx5
+				 * may lose a buffer): 0 not known yet, 1 it
+				 * does, 2 it does not (found when the first
+				 * QP's release waited 200 ms for it: later
+				 * releases do not wait). Only a NIC shows
+				 * 1; soft-RoCE shows which it does. */
 };
 
 /* Copies the agent's counters into *st. */

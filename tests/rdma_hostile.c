@@ -1653,9 +1653,9 @@ static int raw_idle(const struct rt_env *env, void *arg)
 	}
 	CHECK(ok == H_PER_SOURCE && users == 4,
 	      "%u ranks accepted, %u refused with -EUSERS", ok, users);
-	/* Rank 0's second queue pair is not a new rank. */
+	/* Rank 0's second queue pair (index 1 of 2) is not a new rank. */
 	err = raw_connect_as(&r[H_IDLE], env->addr0, env->addr0, s->port,
-			     H_EVIL, H_IDLE, 0, 4096, 0, 64);
+			     H_EVIL, H_IDLE, 0, 4096, 2u << 8 | 1u << 12, 64);
 	CHECK(!err, "rank 0's second queue pair: %s", kvp_strerror(err));
 	CHECK(write(s->ready_fd, "r", 1) == 1, "ready");
 	for (i = 0; i <= H_IDLE; i++) {
@@ -2068,6 +2068,13 @@ static int case_strangers(const struct rt_env *env, struct ctx *x)
 	      "shared receive queue: %llu buffers, %llu before",
 	      (unsigned long long)st1.st.srq_bufs,
 	      (unsigned long long)st0.st.srq_bufs);
+	/* Item 10: whether the device reports a QP's last WQE, found at the
+	 * first release (a NIC's 1; soft-RoCE's whichever it does). */
+	CHECK(st1.st.srq_last_wqe == 1 || st1.st.srq_last_wqe == 2,
+	      "last WQE events: %llu, want known (1 or 2)",
+	      (unsigned long long)st1.st.srq_last_wqe);
+	printf("    the device %s a QP's last WQE event\n",
+	       st1.st.srq_last_wqe == 1 ? "reports" : "does not report");
 	return 0;
 }
 

@@ -177,10 +177,11 @@ int kvp__evict_idle(kvp_agent *a, const uint8_t *src)
 	return 1;
 }
 
+#define IDLE_BUDGET 8 /* ranks closed for idleness a call, the rest next */
 void kvp__idle_sweep(kvp_agent *a, uint64_t now)
 {
 	uint64_t next = UINT64_MAX;
-	uint32_t i;
+	uint32_t i, left = IDLE_BUDGET;
 
 	for (i = 0; i < a->prod_hw; i++) {
 		struct kvp_conn *c = &a->conns[i];
@@ -198,6 +199,11 @@ void kvp__idle_sweep(kvp_agent *a, uint64_t now)
 				next = now + a->idle_ns;
 			continue;
 		}
+		if (!left) {
+			next = now; /* the next poll goes on */
+			break;
+		}
+		left--;
 		a->st.idle_closes++;
 		rank_drop(a, c, 0, -ETIMEDOUT);
 	}

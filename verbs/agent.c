@@ -631,6 +631,7 @@ void kvp_agent_get_stats(const kvp_agent *a, struct kvp_agent_stats *st)
 	*st = a->st;
 	st->mem_bytes = mem_bytes(a);
 	st->srq_bufs = a->srq_n;
+	st->srq_last_wqe = a->srq_last_wqe;
 	live_counts(a, st);
 }
 
@@ -668,6 +669,12 @@ static void async_events(kvp_agent *a)
 				if (a->conns[i].qp == ev.qp)
 					kvp__conn_fail(a, &a->conns[i], -EIO);
 			a->st.async_errors++;
+			break;
+		case IBV_EVENT_QP_LAST_WQE_REACHED:
+			for (i = kvp__slot_next(a, 0); i < a->nconns;
+			     i = kvp__slot_next(a, i + 1))
+				if (a->conns[i].qp == ev.qp)
+					kvp__conn_last_wqe(a, &a->conns[i], 1);
 			break;
 		case IBV_EVENT_PORT_ERR:
 		case IBV_EVENT_DEVICE_FATAL:
@@ -746,14 +753,16 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 	}
 }
 
-/* Polls each CQ in arrays of 32, a bounded number of times. */
+/* Polls the CQs in arrays of 32, CQ_BATCHES x 32 completions a call in
+ * all (the CQ it starts with turns, so that none waits for the others). */
 static int cq_drain(kvp_agent *a)
 {
-	int b, i, n, total = 0;
-	uint32_t k;
+	int b = 0, i, n, total = 0;
+	uint32_t j, k;
 
-	for (k = 0; k < a->ncq; k++) {
-		for (b = 0; a->cqs[k] && b < CQ_BATCHES; b++) {
+	for (j = 0; j < a->ncq && b < CQ_BATCHES; j++) {
+		k = (a->cq_next + j) % a->ncq;
+		for (; a->cqs[k] && b < CQ_BATCHES; b++) {
 			n = kvp__poll_cq(a->cqs[k], 32, a->wc);
 			if (kvp_unlikely(n < 0))
 				return n; /* the CQ failed: overrun,
@@ -763,10 +772,14 @@ static int cq_drain(kvp_agent *a)
 			for (i = 0; i < n; i++)
 				dispatch(a, &a->wc[i]);
 			total += n;
-			if (n < 32)
+			if (n < 32) {
+				b++;
 				break;
+			}
 		}
 	}
+	if (a->ncq)
+		a->cq_next = (a->cq_next + 1) % a->ncq;
 	/* The credit given for the messages taken, published now: not
 	 * during the drain, so that a message taken in it was sent knowing
 	 * at most what was published before (credit.h's exact rule). */

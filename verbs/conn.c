@@ -516,6 +516,7 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->status = 0;
 	c->drains = 0;
 	c->drain_deadline = 0;
+	c->lastwqe_wait = 0;
 	c->qp = NULL;
 	c->id = NULL;
 	c->rreg = NULL;
@@ -582,12 +583,34 @@ void kvp__conn_fail(kvp_agent *a, struct kvp_conn *c, int err)
 		rwr.wr_id = kvp__wrid(WK_DRAIN_RQ, c->gen, c->idx, 0);
 		if (!c->qp->srq && !kvp__post_recv(c->qp, &rwr, &rbad))
 			c->drains++;
+		/* Its receives come from the shared queue: the device says
+		 * when the last one it took is done (the QP's last WQE); a
+		 * QP destroyed before may lose that buffer (mlx5). A device
+		 * that never says so is found at the first such release. */
+		if (c->qp->srq && a->srq_last_wqe != SRQ_LAST_WQE_ABSENT) {
+			c->lastwqe_wait = 1;
+			c->lastwqe_by = kvp__now_ns() + LASTWQE_NS;
+			c->drains++;
+		}
 		(void)kvp__disconnect(c->id);
 	}
 	/* Its side reports it and fails what depended on it (a consumer:
 	 * the rest of the engine). */
 	c->ops->failed(a, c, was_ready);
 	if (c->state == CS_DRAINING && !c->drains)
+		kvp__conn_drained(a, c);
+}
+
+void kvp__conn_last_wqe(kvp_agent *a, struct kvp_conn *c, int seen)
+{
+	if (!c->lastwqe_wait)
+		return;
+	c->lastwqe_wait = 0;
+	if (seen)
+		a->srq_last_wqe = SRQ_LAST_WQE_SEEN;
+	else if (a->srq_last_wqe == SRQ_LAST_WQE_UNKNOWN)
+		a->srq_last_wqe = SRQ_LAST_WQE_ABSENT; /* never waited again */
+	if (c->state == CS_DRAINING && c->drains && !--c->drains)
 		kvp__conn_drained(a, c);
 }
 
@@ -685,7 +708,11 @@ void kvp__conn_timers(kvp_agent *a, uint64_t now)
 	     i = kvp__slot_next(a, i + 1)) {
 		struct kvp_conn *c = &a->conns[i];
 
-		if (c->state == CS_DRAINING && now >= c->drain_deadline) {
+		if (c->state == CS_DRAINING && c->lastwqe_wait &&
+		    now >= c->lastwqe_by) {
+			kvp__conn_last_wqe(a, c, 0);
+		} else if (c->state == CS_DRAINING &&
+			   now >= c->drain_deadline) {
 			c->drains = 0;
 			kvp__conn_drained(a, c);
 		} else if (kvp__half_open(c) && now >= c->drain_deadline) {

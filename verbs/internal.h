@@ -671,6 +671,8 @@ struct kvp_conn {
 				   * credit (credit.h) */
 	int cr_dirty;		  /* ... given this poll: in a->cr_dirty */
 	int auth_seen;		  /* producer, shared receive queue */
+	int lastwqe_wait;	  /* ... draining: its last WQE event due */
+	uint64_t lastwqe_by;	  /* ... and when it is given up on */
 	uint32_t expected;	  /* notifications that free a request */
 	uint32_t peer_tp;	  /* the consumer engine's TP size */
 	uint32_t nearly;	  /* early entries this connection created */
@@ -994,6 +996,9 @@ struct kvp_agent {
 	struct ibv_mr **srq_mr;
 	uint32_t srq_n, srq_cap, srq_pool;
 	struct kvp_credit_pool crp; /* its loans (credit.h) */
+	uint32_t cq_next;	/* the CQ the next drain starts with */
+	uint32_t srq_last_wqe;	/* SRQ_LAST_WQE_*: does the device report a
+				 * QP's last WQE (stats.srq_last_wqe) */
 	uint32_t *cr_dirty, ncr_dirty; /* connections given credit this
 					* poll, published when it ends */
 	uint32_t *qpn_tab, qpn_mask;
@@ -1346,6 +1351,15 @@ KVP_HIDDEN void kvp__req_reap(kvp_agent *a);
 KVP_HIDDEN extern const struct kvp_conn_ops kvp__consumer_ops;
 /* Emits and posts what c's chunks have waiting, as its room allows. */
 KVP_HIDDEN void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c);
+/* A draining QP of the shared receive queue: the device reported its last
+ * WQE (seen), or LASTWQE_NS passed without it. */
+KVP_HIDDEN void kvp__conn_last_wqe(kvp_agent *a, struct kvp_conn *c,
+				   int seen);
+/* How long a QP of the shared receive queue waits for its last WQE event
+ * while the device's habit is unknown (on a NIC it comes within
+ * microseconds of the QP's error). */
+#define LASTWQE_NS 200000000ull
+enum { SRQ_LAST_WQE_UNKNOWN, SRQ_LAST_WQE_SEEN, SRQ_LAST_WQE_ABSENT };
 /* Consumer timers: a first queue pair quiet for KVP_GIVE_NS hands its
  * loans back (GIVE). */
 KVP_HIDDEN void kvp__conn_give(kvp_agent *a, struct kvp_conn *c,
