@@ -1318,7 +1318,7 @@ struct kvp_agent_attr {
  * the shared receive queue (srq; without it, a QP is sized for 144: its
  * rq_depth 128 notification buffers too), a consumer QP 517 (sq_depth
  * 512, 5), 16 more per CQ; so on soft-RoCE (32,767 entries a CQ) the
- * shared receive queue serves up to 15,808 producer QPs (its 16,320
+ * shared receive queue serves up to 7,904 producer QPs (its 16,320
  * buffers fill half a CQ; above that a receive queue per QP: 64 CQs
  * hold 14,528 producer QPs, 7,264 consumer ranks of two), and 64 CQs
  * hold 4,032 consumer QPs; ConnectX's 4,194,303 entries far more than max_qps

@@ -87,6 +87,7 @@ struct h_reply {
 	int32_t rc;
 	uint32_t pad;
 	uint64_t worst_ns; /* since the last C_STATS */
+	uint64_t worst_cpu_ns; /* the most CPU time one poll took, since */
 	struct kvp_agent_stats st;
 };
 
@@ -100,6 +101,16 @@ struct h_seen {
 #define H_IDLE_SHORT 2	 /* producer flag: idle_ms H_IDLE_MS */
 #define H_IDLE_MS 1500
 
+/* This thread's CPU time: what a poll costs whatever else the machine
+ * runs (its wall time is the test's load's too). */
+static uint64_t cpu_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static int producer_main(const struct rt_env *env, uint16_t port,
 			 int flags, int fd)
 {
@@ -111,7 +122,7 @@ static int producer_main(const struct rt_env *env, uint16_t port,
 	struct h_reply rep;
 	kvp_layout *l = rt_layout(&eng, 1, 0);
 	kvp_agent *a = NULL;
-	uint64_t worst = 0, t0, dt, wait_end = 0;
+	uint64_t worst = 0, worst_cpu = 0, t0, c0, dt, wait_end = 0;
 	uint32_t nseen = 0, i;
 	const char *who = flags & H_SECRET ? "P2" :
 			  flags & H_IDLE_SHORT ? "P3" : "P1";
@@ -127,8 +138,12 @@ static int producer_main(const struct rt_env *env, uint16_t port,
 	at.layout = l;
 	at.addr = env->addr0;
 	at.max_inflight = 32;
-	at.max_peers = H_PEERS;
-	at.max_per_source = H_PER_SOURCE;
+	/* P2 takes the strangers and the ranks beside them from two
+	 * addresses: room for all (a full producer would close an idle
+	 * rank for a newcomer whose connect request proves the secret,
+	 * a replayed one among them: see case_strangers). */
+	at.max_peers = with_secret ? 2 * H_PEERS : H_PEERS;
+	at.max_per_source = with_secret ? 2 * H_PEERS : H_PER_SOURCE;
 	at.handshake_ms = H_HANDSHAKE_MS;
 	if (flags & H_IDLE_SHORT)
 		at.idle_ms = H_IDLE_MS;
@@ -150,10 +165,14 @@ static int producer_main(const struct rt_env *env, uint16_t port,
 		struct pollfd p = { .fd = fd, .events = POLLIN };
 
 		t0 = rt_now_ns();
+		c0 = cpu_ns();
 		n = kvp_agent_poll(a, ev, 16);
 		dt = rt_now_ns() - t0;
 		if (dt > worst)
 			worst = dt;
+		dt = cpu_ns() - c0;
+		if (dt > worst_cpu)
+			worst_cpu = dt;
 		if (n < 0)
 			RT_FAIL("poll: %s", kvp_strerror(n));
 		for (i = 0; i < (uint32_t)n; i++) {
@@ -200,7 +219,8 @@ static int producer_main(const struct rt_env *env, uint16_t port,
 			continue;
 		case C_STATS:
 			rep.worst_ns = worst;
-			worst = 0;
+			rep.worst_cpu_ns = worst_cpu;
+			worst = worst_cpu = 0;
 			kvp_agent_get_stats(a, &rep.st);
 			break;
 		case C_STOP:
@@ -494,6 +514,9 @@ out:
 /* The key a raw client's connect request proves (a hello with
  * KVP_HELLO_AUTH): the producer's secret unless a case sets another. */
 static const uint8_t *raw_tag_key;
+/* The secret a raw client's full handshake proves (raw_join*(): its hello
+ * and its AUTH); NULL: none. */
+static const uint8_t *raw_join_key;
 /* Seconds added to the clock in a raw client's hello (a stale request). */
 static int64_t raw_clock_skew;
 
@@ -814,13 +837,13 @@ static int raw_join_blob(struct raw *r, const char *src,
 	int err;
 
 	err = raw_connect_as(r, src, env->addr0, port, engine, tp, rank,
-			     (uint32_t)len, 0, 4096);
+			     (uint32_t)len, raw_join_key ? 1 : 0, 4096);
 	if (!err && len > 4096)
 		err = -EMSGSIZE;
 	if (err)
 		return err;
 	memcpy(r->buf + RAW_BLOB, blob, len);
-	err = raw_auth(r, NULL);
+	err = raw_auth(r, raw_join_key);
 	if (!err)
 		err = raw_answer(r);
 	return err;
@@ -1321,8 +1344,10 @@ static int case_short_keys(const struct rt_env *env, struct ctx *x)
 #define H_COSTLY H_PER_SOURCE /* all from the second address */
 #define H_COSTLY_S 3.0
 #define H_COSTLY_JOIN_S 2.0
-/* The issue's bound is for a release build (the plain VM stage checks
- * it: 32-54 ms measured); sanitized code is slower, by up to 3x here. */
+/* The bound is on a poll's own CPU time, so that the same tree gives the
+ * same answer on a loaded machine (its wall time was seen at 131 ms in CI
+ * under load, 17-54 ms on a quiet host); sanitized code is slower, by up
+ * to 3x here. */
 #define H_COSTLY_POLL_MS (RT_SANITIZED ? 300.0 : 100.0)
 struct costly {
 	uint16_t port;
@@ -1425,11 +1450,12 @@ out:
 	if (n && rt_wait(pid, n, rt_now() + 60, "costly child"))
 		ret = -1;
 	CHECK(!case_stats(&x->p1, &rep), "stats");
-	printf("    %u costly peers for %.0f s: producer's worst poll %.2f ms (bound %.0f ms), %llu refused\n",
-	       H_COSTLY, H_COSTLY_S, rep.worst_ns / 1e6, H_COSTLY_POLL_MS,
-	       (unsigned long long)rep.st.refused);
-	CHECK(rep.worst_ns < H_COSTLY_POLL_MS * 1e6,
-	      "worst poll %.2f ms", rep.worst_ns / 1e6);
+	printf("    %u costly peers for %.0f s: producer's worst poll %.2f ms "
+	       "of CPU (bound %.0f ms; %.2f ms of wall time), %llu refused\n",
+	       H_COSTLY, H_COSTLY_S, rep.worst_cpu_ns / 1e6, H_COSTLY_POLL_MS,
+	       rep.worst_ns / 1e6, (unsigned long long)rep.st.refused);
+	CHECK(rep.worst_cpu_ns < H_COSTLY_POLL_MS * 1e6,
+	      "worst poll %.2f ms of CPU", rep.worst_cpu_ns / 1e6);
 	return ret;
 }
 
@@ -1968,16 +1994,23 @@ static int case_fair(const struct rt_env *env, struct ctx *x)
 }
 
 /* Issue 33, item 1: peers that have not proved the secret never empty
- * the shared receive queue. Strangers whose connect request carries a
+ * the shared receive queue. 64 strangers whose connect request carries a
  * true proof (a request replayed within its window: the only way to a
  * queue pair without the secret) send a wrong AUTH and, without waiting
  * for the refusal (they post no receive: its delivery would wait on their
- * RNR), flood SENDs with an infinite RNR retry. Each is dropped at its
- * first message after the AUTH (stats.credit_abuses), while a consumer
- * with the secret pulls and checks every byte. Before: their messages
- * were reposted and ignored, no abuse counted, the connection held until
- * the refusal's delivery or the handshake bound. */
-#define H_STR_ROUNDS 8
+ * RNR), flood SENDs with an infinite RNR retry, 4 at a time. Each is
+ * dropped at its first message after the AUTH (stats.credit_abuses),
+ * while 8 ranks with the secret send notifications at their credit (none
+ * sees a completion error, none is dropped) and a consumer with the
+ * secret pulls and checks every byte. Before: the strangers' messages
+ * were reposted and ignored, no abuse counted, each connection held
+ * until the refusal's delivery or the handshake bound. */
+#define H_STR_ROUNDS 16
+/* notifying ranks: see case_comply */
+#define H_COMPLY 10000
+#define H_COMPLY_P2 4000 /* beside the strangers */
+#define H_COMPLY_RANKS 8
+#define H_COMPLY_PAUSE_MS 500
 #define H_STR_MSGS 48
 static int raw_strangers(const struct rt_env *env, void *arg)
 {
@@ -1987,13 +2020,32 @@ static int raw_strangers(const struct rt_env *env, void *arg)
 	uint32_t round, i, k, dropped = 0;
 	int err;
 
+	/* Strangers without the secret: refused in their connect request,
+	 * no queue pair made. */
+	raw_tag_key = other_secret;
+	for (i = 0; i < H_STR_ROUNDS * H_PER_SOURCE; i++) {
+		err = raw_connect_as(&r[0], env->addr0, env->addr0, s->port,
+				     H_EVIL + i, 1, 0, 4096, 1, 4096);
+		raw_close(&r[0]);
+		CHECK(err == -EPERM, "stranger %u: %s, want -EPERM", i,
+		      kvp_strerror(err));
+	}
+	raw_tag_key = NULL;
 	for (round = 0; round < H_STR_ROUNDS; round++) {
 		for (i = 0; i < H_PER_SOURCE; i++) {
 			uint8_t *tx;
 
-			err = raw_connect_as(&r[i], env->addr0, env->addr0,
-					     s->port, H_EVIL + round,
-					     H_PER_SOURCE, i, 4096, 1, 4096);
+			/* The slots of the last round's may still drain:
+			 * come back, as the refusal's hint says. */
+			while ((err = raw_connect_as(&r[i], env->addr0,
+						     env->addr0, s->port,
+						     H_EVIL + round,
+						     H_PER_SOURCE, i, 4096, 1,
+						     4096)) == -EBUSY ||
+			       err == -EUSERS) {
+				raw_close(&r[i]);
+				usleep(10000);
+			}
 			CHECK(!err, "round %u connect %u: %s", round, i,
 			      kvp_strerror(err));
 			tx = r[i].buf + RAW_TX;
@@ -2029,31 +2081,41 @@ static int raw_strangers(const struct rt_env *env, void *arg)
 			raw_close(&r[i]);
 		}
 	}
-	printf("    %u strangers, each a wrong AUTH then %u SENDs: all "
-	       "dropped\n", dropped, H_STR_MSGS);
+	printf("    %u strangers without the secret refused in their connect "
+	       "request; %u with a replayed one, each a wrong AUTH then %u "
+	       "SENDs: all dropped\n", H_STR_ROUNDS * H_PER_SOURCE, dropped,
+	       H_STR_MSGS);
 	return 0;
 }
+
+static int raw_comply_p2(const struct rt_env *env, void *arg);
 
 static int case_strangers(const struct rt_env *env, struct ctx *x)
 {
 	const char *who = "strangers";
-	struct slow s = { .port = x->p2.port };
+	struct slow s = { .port = x->p2.port }, k = { .port = x->p2.port };
 	struct h_reply st0, st1;
-	int fd, ok;
-	pid_t pid;
+	int fd = -1, kfd = -1, ok;
+	pid_t pid[2] = { -1, -1 };
 	char c;
 
 	CHECK(env->addr1, "needs KVP_ADDR1 (--devices 2)");
 	CHECK(!case_stats(&x->p2, &st0), "stats");
 	CHECK(st0.st.srq_bufs > 0, "P2 has no shared receive queue");
-	pid = raw_child(env, &s, raw_strangers, &fd);
-	ok = pid > 0 && read(fd, &c, 1) == 1 &&
+	pid[0] = raw_child(env, &k, raw_comply_p2, &kfd);
+	ok = pid[0] > 0 && read(kfd, &c, 1) == 1;
+	if (ok)
+		pid[1] = raw_child(env, &s, raw_strangers, &fd);
+	ok = ok && pid[1] > 0 && read(fd, &c, 1) == 1 &&
 	     !serve_good(env, x, &x->p2, env->addr1, secret, 2);
-	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "raw child"))
+	if (rt_wait(pid, pid[1] > 0 ? 2 : 1, rt_now() + 60, "raw children"))
 		ok = 0;
 	if (fd >= 0)
 		close(fd);
-	CHECK(ok, "strangers, or the consumer beside them");
+	if (kfd >= 0)
+		close(kfd);
+	CHECK(ok, "strangers, the ranks notifying or the consumer beside "
+		  "them");
 	CHECK(!case_stats(&x->p2, &st1), "stats");
 	CHECK(st1.st.credit_abuses - st0.st.credit_abuses ==
 		      H_STR_ROUNDS * H_PER_SOURCE,
@@ -2061,10 +2123,12 @@ static int case_strangers(const struct rt_env *env, struct ctx *x)
 	      (unsigned long long)(st1.st.credit_abuses -
 				   st0.st.credit_abuses),
 	      H_STR_ROUNDS * H_PER_SOURCE);
-	CHECK(st1.st.connects == st0.st.connects + 1,
-	      "%llu ranks connected, want the good one",
-	      (unsigned long long)(st1.st.connects - st0.st.connects));
-	CHECK(st1.st.srq_bufs == st0.st.srq_bufs,
+	CHECK(st1.st.connects == st0.st.connects + 1 + H_COMPLY_RANKS,
+	      "%llu ranks connected, want the good one and %u notifying",
+	      (unsigned long long)(st1.st.connects - st0.st.connects),
+	      H_COMPLY_RANKS);
+	/* (more slots taken: more buffers; none lost) */
+	CHECK(st1.st.srq_bufs >= st0.st.srq_bufs,
 	      "shared receive queue: %llu buffers, %llu before",
 	      (unsigned long long)st1.st.srq_bufs,
 	      (unsigned long long)st0.st.srq_bufs);
@@ -2083,20 +2147,21 @@ static int case_strangers(const struct rt_env *env, struct ctx *x)
  * address) send 10,000 notifications each within their credit, as fast
  * as it allows: up to 60 sends in flight per rank, the counter READ when
  * out of credit, so that the producer's backlog outlasts its polls (256
- * completions a CQ a poll) for the whole run; and the producer does not
+ * completions a poll) for the whole run; and the producer does not
  * poll for 500 ms at the start. Before: a rank that kept to its credit
  * was dropped once one backlog held more than its credit at the start
  * and 2 x rq_depth. */
-#define H_COMPLY 10000
-#define H_COMPLY_RANKS 8
-#define H_COMPLY_PAUSE_MS 500
 static int comply_step(struct raw *r, uint64_t engine, uint64_t *inflight,
-		       int *reading)
+		       int *reading, uint64_t total)
 {
 	struct ibv_send_wr *bad;
 	struct ibv_wc wc[16];
 	int n, i;
 
+	/* Dropped by the producer: its QP may never tell (no ack
+	 * timeout set on ours). */
+	if (!raw_event(r, RDMA_CM_EVENT_DISCONNECTED, 0, NULL, NULL))
+		return -ENOTCONN;
 	n = ibv_poll_cq(r->cq, 16, wc);
 	for (i = 0; i < n; i++) {
 		if (wc[i].status != IBV_WC_SUCCESS)
@@ -2108,7 +2173,7 @@ static int comply_step(struct raw *r, uint64_t engine, uint64_t *inflight,
 			(*inflight)--;
 		}
 	}
-	while (r->sent < H_COMPLY && *inflight < 60 &&
+	while (r->sent < total && *inflight < 60 &&
 	       r->credits + r->ctr_seen > r->sent) {
 		uint8_t *m = r->buf + RAW_TX + 64 * (1 + r->sent % 60);
 
@@ -2122,7 +2187,7 @@ static int comply_step(struct raw *r, uint64_t engine, uint64_t *inflight,
 		r->sent++;
 		(*inflight)++;
 	}
-	if (r->sent < H_COMPLY && !*reading &&
+	if (r->sent < total && !*reading &&
 	    r->credits + r->ctr_seen == r->sent) {
 		struct ibv_sge g = { .addr = (uintptr_t)(r->buf + RAW_CTR),
 				     .length = 8, .lkey = r->mr->lkey };
@@ -2137,12 +2202,12 @@ static int comply_step(struct raw *r, uint64_t engine, uint64_t *inflight,
 			return -EIO;
 		*reading = 1;
 	}
-	return r->sent == H_COMPLY && !*inflight && !*reading;
+	return r->sent == total && !*inflight && !*reading;
 }
 
-static int raw_comply(const struct rt_env *env, void *arg)
+static int comply_n(const struct rt_env *env, const struct slow *s,
+		    uint64_t total)
 {
-	const struct slow *s = arg;
 	const char *who = "compliant";
 	struct raw r[H_COMPLY_RANKS];
 	uint64_t inflight[H_COMPLY_RANKS] = { 0 };
@@ -2152,8 +2217,15 @@ static int raw_comply(const struct rt_env *env, void *arg)
 	int err;
 
 	for (k = 0; k < H_COMPLY_RANKS; k++) {
-		err = raw_join_from(&r[k], env, k & 1 ? env->addr1 : env->addr0,
-				    s->port, H_EVIL + 16 + k, 1, 0);
+		/* (slots another case's peers left may still drain) */
+		while ((err = raw_join_from(&r[k], env,
+					    k & 1 ? env->addr1 : env->addr0,
+					    s->port, H_EVIL + 16 + k, 1, 0)) ==
+			       -EBUSY ||
+		       err == -EUSERS) {
+			raw_close(&r[k]);
+			usleep(10000);
+		}
 		CHECK(!err, "join %u: %s", k, kvp_strerror(err));
 	}
 	CHECK(write(s->ready_fd, "r", 1) == 1, "ready");
@@ -2162,17 +2234,37 @@ static int raw_comply(const struct rt_env *env, void *arg)
 		left = 0;
 		for (k = 0; k < H_COMPLY_RANKS; k++) {
 			err = comply_step(&r[k], H_EVIL + 16 + k, &inflight[k],
-					  &reading[k]);
+					  &reading[k], total);
 			CHECK(err >= 0, "rank %u at note %llu: %s", k,
 			      (unsigned long long)r[k].sent,
 			      kvp_strerror(err));
 			left += !err;
 		}
 	}
+	for (k = 0; left && k < H_COMPLY_RANKS; k++)
+		fprintf(stderr, "  [%s] rank %u: %llu of %llu sent, credit %u "
+			"+ %llu, %llu in flight, counter read %s\n", who, k,
+			(unsigned long long)r[k].sent,
+			(unsigned long long)total, r[k].credits,
+			(unsigned long long)r[k].ctr_seen,
+			(unsigned long long)inflight[k],
+			reading[k] ? "posted" : "idle");
 	CHECK(!left, "%u ranks not done", left);
 	for (k = 0; k < H_COMPLY_RANKS; k++)
 		raw_close(&r[k]);
 	return 0;
+}
+
+static int raw_comply(const struct rt_env *env, void *arg)
+{
+	return comply_n(env, arg, H_COMPLY);
+}
+
+/* The same with the secret (P2), beside the strangers. */
+static int raw_comply_p2(const struct rt_env *env, void *arg)
+{
+	raw_join_key = secret;
+	return comply_n(env, arg, H_COMPLY_P2);
 }
 
 static int case_comply(const struct rt_env *env, struct ctx *x)
