@@ -2361,8 +2361,25 @@ static int nullhit_main(const struct rt_env *env, void *arg)
 			done++;
 		}
 	}
-	if (!done || write(h->ready_fd, "d", 1) != 1)
+	if (!done)
 		RT_FAIL("not done");
+	/* Item 4: idle now, its first queue pair hands its loans back
+	 * (GIVE: GO lent it 8, it keeps its own 2). */
+	end = rt_now() + 10;
+	for (;;) {
+		struct kvp_agent_stats st;
+
+		if (kvp_agent_poll(a, ev, 8) < 0)
+			RT_FAIL("poll");
+		kvp_agent_get_stats(a, &st);
+		if (st.credit_gives)
+			break;
+		if (rt_now() > end)
+			RT_FAIL("idle, and no GIVE sent");
+		usleep(1000);
+	}
+	if (write(h->ready_fd, "d", 1) != 1)
+		RT_FAIL("ready");
 	/* Idle, connected, polling, until the parent has its answer. */
 	p.fd = h->hold_fd;
 	p.events = POLLIN;
@@ -2383,12 +2400,13 @@ static int case_nullhit(const struct rt_env *env, struct ctx *x)
 {
 	const char *who = "null hit";
 	struct nullhit h = { .port = x->p1.port, .req = H_REQ0 + 500 };
-	struct h_reply rep;
+	struct h_reply rep, st0, st1;
 	int rfd[2], hfd[2], got;
 	pid_t pid;
 	char c;
 
 	CHECK(!pipe(rfd) && !pipe(hfd), "pipes");
+	CHECK(!case_stats(&x->p1, &st0), "stats");
 	CHECK(!prod_cmd(&x->p1, C_EXPECT, H_CONS, h.req, 60000, &rep),
 	      "expect");
 	h.ready_fd = rfd[1];
@@ -2416,8 +2434,11 @@ static int case_nullhit(const struct rt_env *env, struct ctx *x)
 	      "request %llu: %s while its consumer is connected, want "
 	      "RELEASED", (unsigned long long)h.req,
 	      rep.rc < 0 ? kvp_strerror(rep.rc) : "EXPIRED");
+	CHECK(!case_stats(&x->p1, &st1), "stats");
+	CHECK(st1.st.credit_gives > st0.st.credit_gives,
+	      "the idle consumer's GIVE not taken");
 	printf("    a pull with nothing to read: DONE, released while its "
-	       "consumer idles\n");
+	       "consumer idles; idle, it handed its loans back (GIVE)\n");
 	return 0;
 }
 
@@ -2681,7 +2702,7 @@ static const struct h_case cases[] = {
 	  case_strangers, on_p2 },
 	{ "compliant ranks, the producer paused: none dropped",
 	  case_comply, on_p1 },
-	{ "a pull with nothing to read: released while connected",
+	{ "nothing to read: released while connected; idle: loans given back",
 	  case_nullhit, on_p1 },
 	{ "a queue pair claimed twice while half-open: one at a time",
 	  case_twice, on_p1 },

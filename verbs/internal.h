@@ -713,6 +713,7 @@ struct kvp_req {
 	uint32_t next_free;
 	uint32_t stream;   /* pulled in streaming mode */
 	uint32_t uses;	   /* the slot's pulls: picks its progress record */
+	uint32_t in_sreq;  /* on a->sreq, the streamed pulls' list */
 	uint32_t reason;   /* FAILED: enum kvp_reason when the request
 			    * failed alone (a streamed pull's stall) */
 	uint32_t arrived;  /* ARRIVED: layers reported */

@@ -221,7 +221,13 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 	} else {
 		for (k = 0; k < nsrc; k++)
 			e->sprog[slot * nsrc + k].active = 0;
-		a->sreq[a->nsreq++] = slot;
+		/* Once per slot: one that finished and was pulled again
+		 * before the scan dropped it is still on the list (so the
+		 * list never holds more than max_inflight). */
+		if (!r->in_sreq) {
+			r->in_sreq = 1;
+			a->sreq[a->nsreq++] = slot;
+		}
 		note = a->note_buf + ((size_t)a->max_inflight + slot) *
 					     KVP_NOTE_LEN;
 		kvp__put32(note, KVP_FOLLOW_MAGIC);
@@ -460,8 +466,10 @@ void kvp__stream_scan(kvp_agent *a, uint64_t now)
 		uint32_t nsrc;
 
 		if (r->state != RQ_ACTIVE || !r->stream ||
-		    e->state != KVP_ENGINE_UP)
+		    e->state != KVP_ENGINE_UP) {
+			r->in_sreq = 0;
 			continue; /* finished: off the list */
+		}
 		a->sreq[n++] = slot;
 		nsrc = e->pc->pi.nsrc;
 		for (s = 0; s < nsrc && e->state == KVP_ENGINE_UP; s++) {
