@@ -1427,7 +1427,14 @@ KVP_API int kvp_agent_register_dmabuf(kvp_agent *agent, uint32_t region,
  * A rank has a request in flight here while its engine has one expected
  * or early that this rank has not notified yet (it may be reading or
  * following it); one that notified every such request has none, whatever
- * its engine's other ranks do. A consumer rank idle for idle_ms (no
+ * its engine's other ranks do. A rank that sent a message within idle_ms
+ * also has one while its queue pairs took a READ within the last 200 ms:
+ * a pull before kvp_agent_expect() shows nowhere else (its notification
+ * comes after the READs), so the producer reads each of the rank's queue
+ * pairs' next expected PSN when it weighs the rank for eviction or
+ * idleness (a system call each; a firmware command on some devices), and
+ * a PSN moved by more than the messages it took is READs. A consumer rank
+ * idle for idle_ms (no
  * notification or FOLLOW, and nothing in flight when that is checked) is
  * disconnected with all its queue pairs (-ETIMEDOUT; stats.idle_closes).
  * A newcomer that finds no room (its address at max_per_source ranks,

@@ -20,7 +20,11 @@
  *  - the same budget when the least recently used engine has every pull
  *    DONE but a notification still waiting for its producer's credit:
  *    it is not idle, the other engine makes room, and the producer
- *    releases every request once it polls again.
+ *    releases every request once it polls again;
+ *  - a producer with one rank slot: a consumer rank that reads requests
+ *    the producer has not expected (nothing in its tables says so) is
+ *    not evicted for a newcomer while it reads; the newcomer gets the
+ *    slot once it is quiet.
  * Every rank is a process with its own agent; every consumer's whole
  * memory is checked byte for byte against the identity expectation.
  *
@@ -2069,6 +2073,209 @@ out:
 	return ret;
 }
 
+/* ---- 7. a rank reading before expect() is not evicted -------------------- */
+
+/* A producer rank of one rank slot (max_peers 1: max_qps 2, one consumer
+ * rank of two queue pairs). Consumer A pulls request after request that
+ * the producer never expects: it reads and notifies, but its engine never
+ * has a request expected or early that A has not notified, so only the
+ * READs show that it is busy. Consumer B, of another engine, connects
+ * while A pulls: A must not be evicted for it while it pulls (its pulls
+ * all DONE); B gets A's slot once A went quiet, and pulls its request. */
+static const struct eng_spec c7_prod[1] = {
+	{ .name = "P", .id = 0x50f7, .tp = 1, .block = 16, .kv_layout = HND,
+	  .nblocks = 64, .layers = 2, .port = 104, .max_peers = 1 },
+};
+
+static const struct eng_spec c7_cons =
+	ENG("decode", RT_CONS_ENGINE, 1, 16, HND, 64, 2, 0);
+
+#define C7_ENGINE_B (RT_CONS_ENGINE + 1)
+#define C7_PULL_S 2.0 /* A pulls for this long once B is on its way */
+static struct req c7_rq[2]; /* A's blocks (never expected), B's request */
+
+struct c7_fds {
+	int a_pulling; /* A -> parent: pulling (B may come) */
+	int a_done;    /* A -> parent: stopped pulling, then evicted */
+};
+
+/* A: pulls c7_rq[0]'s blocks under ids 7000, 7001, ..., at most 4 in
+ * flight, until C7_PULL_S after its first DONE; then waits to be evicted
+ * (ENGINE_DOWN -ECONNRESET, KVP_REASON_PEER_EVICTED or a reset) for B. */
+static int c7_consumer_a(const void *arg, uint32_t rank)
+{
+	const struct c7_fds *fd = arg;
+	struct kvp_agent_attr at;
+	struct kvp_event ev[16];
+	struct want w = { .ups = { 1 } };
+	struct kvp_ids x = ids_of(&c7_rq[0]);
+	struct cons *c;
+	const char *who = "decode A";
+	uint32_t pulled = 0, done = 0, inflight = 0, downs = 0;
+	double t_first = 0, end;
+	int ret = 1, err, n, i, down_status = 0;
+
+	memset(&at, 0, sizeof(at));
+	at.max_inflight = 4;
+	c = cons_new(&c7_cons, rank, c7_prod, 1, c7_rq, 1, &at);
+	if (!c)
+		return 1;
+	who = c->who;
+	if (cons_add(c, 0, 30000) || cons_wait(c, &w, 30, "ENGINE_UP"))
+		goto out;
+	end = rt_now() + 60;
+	while (!t_first || rt_now() < t_first + C7_PULL_S) {
+		while (inflight < 4) {
+			err = kvp_agent_pull_from(c->a, c->h[0], 7000 + pulled,
+						  &x);
+			if (err == -EBUSY)
+				break; /* slots wait for their notifications */
+			if (err == -ENOTCONN)
+				RT_FAIL("pull %u (%u DONE, %u in flight): its engine is going down: evicted while it read",
+					pulled, done, inflight);
+			if (err)
+				RT_FAIL("pull %u (%u DONE): %s", pulled, done,
+					kvp_strerror(err));
+			pulled++;
+			inflight++;
+		}
+		n = kvp_agent_poll(c->a, ev, 16);
+		if (n < 0)
+			RT_FAIL("poll: %s", kvp_strerror(n));
+		for (i = 0; i < n; i++) {
+			if (ev[i].type == KVP_EV_DONE) {
+				done++;
+				inflight--;
+				continue;
+			}
+			if (ev[i].type == KVP_EV_DISCONNECTED)
+				continue;
+			RT_FAIL("while pulling (%u DONE, %u in flight): event %u %s (%s): evicted while it read",
+				done, inflight, ev[i].type,
+				kvp_strerror(ev[i].status),
+				kvp_reason_str(ev[i].reason));
+		}
+		if (done && !t_first) {
+			t_first = rt_now();
+			if (write(fd->a_pulling, "p", 1) != 1)
+				RT_FAIL("pipe");
+		}
+		if (rt_now() > end)
+			RT_FAIL("no DONE");
+	}
+	/* The last ones in, then quiet: now it may go. */
+	end = rt_now() + 30;
+	while (inflight || !downs) {
+		n = kvp_agent_poll(c->a, ev, 16);
+		if (n < 0)
+			RT_FAIL("poll: %s", kvp_strerror(n));
+		for (i = 0; i < n; i++) {
+			if (ev[i].type == KVP_EV_DONE && !downs) {
+				done++;
+				inflight--;
+			} else if (ev[i].type == KVP_EV_ENGINE_DOWN) {
+				downs++;
+				down_status = ev[i].status;
+			} else if (ev[i].type != KVP_EV_DISCONNECTED) {
+				RT_FAIL("after pulling (%u DONE, %u in flight): event %u %s",
+					done, inflight, ev[i].type,
+					kvp_strerror(ev[i].status));
+			}
+		}
+		if (downs && inflight)
+			RT_FAIL("evicted with %u pulls in flight", inflight);
+		if (rt_now() > end)
+			RT_FAIL("never evicted once quiet (%u in flight)",
+				inflight);
+		usleep(200);
+	}
+	if (down_status != -ECONNRESET)
+		RT_FAIL("ENGINE_DOWN %s, want a reset (evicted)",
+			kvp_strerror(down_status));
+	/* every pull wrote the same blocks */
+	c->st[0] = R_DONE;
+	if (cons_check_mem(c))
+		goto out;
+	printf("     A pulled %u requests before any expect() and was not evicted until it went quiet\n",
+	       done);
+	if (write(fd->a_done, "d", 1) != 1)
+		RT_FAIL("pipe");
+	ret = 0;
+out:
+	cons_free(c);
+	return ret;
+}
+
+/* B: once A pulls, connects (refused while A is busy: it retries within
+ * its 30 s) and pulls its request. */
+static int c7_consumer_b(const void *arg, uint32_t rank)
+{
+	struct kvp_agent_attr at;
+	struct want w = { .ups = { 1 }, .quiet = 1 };
+	struct eng_spec cs = c7_cons;
+	struct cons *c;
+	const char *who = "decode B";
+	int ret = 1;
+
+	(void)arg;
+	memset(&at, 0, sizeof(at));
+	cs.name = "decode B";
+	cs.id = C7_ENGINE_B;
+	c = cons_new(&cs, rank, c7_prod, 1, c7_rq + 1, 1, &at);
+	if (!c)
+		return 1;
+	who = c->who;
+	if (cons_add(c, 0, 30000) || cons_wait(c, &w, 40, "B's ENGINE_UP") ||
+	    cons_pull_busy(c, 0, 20) || cons_wait(c, &w, 30, "B's DONE"))
+		goto out;
+	if (c->st[0] != R_DONE)
+		RT_FAIL("B's request: %s", kvp_strerror(c->status[0]));
+	if (cons_check_mem(c))
+		goto out;
+	ret = 0;
+out:
+	cons_free(c);
+	return ret;
+}
+
+static int run_read_early(void)
+{
+	enum { READY, STOP, PULLING, ADONE, NPIPES };
+	int f[NPIPES][2], ret = -1;
+	struct prod_opts o = { .phases = 1, .disc_fd = -1, .want_disc = 1 };
+	struct c7_fds fd;
+	pid_t a, b, p[1];
+
+	memset(c7_rq, 0, sizeof(c7_rq));
+	c7_rq[0].id = 7000; /* A pulls these blocks under 7000, 7001, ... */
+	c7_rq[0].consumer = RT_CONS_ENGINE;
+	c7_rq[0].tokens = 64;
+	c7_rq[1].id = 7999;
+	c7_rq[1].consumer = C7_ENGINE_B;
+	c7_rq[1].phase = 1;
+	c7_rq[1].deadline_s = 60;
+	c7_rq[1].tokens = 48;
+	if (pipes_open(f, NPIPES) ||
+	    make_blocks(c7_rq, 2, c7_prod, 1, &c7_cons, 17))
+		goto out;
+	fd.a_pulling = f[PULLING][1];
+	fd.a_done = f[ADONE][1];
+	if (spawn_engine(&c7_prod[0], 0, c7_rq, 2, &o, f[READY][1],
+			 f[STOP][0], p) ||
+	    wait_bytes(f[READY][0], 1, 30, "producer ready") ||
+	    (a = spawn(c7_consumer_a, &fd, 0)) < 0 ||
+	    wait_bytes(f[PULLING][0], 1, 40, "A pulling") ||
+	    (b = spawn(c7_consumer_b, NULL, 0)) < 0 ||
+	    wait_bytes(f[ADONE][0], 1, 60, "A done") || kid_wait(a, 30) ||
+	    kid_wait(b, 60) || put_bytes(f[STOP][1], 1) || kid_wait(p[0], 30))
+		goto out;
+	ret = 0;
+out:
+	kids_end();
+	pipes_close(f, NPIPES);
+	return ret;
+}
+
 int main(int argc, char **argv)
 {
 	const char *filter = argc > 1 ? argv[1] : NULL;
@@ -2088,6 +2295,8 @@ int main(int argc, char **argv)
 		  run_budget },
 		{ "max_qps: an engine that owes notifications is not idle",
 		  run_owed },
+		{ "producer: a rank reading before expect() is not evicted",
+		  run_read_early },
 	};
 
 	if (rt_start(&env, 20500))

@@ -96,6 +96,9 @@ KVP_HIDDEN int kvp__req_notify_cq(struct ibv_cq *cq);
  * (acknowledged), 0 if none, or -errno. */
 KVP_HIDDEN int kvp__get_cq_event(struct ibv_comp_channel *ch);
 KVP_HIDDEN int kvp__qp_to_error(struct ibv_qp *qp);
+/* The QP's next expected PSN (IBV_QP_RQ_PSN): a system call, and a
+ * firmware command on some devices: cold paths only. */
+KVP_HIDDEN int kvp__qp_rq_psn(struct ibv_qp *qp, uint32_t *psn);
 /* The RNR NAK timer a QP in RTS asks its senders to wait (RTS to RTS). */
 KVP_HIDDEN int kvp__set_min_rnr_timer(struct ibv_qp *qp, uint8_t t);
 /* One asynchronous device event without blocking (the context's async fd
@@ -657,6 +660,11 @@ struct kvp_conn {
 				   * FOLLOW (the eviction order) */
 	int evicted;		  /* producer: disconnected to make room */
 	uint32_t evict_mark;	  /* producer: skipped in search evict_gen */
+	/* Producer, kvp__rank_busy(): the QP's next expected PSN as last
+	 * read (in life psn_gen), the messages taken since (one PSN each),
+	 * and when a READ was last seen to move it (0: never). */
+	uint32_t psn, psn_gen, psn_msgs;
+	uint64_t psn_at;
 	int prepared;		  /* its memory set up (kvp__slot_prepare()) */
 	uint32_t resv;		  /* producer, rank head: slots held for the
 				   * rank's queue pairs still to come */
@@ -1099,9 +1107,12 @@ KVP_HIDDEN int kvp__engine_join(kvp_agent *a, struct kvp_conn *c);
 KVP_HIDDEN void kvp__engine_leave(kvp_agent *a, struct kvp_conn *c);
 /* Whether consumer rank `rank` of engine `engine` has a request in flight
  * here: one of its engine's expected or early that it has not notified
- * yet (so possibly followed, or being read). A rank that notified every
- * one is done with them, whatever its engine's other ranks do. One pass
- * over the table. */
+ * yet (so possibly followed, or being read), or, when it sent a message
+ * within idle_ns, READs its queue pairs took lately (a pull before
+ * kvp_agent_expect(): nothing in the table shows it). A rank that
+ * notified every one is done with them, whatever its engine's other
+ * ranks do. One pass over the table and the slots; reads each of the
+ * rank's queue pairs' PSN (kvp__qp_rq_psn()): cold paths only. */
 KVP_HIDDEN int kvp__rank_busy(const kvp_agent *a, uint64_t engine,
 			      uint32_t rank);
 /* Producer: disconnects each consumer rank (-ETIMEDOUT) READY and unused

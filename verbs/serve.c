@@ -25,6 +25,11 @@
 
 #define LINGER_NS 30000000000ull /* EARLY and GONE entries */
 #define NO_BM UINT32_MAX
+/* A rank whose queue pairs took a READ this recently may still be sent
+ * its responses: busy. Below KVP_RETRY_FULL_MS, so that a newcomer
+ * refused while a rank was found reading finds it quiet at its retry. */
+#define PSN_QUIET_NS 200000000ull
+#define PSN_MASK 0xffffffu
 
 int kvp__serve_alloc(kvp_agent *a)
 {
@@ -88,6 +93,67 @@ void kvp__serve_free(kvp_agent *a)
 
 /* ---- consumer engines ---------------------------------------------------- */
 
+/* The PSN connection c's QP expects next, as the baseline that
+ * rank_reading() compares with: no READ seen yet. */
+static void psn_base(struct kvp_conn *c)
+{
+	c->psn_msgs = 0;
+	c->psn_at = 0;
+	c->psn_gen = kvp__qp_rq_psn(c->qp, &c->psn) ? c->gen + 1 : c->gen;
+}
+
+/* Whether consumer rank `rank` of engine `engine` READ lately: a pull
+ * before kvp_agent_expect() leaves nothing in the table (its
+ * notification comes after the READs), and a one-sided READ raises no
+ * completion here. What shows it is the responder's PSN: each message
+ * the rank sends takes one (counted in psn_msgs), each READ as many as
+ * its response packets; so the QP's next expected PSN moving by more
+ * than the messages taken since the last look is READs (or the rank
+ * reading its credit counter: it has notifications to send). Busy then,
+ * and for PSN_QUIET_NS after (responses may still flow); a look that
+ * cannot tell (no baseline for this life, the query failed) is busy too
+ * and takes one. A rank that sent nothing for idle_ns is not looked at:
+ * the idle sweep decides on its messages and the table alone (a rank
+ * that READs for idle_ns without a notification is taken for idle, as
+ * before). */
+static int rank_reading(const kvp_agent *a, uint64_t engine, uint32_t rank)
+{
+	const uint64_t now = kvp__now_ns();
+	uint64_t last = 0;
+	uint32_t i, psn;
+	int busy = 0;
+
+	for (i = 0; i < a->prod_hw; i++) {
+		const struct kvp_conn *c = &a->conns[i];
+
+		if (c->state == CS_READY && c->engine_id == engine &&
+		    c->rank == rank && c->last_used > last)
+			last = c->last_used;
+	}
+	if (!last || now - last >= a->idle_ns)
+		return 0;
+	for (i = 0; i < a->prod_hw; i++) {
+		struct kvp_conn *c = &a->conns[i];
+
+		if (c->state != CS_READY || c->engine_id != engine ||
+		    c->rank != rank)
+			continue;
+		if (c->psn_gen != c->gen || kvp__qp_rq_psn(c->qp, &psn)) {
+			psn_base(c);
+			c->psn_at = now;
+			busy = 1;
+			continue;
+		}
+		if (((psn - c->psn) & PSN_MASK) > c->psn_msgs)
+			c->psn_at = now;
+		c->psn = psn;
+		c->psn_msgs = 0;
+		if (c->psn_at && now - c->psn_at < PSN_QUIET_NS)
+			busy = 1;
+	}
+	return busy;
+}
+
 int kvp__rank_busy(const kvp_agent *a, uint64_t engine, uint32_t rank)
 {
 	const struct kvp_ent *e;
@@ -104,7 +170,7 @@ int kvp__rank_busy(const kvp_agent *a, uint64_t engine, uint32_t rank)
 		      1ull << (rank % 64)))
 			return 1;
 	}
-	return 0;
+	return rank_reading(a, engine, rank);
 }
 
 static struct kvp_peng *engine_find(kvp_agent *a, uint64_t engine_id)
@@ -142,6 +208,8 @@ int kvp__engine_join(kvp_agent *a, struct kvp_conn *c)
 	}
 	e->nconns++;
 	c->counted = 1;
+	/* Before the rank can READ: our blob (the keys) is not sent yet. */
+	psn_base(c);
 	return 0;
 }
 
@@ -635,6 +703,7 @@ void kvp__note_msg(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 	uint64_t id, engine, *w;
 	uint32_t rank;
 
+	c->psn_msgs++; /* one PSN: not a READ (rank_reading()) */
 	if (len == KVP_NOTE_LEN && kvp__get32(m) == KVP_BYE_MAGIC) {
 		c->bye = 1; /* the consumer rank closes: not a note */
 		return;

@@ -239,6 +239,19 @@ int kvp__qp_to_error(struct ibv_qp *qp)
 	return kvp__vret(ibv_modify_qp(qp, &attr, IBV_QP_STATE));
 }
 
+int kvp__qp_rq_psn(struct ibv_qp *qp, uint32_t *psn)
+{
+	struct ibv_qp_init_attr init;
+	struct ibv_qp_attr attr;
+	int err;
+
+	memset(&attr, 0, sizeof(attr));
+	err = kvp__vret(ibv_query_qp(qp, &attr, IBV_QP_RQ_PSN, &init));
+	if (!err)
+		*psn = attr.rq_psn;
+	return err;
+}
+
 int kvp__create_event_channel(struct rdma_event_channel **out)
 {
 	struct rdma_event_channel *ch;
