@@ -1265,26 +1265,41 @@ static int raw_overrun(const struct rt_env *env, void *arg)
 	return 0;
 }
 
-static int case_overrun(const struct rt_env *env, struct ctx *x)
+/* p's stats into *st0; fn in a raw child and, once it is ready, p paused
+ * for pause_ms (it answers, then does not poll); the child's end; p's
+ * stats into *st1. 0 when the child succeeded. */
+static int paused_raw(const struct rt_env *env, struct h_prod *p,
+		      struct slow *s, int (*fn)(const struct rt_env *, void *),
+		      uint32_t pause_ms, struct h_reply *st0,
+		      struct h_reply *st1)
 {
-	const char *who = "past its credit";
-	struct slow s = { .port = x->p1.port };
-	struct h_reply st0, st1, rep;
+	struct h_reply rep;
 	pid_t pid;
 	int fd, ok;
 	char c;
 
-	CHECK(!case_stats(&x->p1, &st0), "stats");
-	CHECK(st0.st.srq_bufs > 0, "P1 has no shared receive queue");
-	pid = raw_child(env, &s, raw_overrun, &fd);
+	if (case_stats(p, st0))
+		return -1;
+	pid = raw_child(env, s, fn, &fd);
 	ok = pid > 0 && read(fd, &c, 1) == 1 &&
-	     prod_cmd(&x->p1, C_PAUSE, 0, 0, H_PAUSE_MS, &rep) == 0;
+	     prod_cmd(p, C_PAUSE, 0, 0, pause_ms, &rep) == 0;
 	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "raw child"))
 		ok = 0;
 	if (fd >= 0)
 		close(fd);
-	CHECK(ok, "raw child");
-	CHECK(!case_stats(&x->p1, &st1), "stats");
+	return ok && !case_stats(p, st1) ? 0 : -1;
+}
+
+static int case_overrun(const struct rt_env *env, struct ctx *x)
+{
+	const char *who = "past its credit";
+	struct slow s = { .port = x->p1.port };
+	struct h_reply st0, st1;
+
+	CHECK(!paused_raw(env, &x->p1, &s, raw_overrun, H_PAUSE_MS, &st0,
+			  &st1),
+	      "raw child");
+	CHECK(st0.st.srq_bufs > 0, "P1 has no shared receive queue");
 	CHECK(st1.st.credit_abuses == st0.st.credit_abuses + 1,
 	      "credit abuses %llu -> %llu, want one more",
 	      (unsigned long long)st0.st.credit_abuses,
@@ -2271,23 +2286,13 @@ static int case_comply(const struct rt_env *env, struct ctx *x)
 {
 	const char *who = "compliant";
 	struct slow s = { .port = x->p1.port };
-	struct h_reply st0, st1, rep;
+	struct h_reply st0, st1;
 	uint64_t seen;
-	pid_t pid;
-	int fd, ok;
-	char c;
 
 	CHECK(env->addr1, "needs KVP_ADDR1 (--devices 2)");
-	CHECK(!case_stats(&x->p1, &st0), "stats");
-	pid = raw_child(env, &s, raw_comply, &fd);
-	ok = pid > 0 && read(fd, &c, 1) == 1 &&
-	     prod_cmd(&x->p1, C_PAUSE, 0, 0, H_COMPLY_PAUSE_MS, &rep) == 0;
-	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "raw child"))
-		ok = 0;
-	if (fd >= 0)
-		close(fd);
-	CHECK(ok, "raw child");
-	CHECK(!case_stats(&x->p1, &st1), "stats");
+	CHECK(!paused_raw(env, &x->p1, &s, raw_comply, H_COMPLY_PAUSE_MS,
+			  &st0, &st1),
+	      "raw child");
 	seen = st1.st.notes_recv + st1.st.notes_dropped - st0.st.notes_recv -
 	       st0.st.notes_dropped;
 	printf("    %u ranks, %u notifications each at their credit, the "
