@@ -1053,12 +1053,13 @@ out:
  * the producer still holds S (rank 1 never notifies it). Rank 0 then
  * pulls X (1) in bulk and Y (2) streamed, both in S's slot, Y with S's
  * progress record (the slot's third pull). Once Y's FOLLOW is in (after
- * S's notification: one queue pair, in order), the producer publishes Y
- * whole, then S: that must WRITE nothing but Y's record, and Y end DONE
- * with its bytes. One queue pair per rank: with two, a stalled request
- * that read nothing is closed last on the second, and its notification
- * waits for the first one's next flush, which nothing here brings (the
- * slot stays taken); that is another issue's. */
+ * S's notification: both on the rank's first queue pair, in order), the
+ * producer publishes Y whole, then S: that must WRITE nothing but Y's
+ * record, and Y end DONE with its bytes. Two queue pairs per rank: a
+ * stalled request that read nothing closes on the second too, and its
+ * notification must still go out at once on the idle first one (before,
+ * it waited for that one's next flush, which nothing here brings, and
+ * the slot stayed taken: "pull 1: busy"). */
 static int x8_producer(struct xrun *x)
 {
 	const char *who = "followers P0";
@@ -1138,7 +1139,7 @@ out:
 static int x8_run(const struct rt_env *env)
 {
 	static struct rt_req rq[RT_MAX_REQ];
-	struct xrun x = { .tc = &x_tc, .env = env, .rq = rq, .qps = 1 };
+	struct xrun x = { .tc = &x_tc, .env = env, .rq = rq, .qps = 2 };
 
 	memset(rq, 0, sizeof(rq));
 	if (rt_make_requests(&x_tc, rq))

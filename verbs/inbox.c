@@ -35,8 +35,10 @@ static void srq_msg(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 		kvp__conn_fail(a, c, -EPROTO);
 		return;
 	}
-	if (give)
+	if (give) {
 		a->st.credit_gives++;
+		c->psn_msgs++; /* one PSN: not a READ (kvp__rank_busy()) */
+	}
 	else
 		kvp__note_msg(a, c, m, len);
 }

@@ -415,7 +415,11 @@ static void stream_flush_src(kvp_agent *a, struct kvp_eng *e, uint32_t s)
 	const uint32_t *nc = &e->note_conn[(size_t)e->src_note[s] * e->nq];
 	uint32_t q;
 
-	for (q = 0; q < e->nq && e->state == KVP_ENGINE_UP; q++)
+	/* The first queue pair last: its notification waits for the
+	 * others' parts of the chunk, which their flushes may close (a
+	 * stalled request with nothing read), and an idle connection has
+	 * no later flush to send it. */
+	for (q = e->nq; q-- && e->state == KVP_ENGINE_UP;)
 		if (nc[q] != NO_CONN)
 			kvp__conn_flush(a, &a->conns[nc[q]]);
 }
