@@ -905,6 +905,8 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 	n = 0;
 	if (a->npending)
 		kvp__blob_check_one(a);
+	if (a->nfol_wait)
+		kvp__fol_register(a);
 	/* One rdma_cm event at least, more while the poll's time lasts. */
 	if (now >= a->next_cm_ns) {
 		async_events(a);
@@ -957,6 +959,9 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 	 * handshakes have room), or for a handshake slot (each handshake's
 	 * end raises an event; the oldest's bound does not). */
 	if (a->wq_n && a->nhalf < a->max_half_open)
+		wake = now;
+	/* Follower records to register: a poll's costly step, at once. */
+	if (a->nfol_wait)
 		wake = now;
 	if (a->wq_n && a->wq[a->wq_head].since + a->handshake_ns < wake)
 		wake = a->wq[a->wq_head].since + a->handshake_ns;

@@ -680,6 +680,8 @@ struct kvp_conn {
 	int cr_dirty;		  /* ... given this poll: in a->cr_dirty */
 	int auth_seen;		  /* producer, shared receive queue */
 	int lastwqe_wait;	  /* ... draining: its last WQE event due */
+	int fol_wait;		  /* producer: its TABLE came, the slot's
+				   * follower records to register */
 	uint64_t lastwqe_by;	  /* ... and when it is given up on */
 	uint32_t expected;	  /* notifications that free a request */
 	uint32_t peer_tp;	  /* the consumer engine's TP size */
@@ -1006,6 +1008,8 @@ struct kvp_agent {
 	uint32_t srq_n, srq_cap, srq_pool;
 	struct kvp_credit_pool crp; /* its loans (credit.h) */
 	uint32_t cq_next;	/* the CQ the next drain starts with */
+	uint32_t nfol_wait;	/* slots whose follower records wait to be
+				 * registered (kvp__fol_register()) */
 	uint32_t srq_last_wqe;	/* SRQ_LAST_WQE_*: does the device report a
 				 * QP's last WQE (stats.srq_last_wqe) */
 	uint32_t *cr_dirty, ncr_dirty; /* connections given credit this
@@ -1098,6 +1102,10 @@ KVP_HIDDEN void kvp__srq_publish(kvp_agent *a);
 KVP_HIDDEN void kvp__srq_conn_gone(kvp_agent *a, struct kvp_conn *c);
 /* inbox.c: a completion of the shared receive queue. */
 KVP_HIDDEN void kvp__srq_wc(kvp_agent *a, const struct ibv_wc *wc);
+/* Registers the follower records of slots whose first TABLE came, as the
+ * poll's costly steps allow (never in the completion drain); their
+ * followers' progress goes out then. */
+KVP_HIDDEN void kvp__fol_register(kvp_agent *a);
 /* Expires requests, forgets early and gone entries whose time is up. */
 KVP_HIDDEN void kvp__serve_timers(kvp_agent *a, uint64_t now);
 /* A consumer rank of engine `engine_id` with TP size tp_size and

@@ -412,7 +412,8 @@ static int fol_kick(kvp_agent *a, uint32_t i, const struct kvp_ent *e)
 
 	if (c->state != CS_READY)
 		return 0;
-	if (f->writing || c->prog_out >= PROG_SQ) {
+	/* (its slot's records not registered yet: kvp__fol_register()) */
+	if (f->writing || c->prog_out >= PROG_SQ || !a->fol_mr[c->idx]) {
 		f->dirty = 1;
 		c->prog_dirty |= !f->writing;
 		return 0;
@@ -423,10 +424,62 @@ static int fol_kick(kvp_agent *a, uint32_t i, const struct kvp_ent *e)
 /* The entry a follower follows, if it still does. */
 static struct kvp_ent *fol_entry(kvp_agent *a, const struct kvp_fol *f);
 
+/* Followers of c that waited (for room, or for the slot's records to be
+ * registered): at most the room there is. */
+static void fol_flush_dirty(kvp_agent *a, struct kvp_conn *c)
+{
+	uint32_t k, end = (c->idx + 1) * a->fol_per;
+
+	if (!c->prog_dirty)
+		return;
+	c->prog_dirty = 0;
+	for (k = c->idx * a->fol_per; k < end; k++) {
+		struct kvp_fol *f = &a->fol[k];
+		struct kvp_ent *e;
+
+		if (!f->used || !f->dirty || f->writing)
+			continue;
+		if (c->prog_out >= PROG_SQ) {
+			c->prog_dirty = 1;
+			return;
+		}
+		e = fol_entry(a, f);
+		if (!e)
+			f->dirty = 0;
+		else if (fol_write(a, c, k, e))
+			return; /* c failed */
+	}
+}
+
+void kvp__fol_register(kvp_agent *a)
+{
+	const size_t fl = (size_t)a->fol_per * KVP_PROG_REC;
+	uint32_t i;
+
+	for (i = 0; i < a->prod_hw && a->nfol_wait && a->costly_left; i++) {
+		struct kvp_conn *c = &a->conns[i];
+
+		if (!c->fol_wait)
+			continue;
+		c->fol_wait = 0;
+		a->nfol_wait--;
+		a->costly_left--;
+		/* Only ever the source of WRITEs: local read access. */
+		if (kvp__reg_mr(a->pd, a->fol_rec + c->idx * fl, fl, 0,
+				&a->fol_mr[c->idx])) {
+			kvp__conn_fail(a, c, -ENOMEM);
+			continue;
+		}
+		a->nfol++;
+		if (c->state == CS_READY)
+			fol_flush_dirty(a, c);
+	}
+}
+
 void kvp__progress_wc(kvp_agent *a, struct kvp_conn *c,
 		      const struct ibv_wc *wc)
 {
-	uint32_t i = WRID_VALUE(wc->wr_id), k, end;
+	uint32_t i = WRID_VALUE(wc->wr_id);
 	struct kvp_fol *f;
 
 	if (c->state != CS_READY)
@@ -446,27 +499,7 @@ void kvp__progress_wc(kvp_agent *a, struct kvp_conn *c,
 		if (e && fol_write(a, c, i, e))
 			return; /* c failed */
 	}
-	/* Followers that waited for room: at most the room there is. */
-	if (!c->prog_dirty)
-		return;
-	c->prog_dirty = 0;
-	end = (c->idx + 1) * a->fol_per;
-	for (k = c->idx * a->fol_per; k < end; k++) {
-		struct kvp_ent *e;
-
-		f = &a->fol[k];
-		if (!f->used || !f->dirty || f->writing)
-			continue;
-		if (c->prog_out >= PROG_SQ) {
-			c->prog_dirty = 1;
-			return;
-		}
-		e = fol_entry(a, f);
-		if (!e)
-			f->dirty = 0;
-		else if (fol_write(a, c, k, e))
-			return; /* c failed */
-	}
+	fol_flush_dirty(a, c);
 }
 
 /* Follower k lets go: out of its entry's chain, and free. A WRITE of it
@@ -515,9 +548,14 @@ void kvp__follow_conn_gone(kvp_agent *a, struct kvp_conn *c)
 	uint32_t k, end = (c->idx + 1) * a->fol_per;
 
 	/* No TABLE ever came on the slot: no follower was ever taken, and
-	 * its records' pages stay untouched. */
-	if (!a->fol_mr || !a->fol_mr[c->idx])
+	 * its records' pages stay untouched. One that waited for them
+	 * waits no more. */
+	if (c->fol_wait) {
+		c->fol_wait = 0;
+		a->nfol_wait--;
+	} else if (!a->fol_mr || !a->fol_mr[c->idx]) {
 		return;
+	}
 	for (k = c->idx * a->fol_per; a->fol && k < end; k++)
 		fol_drop(a, k);
 }
@@ -621,24 +659,21 @@ static struct kvp_ent *fol_entry(kvp_agent *a, const struct kvp_fol *f)
 
 /* TABLE: where this consumer rank's progress records are. Once per
  * connection. The slot's records, which our WRITEs send, are registered
- * with its first TABLE and kept: a slot that never serves a streaming
+ * after its first TABLE (by the poll, as a costly step: not in the
+ * completion drain) and kept: a slot that never serves a streaming
  * consumer rank (most are not: only a rank's first queue pair carries
- * FOLLOWs) never pins their pages. */
+ * FOLLOWs) never pins their pages. Its followers wait for it. */
 static int table_received(kvp_agent *a, struct kvp_conn *c, const uint8_t *m)
 {
-	const size_t fl = (size_t)a->fol_per * KVP_PROG_REC;
 	uint32_t n = kvp__get32(m + 20);
 
 	if (c->ptab_n || kvp__get32(m + 4) != c->rank ||
 	    kvp__get64(m + 24) != c->engine_id || !n ||
 	    n > KVP_PROG_RECS_MAX || !kvp__get64(m + 8))
 		return -EPROTO;
-	/* Only ever the source of WRITEs: local read access. */
-	if (!a->fol_mr[c->idx]) {
-		if (kvp__reg_mr(a->pd, a->fol_rec + c->idx * fl, fl, 0,
-				&a->fol_mr[c->idx]))
-			return -ENOMEM;
-		a->nfol++;
+	if (!a->fol_mr[c->idx] && !c->fol_wait) {
+		c->fol_wait = 1;
+		a->nfol_wait++;
 	}
 	c->ptab_addr = kvp__get64(m + 8);
 	c->ptab_rkey = kvp__get32(m + 16);
