@@ -75,7 +75,7 @@ static void reqs_init(void)
 
 /* ---- the producer process: serves, and answers commands ----------------- */
 
-enum { C_EXPECT = 1, C_WAIT, C_STATS, C_STOP, C_PAUSE };
+enum { C_EXPECT = 1, C_WAIT, C_STATS, C_STOP, C_PAUSE, C_SLOW };
 
 struct h_cmd {
 	uint32_t op;
@@ -123,6 +123,7 @@ static int producer_main(const struct rt_env *env, uint16_t port,
 	kvp_layout *l = rt_layout(&eng, 1, 0);
 	kvp_agent *a = NULL;
 	uint64_t worst = 0, worst_cpu = 0, t0, c0, dt, wait_end = 0;
+	uint64_t slow_end = 0;
 	uint32_t nseen = 0, i;
 	const char *who = flags & H_SECRET ? "P2" :
 			  flags & H_IDLE_SHORT ? "P3" : "P1";
@@ -173,6 +174,8 @@ static int producer_main(const struct rt_env *env, uint16_t port,
 		dt = cpu_ns() - c0;
 		if (dt > worst_cpu)
 			worst_cpu = dt;
+		if (slow_end && rt_now_ns() < slow_end)
+			usleep(5000);
 		if (n < 0)
 			RT_FAIL("poll: %s", kvp_strerror(n));
 		for (i = 0; i < (uint32_t)n; i++) {
@@ -226,6 +229,10 @@ static int producer_main(const struct rt_env *env, uint16_t port,
 		case C_STOP:
 			ret = 0;
 			goto out;
+		case C_SLOW: /* sleeps 5 ms after each poll for a while:
+			      * its completions outlast its polls */
+			slow_end = rt_now_ns() + cmd.timeout_ms * 1000000ull;
+			break;
 		case C_PAUSE: /* answers, then does not poll for a while */
 			if (write(fd, &rep, sizeof(rep)) != sizeof(rep))
 				RT_FAIL("reply");
@@ -256,7 +263,7 @@ static int prod_cmd(struct h_prod *p, uint32_t op, uint64_t engine,
 	struct h_cmd c = { .op = op, .engine = engine, .req = req };
 	struct pollfd pf = { .fd = p->fd, .events = POLLIN };
 
-	if (op == C_WAIT || op == C_PAUSE)
+	if (op == C_WAIT || op == C_PAUSE || op == C_SLOW)
 		c.timeout_ms = (uint32_t)arg;
 	else
 		c.deadline_ms = arg;
@@ -1266,11 +1273,12 @@ static int raw_overrun(const struct rt_env *env, void *arg)
 }
 
 /* p's stats into *st0; fn in a raw child and, once it is ready, p paused
- * for pause_ms (it answers, then does not poll); the child's end; p's
- * stats into *st1. 0 when the child succeeded. */
+ * for pause_ms (it answers, then does not poll), then slow for slow_ms (5
+ * ms asleep after each poll); the child's end; p's stats into *st1. 0
+ * when the child succeeded. */
 static int paused_raw(const struct rt_env *env, struct h_prod *p,
 		      struct slow *s, int (*fn)(const struct rt_env *, void *),
-		      uint32_t pause_ms, struct h_reply *st0,
+		      uint32_t pause_ms, uint32_t slow_ms, struct h_reply *st0,
 		      struct h_reply *st1)
 {
 	struct h_reply rep;
@@ -1282,7 +1290,8 @@ static int paused_raw(const struct rt_env *env, struct h_prod *p,
 		return -1;
 	pid = raw_child(env, s, fn, &fd);
 	ok = pid > 0 && read(fd, &c, 1) == 1 &&
-	     prod_cmd(p, C_PAUSE, 0, 0, pause_ms, &rep) == 0;
+	     prod_cmd(p, C_PAUSE, 0, 0, pause_ms, &rep) == 0 &&
+	     (!slow_ms || prod_cmd(p, C_SLOW, 0, 0, slow_ms, &rep) == 0);
 	if (pid > 0 && rt_wait(&pid, 1, rt_now() + 60, "raw child"))
 		ok = 0;
 	if (fd >= 0)
@@ -1296,7 +1305,7 @@ static int case_overrun(const struct rt_env *env, struct ctx *x)
 	struct slow s = { .port = x->p1.port };
 	struct h_reply st0, st1;
 
-	CHECK(!paused_raw(env, &x->p1, &s, raw_overrun, H_PAUSE_MS, &st0,
+	CHECK(!paused_raw(env, &x->p1, &s, raw_overrun, H_PAUSE_MS, 0, &st0,
 			  &st1),
 	      "raw child");
 	CHECK(st0.st.srq_bufs > 0, "P1 has no shared receive queue");
@@ -2026,6 +2035,7 @@ static int case_fair(const struct rt_env *env, struct ctx *x)
 #define H_COMPLY_P2 4000 /* beside the strangers */
 #define H_COMPLY_RANKS 8
 #define H_COMPLY_PAUSE_MS 500
+#define H_COMPLY_SLOW_MS 3000
 #define H_STR_MSGS 48
 static int raw_strangers(const struct rt_env *env, void *arg)
 {
@@ -2161,9 +2171,9 @@ static int case_strangers(const struct rt_env *env, struct ctx *x)
  * dropped, however long the producer takes to poll. 8 ranks (4 from each
  * address) send 10,000 notifications each within their credit, as fast
  * as it allows: up to 60 sends in flight per rank, the counter READ when
- * out of credit, so that the producer's backlog outlasts its polls (256
- * completions a poll) for the whole run; and the producer does not
- * poll for 500 ms at the start. Before: a rank that kept to its credit
+ * out of credit; the producer does not poll for 500 ms at the start, then
+ * sleeps 5 ms after each poll for 3 s, so that its completions' backlog
+ * (256 a poll) outlasts its polls. Before: a rank that kept to its credit
  * was dropped once one backlog held more than its credit at the start
  * and 2 x rq_depth. */
 static int comply_step(struct raw *r, uint64_t engine, uint64_t *inflight,
@@ -2291,13 +2301,15 @@ static int case_comply(const struct rt_env *env, struct ctx *x)
 
 	CHECK(env->addr1, "needs KVP_ADDR1 (--devices 2)");
 	CHECK(!paused_raw(env, &x->p1, &s, raw_comply, H_COMPLY_PAUSE_MS,
-			  &st0, &st1),
+			  H_COMPLY_SLOW_MS, &st0, &st1),
 	      "raw child");
 	seen = st1.st.notes_recv + st1.st.notes_dropped - st0.st.notes_recv -
 	       st0.st.notes_dropped;
 	printf("    %u ranks, %u notifications each at their credit, the "
-	       "producer paused %d ms: %llu seen, %llu dropped as abusers\n",
-	       H_COMPLY_RANKS, H_COMPLY, H_COMPLY_PAUSE_MS, (unsigned long long)seen,
+	       "producer paused %d ms, then slow for %d ms: %llu seen, %llu "
+	       "dropped as abusers\n",
+	       H_COMPLY_RANKS, H_COMPLY, H_COMPLY_PAUSE_MS, H_COMPLY_SLOW_MS,
+	       (unsigned long long)seen,
 	       (unsigned long long)(st1.st.credit_abuses -
 				    st0.st.credit_abuses));
 	CHECK(st1.st.credit_abuses == st0.st.credit_abuses,
