@@ -107,6 +107,11 @@ enum kvp_reason {
 				   * from the one expected */
 	KVP_REASON_EVICTED,	  /* ENGINE_DOWN: closed to make room within
 				   * max_qps; reconnected on demand */
+	KVP_REASON_LEASE,	  /* FAILED (-ESTALE): a producer rank did not
+				   * hold the request when its bytes were
+				   * read (never expected, released,
+				   * expired, or another request's lease):
+				   * nothing vouches for them */
 	KVP_REASON_COUNT
 };
 
@@ -2015,6 +2020,18 @@ struct kvp_agent_stats {
 				 * QP's release waited 200 ms for it: later
 				 * releases do not wait). Only a NIC shows
 				 * 1; soft-RoCE shows which it does. */
+	/* Fail closed (see "Leases"): */
+	uint64_t lease_reads;	/* consumer: lease READs (one per producer
+				 * rank read from, per request) */
+	uint64_t lease_fails;	/* consumer: requests FAILED with
+				 * KVP_REASON_LEASE */
+	uint64_t unheld;	/* producer: consumer ranks that read a
+				 * request this agent did not hold (their
+				 * notification says so, or names a request
+				 * already reported): a scheduler handing
+				 * out stale references */
+	uint64_t lease_full;	/* producer: kvp_agent_expect() refused with
+				 * -ENOSPC, the request's lease bucket full */
 };
 
 /* Copies the agent's counters into *st. */

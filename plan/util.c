@@ -41,6 +41,7 @@ static const char *const reasons[KVP_REASON_COUNT] = {
 	[KVP_REASON_NOT_UP] = "engine not up",
 	[KVP_REASON_OTHER_ENGINE] = "notified by another consumer engine only",
 	[KVP_REASON_EVICTED] = "closed to make room within max_qps",
+	[KVP_REASON_LEASE] = "the producer did not hold the request when read",
 };
 
 const char *kvp_reason_str(uint32_t r)
@@ -84,6 +85,8 @@ const char *kvp_strerror(int err)
 		return "not connected";
 	case -EALREADY:
 		return "already in progress";
+	case -ESTALE:
+		return "stale: the producer did not hold the request when it was read";
 	case -EEXIST:
 		return "already exists";
 	case -EIO:

@@ -1619,16 +1619,21 @@ static int c4_consumer(const void *arg, uint32_t rank)
 			kvp_strerror(c->down_status[0]));
 	if (!t_credit)
 		RT_FAIL("ENGINE_DOWN without a credit wait");
+	/* Never expected: a pull whose data came in finds no lease
+	 * (-ESTALE), one cut by the stall -ETIMEDOUT; none DONE. */
 	for (k = C4_P1; k < next; k++) {
 		done += c->st[k] == R_DONE;
 		if (c->st[k] == R_FAILED) {
 			failed++;
-			if (c->status[k] != -ETIMEDOUT)
-				RT_FAIL("%llu FAILED %s, want -ETIMEDOUT",
+			if (c->status[k] != -ETIMEDOUT &&
+			    c->status[k] != -ESTALE)
+				RT_FAIL("%llu FAILED %s, want -ETIMEDOUT or -ESTALE",
 					(unsigned long long)c4_rq[k].id,
 					kvp_strerror(c->status[k]));
 		}
 	}
+	if (done)
+		RT_FAIL("%u pulls of requests never expected DONE", done);
 	if (info(c, 0, &in))
 		goto out;
 	if (in.stalls != 1 || in.state != KVP_ENGINE_DOWN ||
@@ -2079,9 +2084,10 @@ out:
  * rank of two queue pairs). Consumer A pulls request after request that
  * the producer never expects: it reads and notifies, but its engine never
  * has a request expected or early that A has not notified, so only the
- * READs show that it is busy. Consumer B, of another engine, connects
- * while A pulls: A must not be evicted for it while it pulls (its pulls
- * all DONE); B gets A's slot once A went quiet, and pulls its request. */
+ * READs show that it is busy. Each pull ends FAILED -ESTALE (no lease:
+ * the producer never held it). Consumer B, of another engine, connects
+ * while A pulls: A must not be evicted for it while it pulls; B gets A's
+ * slot once A went quiet, and pulls its request. */
 static const struct eng_spec c7_prod[1] = {
 	{ .name = "P", .id = 0x50f7, .tp = 1, .block = 16, .kv_layout = HND,
 	  .nblocks = 64, .layers = 2, .port = 104, .max_peers = 1 },
@@ -2098,6 +2104,13 @@ struct c7_fds {
 	int a_pulling; /* A -> parent: pulling (B may come) */
 	int a_done;    /* A -> parent: stopped pulling, then evicted */
 };
+
+/* How each of A's pulls ends: FAILED, the producer held none of them. */
+static int c7_ended(const struct kvp_event *ev)
+{
+	return ev->type == KVP_EV_FAILED && ev->status == -ESTALE &&
+	       ev->reason == KVP_REASON_LEASE;
+}
 
 /* A: pulls c7_rq[0]'s blocks under ids 7000, 7001, ..., at most 4 in
  * flight, until C7_PULL_S after its first DONE; then waits to be evicted
@@ -2143,14 +2156,14 @@ static int c7_consumer_a(const void *arg, uint32_t rank)
 		if (n < 0)
 			RT_FAIL("poll: %s", kvp_strerror(n));
 		for (i = 0; i < n; i++) {
-			if (ev[i].type == KVP_EV_DONE) {
+			if (c7_ended(&ev[i])) {
 				done++;
 				inflight--;
 				continue;
 			}
 			if (ev[i].type == KVP_EV_DISCONNECTED)
 				continue;
-			RT_FAIL("while pulling (%u DONE, %u in flight): event %u %s (%s): evicted while it read",
+			RT_FAIL("while pulling (%u ended, %u in flight): event %u %s (%s): evicted while it read",
 				done, inflight, ev[i].type,
 				kvp_strerror(ev[i].status),
 				kvp_reason_str(ev[i].reason));
@@ -2161,7 +2174,7 @@ static int c7_consumer_a(const void *arg, uint32_t rank)
 				RT_FAIL("pipe");
 		}
 		if (rt_now() > end)
-			RT_FAIL("no DONE");
+			RT_FAIL("no pull ended");
 	}
 	/* The last ones in, then quiet: now it may go. */
 	end = rt_now() + 30;
@@ -2170,7 +2183,7 @@ static int c7_consumer_a(const void *arg, uint32_t rank)
 		if (n < 0)
 			RT_FAIL("poll: %s", kvp_strerror(n));
 		for (i = 0; i < n; i++) {
-			if (ev[i].type == KVP_EV_DONE && !downs) {
+			if (c7_ended(&ev[i]) && !downs) {
 				done++;
 				inflight--;
 			} else if (ev[i].type == KVP_EV_ENGINE_DOWN) {
@@ -2196,7 +2209,7 @@ static int c7_consumer_a(const void *arg, uint32_t rank)
 	c->st[0] = R_DONE;
 	if (cons_check_mem(c))
 		goto out;
-	printf("     A pulled %u requests before any expect() and was not evicted until it went quiet\n",
+	printf("     A pulled %u requests before any expect() (each FAILED -ESTALE: never held) and was not evicted until it went quiet\n",
 	       done);
 	if (write(fd->a_done, "d", 1) != 1)
 		RT_FAIL("pipe");

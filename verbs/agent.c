@@ -544,12 +544,18 @@ static uint64_t mem_bytes(const kvp_agent *a)
 			     (uint64_t)(a->qpn_mask + 1) * sizeof(*a->qpn_tab);
 		m += (uint64_t)a->nfol * a->fol_per *
 		     (sizeof(*a->fol) + KVP_PROG_REC);
+		/* the lease table (registered) */
+		m += ((((uint64_t)KVP_LEASE_READ << a->lease_log2) + 4095) &
+		      ~4095ull);
 	}
 	if (a->consumer) {
-		/* notes and FOLLOWs, the streamed list; each connection
-		 * slot's progress records */
-		m += (uint64_t)a->max_inflight * (KVP_NOTE_LEN +
+		/* notes (plain and flagged) and FOLLOWs, the streamed
+		 * list; each connection slot's progress records */
+		m += (uint64_t)a->max_inflight * (2 * KVP_NOTE_LEN +
 						  sizeof(*a->sreq));
+		/* lease buckets' landing buffers (registered) */
+		m += (uint64_t)(a->nconns - a->nprod) * KVP_LEASE_RING *
+		     KVP_LEASE_READ;
 		m += (uint64_t)(a->nconns - a->nprod) * sizeof(*a->ptab_mr) +
 		     (uint64_t)a->nprepared[1] * 2 * a->max_inflight *
 			     KVP_PROG_REC;
@@ -586,7 +592,8 @@ static uint64_t mem_bytes(const kvp_agent *a)
 		m += c->blob_len;
 		m += (uint64_t)c->notes_n * KVP_NOTE_LEN;
 		if (c->chunks)
-			m += (uint64_t)(a->chunk_mask + 1) * sizeof(*c->chunks);
+			m += (uint64_t)(a->chunk_mask + 1) *
+			     (sizeof(*c->chunks) + sizeof(*c->lw));
 		if (c->marks)
 			m += (uint64_t)(a->sq_depth + 1) * sizeof(*c->marks);
 	}
@@ -716,6 +723,7 @@ static void dispatch(kvp_agent *a, const struct ibv_wc *wc)
 	case WK_CREDIT:
 	case WK_FOLLOW:
 	case WK_SMARK:
+	case WK_LEASE:
 		kvp__send_wc(a, c, wc);
 		break;
 	case WK_DRAIN_SQ:
@@ -798,7 +806,7 @@ static void flush_backlog(kvp_agent *a)
 		struct kvp_conn *c = &a->conns[i];
 
 		if (c->state == CS_READY &&
-		    (c->c_post != c->c_tail ||
+		    (c->c_post != c->c_tail || c->lw_post != c->lw_tail ||
 		     (!c->q && c->c_note != c->c_post)))
 			kvp__conn_flush(a, c);
 	}

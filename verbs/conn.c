@@ -423,6 +423,15 @@ void kvp__auth_mac(const kvp_agent *a, char label, const uint8_t *hello_c,
 	kvp__hmac_sha256(a->secret, a->secret_len, m, l, 4, mac);
 }
 
+void kvp__rec_key(const kvp_agent *a, struct kvp_conn *c)
+{
+	uint8_t mac[KVP_MAC_LEN];
+
+	/* Never sent: label 'R' is neither side's proof. */
+	kvp__auth_mac(a, 'R', c->hello_c, c->hello_p, mac);
+	memcpy(c->rec_key, mac, sizeof(c->rec_key));
+}
+
 void kvp__hello_tag(const kvp_agent *a, const uint8_t *hello,
 		    uint8_t tag[KVP_HELLO_TAG_LEN])
 {
@@ -501,6 +510,9 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	free(c->rkeys);
 	free(c->chunks);
 	c->chunks = NULL;
+	free(c->lw);
+	c->lw = NULL;
+	c->lw_tail = c->lw_post = c->lw_done = 0;
 	free(c->marks);
 	c->marks = NULL;
 	c->m_head = c->m_tail = 0;

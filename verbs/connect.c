@@ -80,7 +80,8 @@ static int consumer_established(kvp_agent *a, struct kvp_conn *c,
 	return 0;
 }
 
-/* GO: the producer's receive depth and its credit counter. */
+/* GO: the producer's receive depth, its credit counter and its lease
+ * table. */
 static int consumer_credit(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 {
 	const uint8_t *m = kvp__ctl_rx(a, c);
@@ -95,6 +96,14 @@ static int consumer_credit(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 	c->ctr_raddr = kvp__get64(m + 8);
 	c->ctr_rkey = kvp__get32(m + 16);
 	c->loans = (kvp__get32(m + 20) & KVP_GO_LOANS) && !c->q;
+	c->lease_raddr = kvp__get64(m + 24);
+	c->lease_rkey = kvp__get32(m + 32);
+	c->lease_log2 = kvp__get32(m + 36);
+	c->lease_inc = kvp__get32(m + 40);
+	if (c->lease_log2 > KVP_LEASE_LOG2_MAX || !c->lease_inc ||
+	    !c->lease_raddr)
+		return -EPROTO;
+	kvp__rec_key(a, c);
 	return 0;
 }
 

@@ -542,12 +542,13 @@ static int conn_data_alloc(kvp_agent *a, struct kvp_conn *c)
 		nkeys += (uint32_t)n; /* each at most KVP_MR_MAX_KEYS */
 	}
 	c->chunks = calloc(a->chunk_mask + 1, sizeof(*c->chunks));
+	c->lw = calloc(a->chunk_mask + 1, sizeof(*c->lw));
 	c->rreg = calloc(pi.nregions + 1, sizeof(*c->rreg));
 	c->rkeys = calloc(nkeys + 1, sizeof(*c->rkeys));
 	/* A mark is a signalled WR: at most a send queue's worth. */
 	if (a->stream_events)
 		c->marks = calloc(a->sq_depth + 1, sizeof(*c->marks));
-	if (!c->chunks || !c->rreg || !c->rkeys ||
+	if (!c->chunks || !c->lw || !c->rreg || !c->rkeys ||
 	    (a->stream_events && !c->marks))
 		return -ENOMEM; /* freed with the connection */
 	c->nrkeys = (uint32_t)nkeys;

@@ -15,6 +15,7 @@
 
 #include "kvpull.h"
 #include "credit.h"
+#include "lease.h"
 #include "limits.h"
 #include "../plan/le.h"
 
@@ -186,6 +187,8 @@ enum wr_kind {
 			* stripe (the mark FIFO); retires */
 	WK_SRQ_RECV,   /* producer: a buffer of the shared receive queue
 			* (value: its index; the QP names the slot) */
+	WK_LEASE,      /* consumer: READ of a lease bucket (lease.h);
+			* retires */
 };
 #define KVP_MAX_QPS 8 /* kvp_agent_attr.qps_per_peer at most */
 
@@ -207,7 +210,7 @@ static inline uint64_t kvp__wrid(uint32_t kind, uint32_t gen, uint32_t conn,
  * the smallest private data rdma_cm carries on IB/RoCE: 56 bytes in a
  * connect request, 196 in an accept. */
 #define KVP_HELLO_MAGIC 0x4b565048u /* "HPVK" read as LE: 'K','V','P','H' */
-#define KVP_HELLO_VERSION 4
+#define KVP_HELLO_VERSION 5
 #define KVP_HELLO_LEN 48
 /* With a secret, a consumer's connect request carries its hello and then
  * a proof of the secret over it: the first KVP_HELLO_TAG_LEN bytes of
@@ -263,7 +266,10 @@ struct kvp_emit_pos;
  *                         for their BYE; with a shared receive queue its
  *                         own and a loan, credit.h), u64 the address and
  *                         u32 the rkey of its credit counter, u32 flags
- *                         (KVP_GO_LOANS)
+ *                         (KVP_GO_LOANS), then its lease table
+ *                         (lease.h): u64 address, u32 rkey, u32 log2
+ *                         of its buckets (<= KVP_LEASE_LOG2_MAX), u32
+ *                         its incarnation (never 0), u32 0
  *   producer -> consumer  REFUSE u32 magic, i32 -errno, u32 reason (enum
  *                         kvp_reason; also the private data of a
  *                         rejected connect request)
@@ -275,7 +281,7 @@ struct kvp_emit_pos;
 #define KVP_AUTH_LEN (8 + KVP_MAC_LEN + 16)
 #define KVP_AUTH_BLOB_OFF (8 + KVP_MAC_LEN)
 #define KVP_GO_MAGIC 0x4b565047u
-#define KVP_GO_LEN 24
+#define KVP_GO_LEN 48
 #define KVP_GO_LOANS 1u /* GO's flags: a shared receive queue's loans,
 			 * which a quiet consumer hands back with GIVE */
 /* A producer's send queue: control, the consumer's blob's READ, our
@@ -351,32 +357,30 @@ KVP_HIDDEN int kvp__bye_consumer(kvp_agent *a, struct kvp_conn *c);
  * in flight per follower, a publish meanwhile only marks it dirty, so
  * that a lagging consumer costs no more messages than it can take and
  * sees the latest progress. A record (KVP_PROG_REC bytes): u64 tag, u64
- * tokens_all, u64 tokens_cur, u32 layers_cur, u32 0, u64 check
- * (kvp__prog_check()): a record read while a WRITE lands fails its check
- * and is read again at the next poll. The consumer uses two records per
+ * tokens_all, u64 tokens_cur, u32 layers_cur, u32 0, u64 the request's
+ * lease generation (lease.h), u64 check (kvp__prog_check(), keyed by the
+ * connection's rec_key): a record read while a WRITE lands fails its
+ * check and is read again at the next poll, and a record another
+ * connection's peer wrote (the MR's key is per protection domain, so
+ * anyone connected to this agent who learns it can WRITE there) never
+ * passes. The consumer uses two records per
  * request slot, alternating with the slot's uses, so that a WRITE of a
  * request just finished cannot land on the next one's. */
 #define KVP_FOLLOW_MAGIC 0x4b565046u
 #define KVP_TABLE_MAGIC 0x4b565054u
-#define KVP_PROG_REC 40
+#define KVP_PROG_REC 48
 /* The most records a TABLE may announce (a bound on what a consumer's
  * claim can make a producer check, not on memory: nothing is allocated
  * for it). */
 #define KVP_PROG_RECS_MAX (1u << 22)
 
-static inline uint64_t kvp__mix64(uint64_t x)
+static inline uint64_t kvp__prog_check(const uint64_t key[2], uint64_t tag,
+				       uint64_t all, uint64_t cur,
+				       uint32_t layers, uint64_t gen)
 {
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ull;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
+	const uint64_t w[5] = { tag, all, cur, layers, gen };
 
-static inline uint64_t kvp__prog_check(uint64_t tag, uint64_t all,
-				       uint64_t cur, uint32_t layers)
-{
-	return kvp__mix64(tag ^ kvp__mix64(all ^ kvp__mix64(cur ^ layers)));
+	return kvp__siphash(key, w, 5);
 }
 
 #define KVP_REFUSE_MAGIC 0x4b565052u
@@ -416,11 +420,20 @@ KVP_HIDDEN void kvp__auth_mac(const kvp_agent *a, char label,
  * (KVP_HELLO_TAG_LEN). */
 KVP_HIDDEN void kvp__hello_tag(const kvp_agent *a, const uint8_t *hello,
 			       uint8_t tag[KVP_HELLO_TAG_LEN]);
+/* The key of connection c's progress records' check: the same MAC over
+ * both hellos (label 'R', never sent), so both ends derive it and no
+ * other peer of this agent knows it (with a secret, not even one that
+ * saw the hellos). */
+KVP_HIDDEN void kvp__rec_key(const kvp_agent *a, struct kvp_conn *c);
 /* Seconds since the epoch (CLOCK_REALTIME): a hello's clock. */
 KVP_HIDDEN uint64_t kvp__wall_s(void);
 
-/* A notification: the consumer's SEND after its reads. */
+/* A notification: the consumer's SEND after its reads (and its lease
+ * check): u32 magic, u32 rank, u64 req_id, u64 engine, u64 flags. */
 #define KVP_NOTE_MAGIC 0x4b56504eu
+/* flags: this producer rank did not hold the request when we read it
+ * (lease.h): counted in the producer's stats.unheld. */
+#define KVP_NOTE_UNHELD 1u
 #define KVP_NOTE_LEN 32
 /* Largest metadata blob accepted from a peer. A producer also caps a
  * consumer's blob at KVP_PEER_BLOB_SLACK times its own blob, at least
@@ -487,7 +500,13 @@ struct kvp_stripe {
 	uint32_t left;
 	int32_t status;
 	uint32_t qmask;	/* queue pairs that carried some of its READs */
+	uint32_t lease;	/* enum stripe_lease */
 };
+/* A stripe's lease check (lease.h): none needed (nothing read, or it
+ * failed), its data in and the check to post on the rank's first queue
+ * pair (on that connection's lease FIFO), posted, done. Its notification
+ * waits for the check: the producer may let go once it has it. */
+enum stripe_lease { SL_NONE = 0, SL_WAIT, SL_READING, SL_DONE };
 
 /* A streamed request's progress from one source (kvp_agent_pull_stream()):
  * what the producer rank published (as last read from its record), what
@@ -504,6 +523,8 @@ struct kvp_sprog {
 	 * close) in flight and the value of the last one completed. */
 	uint32_t emitted_lc;
 	uint32_t mout[KVP_MAX_QPS], mdone[KVP_MAX_QPS];
+	uint64_t gen;	   /* the lease generation its records carry, 0:
+			    * none read yet */
 };
 #define KVP_LC_ALL UINT32_MAX
 
@@ -697,7 +718,21 @@ struct kvp_conn {
 				   * sq_cap entries: stripe << 32 | value */
 	uint32_t m_head, m_tail;
 	uint64_t probe_at;	  /* the next probe; probing: its deadline */
+	/* Both sides: the key of this connection's progress records'
+	 * check (kvp__rec_key()), so that no other connection's peer can
+	 * make one that passes. */
+	uint64_t rec_key[2];
+	/* Consumer: the producer rank's lease table (GO), and the lease
+	 * FIFO of a rank's first queue pair: stripes whose check waits to
+	 * be posted [lw_post, lw_tail), posted [lw_done, lw_post) (at most
+	 * KVP_LEASE_RING: their landing buffers), chunk_mask + 1 entries. */
+	uint64_t lease_raddr;
+	uint32_t lease_rkey, lease_log2, lease_inc;
+	uint32_t *lw;
+	uint32_t lw_tail, lw_post, lw_done;
 } __attribute__((aligned(KVP_CACHELINE)));
+/* Lease READs in flight per connection (their landing buffers). */
+#define KVP_LEASE_RING 8
 #define NO_SRC UINT32_MAX
 #define NO_CONN UINT32_MAX
 
@@ -825,6 +860,9 @@ struct kvp_ent {
 	uint32_t bm;	   /* EARLY, EXPECTED: its rank bitmap */
 	uint32_t owner;	   /* EARLY: creating connection, gen << 16 | idx */
 	uint32_t fol;	   /* first follower (streaming), or NO_FOL */
+	uint32_t lease;	   /* EXPECTED: its lease's entry in the table
+			    * (bucket * KVP_LEASE_BUCKET + i) */
+	uint64_t gen;	   /* ... and generation */
 	struct kvp_progress prog; /* published so far */
 };
 
@@ -940,6 +978,12 @@ struct kvp_agent {
 	uint32_t fol_per;
 	uint8_t *fol_rec;
 	struct ibv_mr **fol_mr;	/* one a slot: its records alone */
+	/* Producer: the lease table (lease.h), 2^lease_log2 buckets,
+	 * registered for remote READ once; its incarnation (random, never
+	 * 0) and the grants so far. */
+	uint8_t *lease;
+	struct ibv_mr *lease_mr;
+	uint32_t lease_log2, lease_inc, lease_ctr;
 
 	/* Consumer: engines, plans, requests (engine.c, post.c). */
 	struct kvp_eng *engs;	/* max_peers */
@@ -961,8 +1005,16 @@ struct kvp_agent {
 	uint32_t pq_head, pq_tail, pq_mask, seq;
 	uint32_t chunk_mask;
 	uint8_t *note_buf;     /* per request slot: KVP_NOTE_LEN bytes, then
-				* as many for its FOLLOW */
+				* as many for its FOLLOW, then its note
+				* flagged KVP_NOTE_UNHELD */
 	struct ibv_mr *note_mr;
+	/* Leases: KVP_LEASE_RING landing buffers of KVP_LEASE_READ bytes
+	 * per consumer connection slot (one MR); lease_off: the check is
+	 * off (KVP_LEASE_OFF=1 in the environment at open: for measuring
+	 * its cost only). */
+	uint8_t *lease_buf;
+	struct ibv_mr *lease_mr_c;
+	int lease_off;
 	/* Streaming: per consumer connection slot, 2 * max_inflight progress
 	 * records its producer rank WRITEs (one MR each: a producer writes
 	 * its own connection's records only); the requests streamed. */

@@ -365,6 +365,13 @@ static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 		   (uint64_t)(uintptr_t)&a->ctr[c->idx]);
 	kvp__put32(kvp__ctl_tx(a, c) + 16, a->ctr_mr[c->idx]->rkey);
 	kvp__put32(kvp__ctl_tx(a, c) + 20, a->srq ? KVP_GO_LOANS : 0);
+	/* Where the requests we hold have their leases (lease.h). */
+	kvp__put64(kvp__ctl_tx(a, c) + 24, (uint64_t)(uintptr_t)a->lease);
+	kvp__put32(kvp__ctl_tx(a, c) + 32, a->lease_mr->rkey);
+	kvp__put32(kvp__ctl_tx(a, c) + 36, a->lease_log2);
+	kvp__put32(kvp__ctl_tx(a, c) + 40, a->lease_inc);
+	kvp__put32(kvp__ctl_tx(a, c) + 44, 0);
+	kvp__rec_key(a, c);
 	if (kvp__post_ctl_send(a, c, KVP_GO_LEN))
 		return -EBUSY;
 	kvp__set_state(a, c, CS_HANDSHAKE);

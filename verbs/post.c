@@ -49,11 +49,15 @@ _Static_assert(sizeof(struct kvp_emit_sge) == sizeof(struct ibv_sge) &&
 
 /* A queue pair's share of a request from one rank is in (its last READ
  * completed, or it had nothing to read): once every queue pair's share
- * of the stripe is, the rank's data is, and its notification may go. */
+ * of the stripe is, the rank's data is, and its lease check goes on the
+ * rank's first queue pair (lease.h); once that is in, its notification
+ * may go. */
 static void chunk_in(kvp_agent *a, const struct kvp_conn *c,
 		     struct kvp_chunk *ch, int err)
 {
-	struct kvp_stripe *st = &a->engs[c->eng].stripes[ch->stripe];
+	struct kvp_eng *e = &a->engs[c->eng];
+	struct kvp_stripe *st = &e->stripes[ch->stripe];
+	struct kvp_conn *c0;
 
 	ch->flags &= ~CH_READS;
 	if (err && !st->status)
@@ -62,7 +66,73 @@ static void chunk_in(kvp_agent *a, const struct kvp_conn *c,
 		return;
 	if (st->qmask & (st->qmask - 1))
 		a->st.striped++;
+	if (!st->status && !a->lease_off) {
+		c0 = &a->conns[kvp__src_conn(e, ch->stripe % e->pc->pi.nsrc)];
+		/* A first queue pair that failed meanwhile fails the check
+		 * when it drains (chunks_fail()); one gone already, now. */
+		if (c0->lw && (c0->state == CS_READY ||
+			       c0->state == CS_DRAINING)) {
+			st->lease = SL_WAIT;
+			c0->lw[c0->lw_tail++ & a->chunk_mask] = ch->stripe;
+			return;
+		}
+		st->status = c0->status ? c0->status : -ENOTCONN;
+	}
 	kvp__req_data_in(a, &a->reqs[ch->slot], st->status);
+}
+
+/* Where the lease READ number n of consumer connection c lands. */
+static inline uint8_t *lease_land(const kvp_agent *a, const struct kvp_conn *c,
+				  uint32_t n)
+{
+	return a->lease_buf +
+	       ((size_t)(c->idx - a->nprod) * KVP_LEASE_RING +
+		n % KVP_LEASE_RING) * KVP_LEASE_READ;
+}
+
+/* A lease READ completed (WK_LEASE): the oldest posted on c. The stripe
+ * is in, or FAILED -ESTALE when the bucket holds no lease of ours (for a
+ * streamed pull: of the generation its records carried). */
+static void lease_in(kvp_agent *a, struct kvp_conn *c)
+{
+	struct kvp_eng *e = &a->engs[c->eng];
+	const uint32_t stripe = c->lw[c->lw_done & a->chunk_mask];
+	struct kvp_stripe *st = &e->stripes[stripe];
+	struct kvp_req *r = &a->reqs[stripe / e->pc->pi.nsrc];
+	uint64_t gen;
+
+	if (kvp_unlikely(c->lw_done == c->lw_post))
+		return; /* unreachable: a WK_LEASE per lease READ */
+	/* The NIC wrote the bucket behind the compiler's back. */
+	__asm__ volatile("" ::: "memory");
+	if (kvp__lease_check(lease_land(a, c, c->lw_done), a->li.engine_id,
+			     r->req_id, c->lease_inc,
+			     r->stream ? e->sprog[stripe].gen : 0, &gen)) {
+		st->status = -ESTALE;
+		if (!r->status && !r->reason)
+			r->reason = KVP_REASON_LEASE;
+	}
+	c->lw_done++;
+	st->lease = SL_DONE;
+	kvp__req_data_in(a, r, st->status);
+}
+
+/* The checks still owed on a drained first queue pair fail. */
+static void leases_fail(kvp_agent *a, struct kvp_conn *c)
+{
+	struct kvp_eng *e = &a->engs[c->eng];
+
+	for (; c->lw_done != c->lw_tail; c->lw_done++) {
+		const uint32_t stripe = c->lw[c->lw_done & a->chunk_mask];
+		struct kvp_stripe *st = &e->stripes[stripe];
+
+		st->lease = SL_NONE;
+		if (!st->status)
+			st->status = c->status ? c->status : -ENOTCONN;
+		kvp__req_data_in(a, &a->reqs[stripe / e->pc->pi.nsrc],
+				 st->status);
+	}
+	c->lw_post = c->lw_tail;
 }
 
 /* Moves c_data past the chunks whose data is in; on a queue pair without
@@ -90,6 +160,8 @@ static void chunks_fail(kvp_agent *a, struct kvp_conn *c)
 		if (!c->q)
 			kvp__req_note_done(a, r);
 	}
+	if (c->lw)
+		leases_fail(a, c);
 	c->c_head = c->c_data = c->c_note = c->c_post = c->c_tail;
 	c->nlast = 0;
 	c->m_head = c->m_tail;
@@ -212,6 +284,9 @@ void kvp__send_wc(kvp_agent *a, struct kvp_conn *c, const struct ibv_wc *wc)
 	case WK_SMARK:
 		mark_in(a, c);
 		return;
+	case WK_LEASE:
+		lease_in(a, c);
+		return;
 	case WK_NOTE:
 		/* Notifications complete in order. */
 		kvp__req_note_done(a, &a->reqs[c->chunks[c->c_head++ &
@@ -321,12 +396,17 @@ static void chain_reset(struct chain *ch)
 }
 
 /* Whether the notification of chunk `ch` may go: every queue pair's READs
- * of its rank are in (or the rank is only notified). */
+ * of its rank are in and its lease checked (or the rank is only
+ * notified). */
 static inline int note_ready(const kvp_agent *a, const struct kvp_conn *c,
 			     const struct kvp_chunk *ch)
 {
-	return ch->stripe == NO_STRIPE ||
-	       !a->engs[c->eng].stripes[ch->stripe].left;
+	const struct kvp_stripe *st;
+
+	if (ch->stripe == NO_STRIPE)
+		return 1;
+	st = &a->engs[c->eng].stripes[ch->stripe];
+	return !st->left && st->lease != SL_WAIT && st->lease != SL_READING;
 }
 
 /* A message of KVP_NOTE_LEN bytes at buf into one of the producer rank's
@@ -350,13 +430,53 @@ static void post_msg(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
 	c->starved = 0;
 }
 
-/* After the data is in: no fence needed. */
+/* After the data is in and the lease checked: no fence needed. A rank
+ * whose check failed is told (KVP_NOTE_UNHELD: the slot's third note). */
 static void post_note(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
-		      uint32_t slot)
+		      const struct kvp_chunk *ck)
 {
-	post_msg(a, c, ch, a->note_buf + (size_t)slot * KVP_NOTE_LEN,
+	const int unheld = ck->stripe != NO_STRIPE &&
+			   a->engs[c->eng].stripes[ck->stripe].status ==
+				   -ESTALE;
+
+	post_msg(a, c, ch,
+		 a->note_buf + ((size_t)(unheld ? 2 * a->max_inflight : 0) +
+				ck->slot) * KVP_NOTE_LEN,
 		 a->note_mr->lkey, WK_NOTE);
 	a->st.notes_sent++;
+}
+
+/* The lease READs that wait on c (a rank's first queue pair), as many as
+ * the landing buffers and the room allow: each READs the bucket of the
+ * request's key (lease.h). */
+static void post_leases(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
+			uint32_t room)
+{
+	struct kvp_eng *e = &a->engs[c->eng];
+
+	while (c->lw_post != c->lw_tail && ch->n < room &&
+	       c->lw_post - c->lw_done < KVP_LEASE_RING) {
+		const uint32_t stripe = c->lw[c->lw_post & a->chunk_mask];
+		const struct kvp_req *r = &a->reqs[stripe / e->pc->pi.nsrc];
+		struct ibv_send_wr *s = chain_add(ch);
+
+		s->num_sge = 1;
+		ch->g->addr = (uint64_t)(uintptr_t)lease_land(a, c, c->lw_post);
+		ch->g->length = KVP_LEASE_READ;
+		ch->g->lkey = a->lease_mr_c->lkey;
+		ch->g++;
+		s->opcode = IBV_WR_RDMA_READ;
+		s->wr.rdma.remote_addr =
+			c->lease_raddr +
+			(uint64_t)kvp__lease_bucket(a->li.engine_id, r->req_id,
+						    c->lease_log2) *
+				KVP_LEASE_READ;
+		s->wr.rdma.rkey = c->lease_rkey;
+		chain_signal(ch, c, WK_LEASE);
+		e->stripes[stripe].lease = SL_READING;
+		c->lw_post++;
+		a->st.lease_reads++;
+	}
 }
 
 int kvp__bye_consumer(kvp_agent *a, struct kvp_conn *c)
@@ -687,6 +807,8 @@ void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 		return;
 	room = c->sq_cap - c->outstanding;
 top:
+	if (c->lw_post != c->lw_tail)
+		post_leases(a, c, &ch, room);
 	/* Chunks from c_post on, in order; one that cannot post now (a
 	 * streamed chunk waiting for progress or credit) is passed, the
 	 * ones after it go on. c_post: the first chunk not closed. */
@@ -700,7 +822,7 @@ top:
 		    note_ready(a, c, &c->chunks[c->c_note & mask])) {
 			if (credits(c)) {
 				post_note(a, c, &ch,
-					  c->chunks[c->c_note++ & mask].slot);
+					  &c->chunks[c->c_note++ & mask]);
 				continue;
 			}
 			if (!c->starved) {

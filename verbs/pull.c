@@ -195,6 +195,11 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 	kvp__put64(note + 8, req_id);
 	kvp__put64(note + 16, a->li.engine_id);
 	kvp__put64(note + 24, 0);
+	/* The same, for a producer rank whose lease check failed. */
+	memcpy(note + (size_t)2 * a->max_inflight * KVP_NOTE_LEN, note,
+	       KVP_NOTE_LEN);
+	kvp__put64(note + (size_t)2 * a->max_inflight * KVP_NOTE_LEN + 24,
+		   KVP_NOTE_UNHELD);
 
 	r->req_id = req_id;
 	r->eng = eng;
@@ -252,6 +257,7 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 				st->left = e->nq;
 				st->status = 0;
 				st->qmask = 0;
+				st->lease = SL_NONE;
 				r->pending++;
 				if (stream)
 					stream_source(a, e, r, slot, s, nsrc);
@@ -376,13 +382,15 @@ static void stall(kvp_agent *a, struct kvp_eng *e)
 static int stream_read(kvp_agent *a, struct kvp_eng *e, const struct kvp_req *r,
 		       uint32_t slot, struct kvp_sprog *sp, uint32_t s)
 {
-	const uint32_t ci = kvp__src_conn(e, s) - a->nprod;
+	const struct kvp_conn *c = &a->conns[kvp__src_conn(e, s)];
+	const uint32_t ci = c->idx - a->nprod;
 	const uint8_t *rec = a->ptab + ((size_t)ci * 2 * a->max_inflight +
 					2 * slot + (r->uses & 1)) *
 					       KVP_PROG_REC;
 	struct kvp_emit_range rr[3];
 	struct kvp_progress p;
 	uint8_t b[KVP_PROG_REC];
+	uint64_t gen;
 
 	/* The NIC writes the record behind the compiler's back. */
 	__asm__ volatile("" ::: "memory");
@@ -393,9 +401,16 @@ static int stream_read(kvp_agent *a, struct kvp_eng *e, const struct kvp_req *r,
 	p.tokens_all = kvp__get64(b + 8);
 	p.tokens_cur = kvp__get64(b + 16);
 	p.layers_cur = kvp__get32(b + 24);
-	if (kvp__get64(b + 32) != kvp__prog_check(r->seq, p.tokens_all,
-						  p.tokens_cur, p.layers_cur))
-		return 0; /* read while a WRITE landed: next poll */
+	gen = kvp__get64(b + 32);
+	if (kvp__get64(b + 40) != kvp__prog_check(c->rec_key, r->seq,
+						  p.tokens_all, p.tokens_cur,
+						  p.layers_cur, gen))
+		return 0; /* read while a WRITE landed (or forged): next poll */
+	/* Progress of another grant of the request's lease: what we read
+	 * so far was held for another. */
+	if (sp->gen && gen != sp->gen)
+		return -ESTALE;
+	sp->gen = gen;
 	switch (kvp_progress_ranges(&sp->seen, &p, rr)) {
 	case 0:
 		return 0;
@@ -424,20 +439,24 @@ static void stream_flush_src(kvp_agent *a, struct kvp_eng *e, uint32_t s)
 			kvp__conn_flush(a, &a->conns[nc[q]]);
 }
 
-/* A source of streamed request r (slot) published nothing for stall_ms:
- * the request fails alone (the engine and its other requests go on). No
- * more of its READs go out from any source; what is posted completes,
- * then FAILED follows and the notifications, as ever, so that the
- * producer releases it. */
-static void stream_stall(kvp_agent *a, struct kvp_eng *e, struct kvp_req *r,
-			 uint32_t slot)
+/* Streamed request r (slot) fails alone (the engine and its other
+ * requests go on): a source published nothing for stall_ms (-ETIMEDOUT,
+ * KVP_REASON_STALL), or its records went on with another generation of
+ * the request's lease (-ESTALE, KVP_REASON_LEASE: the producer let go of
+ * it and holds it again). No more of its READs go out from any source;
+ * what is posted completes, then FAILED follows and the notifications,
+ * as ever, so that the producer releases it. */
+static void stream_stop(kvp_agent *a, struct kvp_eng *e, struct kvp_req *r,
+			uint32_t slot, int err, uint32_t reason)
 {
 	const uint32_t nsrc = e->pc->pi.nsrc;
 	uint32_t s;
 
-	e->st.stalls++;
-	a->st.stalls++;
-	r->reason = KVP_REASON_STALL;
+	if (reason == KVP_REASON_STALL) {
+		e->st.stalls++;
+		a->st.stalls++;
+	}
+	r->reason = reason;
 	for (s = 0; s < nsrc; s++) {
 		struct kvp_sprog *sp = &e->sprog[slot * nsrc + s];
 		struct kvp_stripe *st = &e->stripes[slot * nsrc + s];
@@ -445,7 +464,7 @@ static void stream_stall(kvp_agent *a, struct kvp_eng *e, struct kvp_req *r,
 		if (!sp->active || sp->posted.tokens_all == KVP_TOKENS_END)
 			continue; /* nothing to read, or all of it is out */
 		if (!st->status)
-			st->status = -ETIMEDOUT;
+			st->status = err;
 		sp->seen.tokens_all = sp->seen.tokens_cur = KVP_TOKENS_END;
 		sp->seen.layers_cur = 0;
 		sp->posted = sp->seen;
@@ -488,6 +507,10 @@ void kvp__stream_scan(kvp_agent *a, uint64_t now)
 				sp->t_last = now;
 				a->st.progress_seen++;
 				stream_flush_src(a, e, s);
+			} else if (k == -ESTALE) {
+				stream_stop(a, e, r, slot, -ESTALE,
+					    KVP_REASON_LEASE);
+				break;
 			} else if (k < 0) {
 				/* A producer rank that lies about its
 				 * progress: its engine is not trusted. */
@@ -504,7 +527,8 @@ void kvp__stream_scan(kvp_agent *a, uint64_t now)
 				 * we are behind, not the producer rank. */
 				sp->t_last = now;
 			} else if (now - sp->t_last >= a->stall_ns) {
-				stream_stall(a, e, r, slot);
+				stream_stop(a, e, r, slot, -ETIMEDOUT,
+					    KVP_REASON_STALL);
 				break;
 			}
 		}
@@ -563,6 +587,10 @@ void kvp__data_free(kvp_agent *a)
 	a->note_mr = NULL;
 	free(a->note_buf);
 	a->note_buf = NULL;
+	kvp__dereg_mr(a->lease_mr_c);
+	a->lease_mr_c = NULL;
+	free(a->lease_buf);
+	a->lease_buf = NULL;
 	if (a->reqs) {
 		free(a->reqs[0].ids);
 		free(a->reqs[0].gids);
@@ -599,6 +627,7 @@ int kvp__data_alloc(kvp_agent *a)
 	const uint32_t ng = a->li.ngroups, mi = a->max_inflight;
 	uint32_t i, *ids;
 	struct kvp_ids *gids;
+	int err;
 
 	a->chunk_mask = kvp__pow2_at_least(mi) - 1;
 	a->pq_mask = kvp__pow2_at_least(2 * mi) - 1;
@@ -614,7 +643,10 @@ int kvp__data_alloc(kvp_agent *a)
 	a->ssge = calloc((size_t)a->sq_cap * a->max_sge, sizeof(*a->ssge));
 	/* Each WR at most twice: added, then signalled. */
 	a->dirty = calloc(2 * (size_t)a->sq_cap + 2, sizeof(*a->dirty));
-	a->note_buf = calloc(2 * (size_t)mi, KVP_NOTE_LEN); /* notes, FOLLOWs */
+	/* notes, FOLLOWs, notes flagged unheld */
+	a->note_buf = calloc(3 * (size_t)mi, KVP_NOTE_LEN);
+	a->lease_buf = calloc((size_t)(a->nconns - a->nprod) * KVP_LEASE_RING,
+			      KVP_LEASE_READ);
 	a->ptab = calloc((size_t)(a->nconns - a->nprod) * 2 * mi + 1,
 			 KVP_PROG_REC);
 	a->ptab_mr = calloc(a->nconns - a->nprod + 1, sizeof(*a->ptab_mr));
@@ -628,7 +660,8 @@ int kvp__data_alloc(kvp_agent *a)
 	}
 	if (!a->reqs || !ids || !gids || !a->pq || !a->pq_seq ||
 	    !a->inflight || !a->swr || !a->ssge || !a->dirty ||
-	    !a->note_buf || !a->ptab || !a->ptab_mr || !a->sreq)
+	    !a->note_buf || !a->ptab || !a->ptab_mr || !a->sreq ||
+	    !a->lease_buf)
 		return -ENOMEM;
 	for (i = 0; i < a->sq_cap; i++) {
 		a->swr[i].next = &a->swr[i + 1]; /* the last: never followed */
@@ -652,9 +685,19 @@ int kvp__data_alloc(kvp_agent *a)
 		r->next_free = i + 1 < mi ? i + 1 : NO_REQ;
 	}
 	a->free_req = 0;
+	/* For measuring the lease check's cost only (lease.h). */
+	a->lease_off = getenv("KVP_LEASE_OFF") &&
+		       !strcmp(getenv("KVP_LEASE_OFF"), "1");
+	/* Lease buckets land here: written by our READs alone. */
+	err = kvp__reg_mr(a->pd, a->lease_buf,
+			  (size_t)(a->nconns - a->nprod) * KVP_LEASE_RING *
+				  KVP_LEASE_READ,
+			  IBV_ACCESS_LOCAL_WRITE, &a->lease_mr_c);
+	if (err)
+		return err;
 	/* Only ever the source of SENDs: local read access suffices. */
 	/* Each connection's progress records (ptab) get their MR when
 	 * the slot is first taken: kvp__slot_prepare(). */
 	return kvp__reg_mr(a->pd, a->note_buf,
-			   2 * (size_t)mi * KVP_NOTE_LEN, 0, &a->note_mr);
+			   3 * (size_t)mi * KVP_NOTE_LEN, 0, &a->note_mr);
 }

@@ -109,6 +109,8 @@ static void req_finish(kvp_agent *a, struct kvp_req *r)
 			    e->why.reason ? e->why.reason :
 					    w.reason;
 		ev.peer_reason = e->why.peer_reason;
+		if (ev.reason == KVP_REASON_LEASE)
+			a->st.lease_fails++;
 		a->st.failed++;
 		e->st.failed++;
 	}

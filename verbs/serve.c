@@ -31,6 +31,30 @@
 #define PSN_QUIET_NS 200000000ull
 #define PSN_MASK 0xffffffu
 
+/* The lease table (lease.h): KVP_LEASE_PER_REQ buckets per request held,
+ * page-aligned, registered for remote READ once; a random incarnation. */
+static int lease_alloc(kvp_agent *a)
+{
+	uint64_t nb = kvp__pow2_at_least(KVP_LEASE_PER_REQ *
+					 (uint64_t)a->max_inflight);
+	size_t len;
+	int err;
+
+	for (a->lease_log2 = 0; (1ull << a->lease_log2) < nb; a->lease_log2++)
+		;
+	len = ((size_t)nb * KVP_LEASE_READ + 4095) & ~(size_t)4095;
+	if (posix_memalign((void **)&a->lease, 4096, len))
+		return -ENOMEM;
+	memset(a->lease, 0, len);
+	do {
+		err = kvp__random(&a->lease_inc, sizeof(a->lease_inc));
+		if (err)
+			return err;
+	} while (!a->lease_inc);
+	return kvp__reg_mr(a->pd, a->lease, len, IBV_ACCESS_REMOTE_READ,
+			   &a->lease_mr);
+}
+
 int kvp__serve_alloc(kvp_agent *a)
 {
 	uint32_t nbm, i;
@@ -62,7 +86,7 @@ int kvp__serve_alloc(kvp_agent *a)
 		a->bm_free[i] = nbm - 1 - i;
 	a->bm_nfree = nbm;
 	a->next_deadline = UINT64_MAX;
-	return 0;
+	return lease_alloc(a);
 }
 
 void kvp__serve_free(kvp_agent *a)
@@ -77,6 +101,10 @@ void kvp__serve_free(kvp_agent *a)
 	free(a->fol_rec);
 	a->fol = NULL;
 	a->fol_rec = NULL;
+	kvp__dereg_mr(a->lease_mr);
+	a->lease_mr = NULL;
+	free(a->lease);
+	a->lease = NULL;
 	free(a->tab);
 	free(a->bm);
 	free(a->bm_free);
@@ -378,9 +406,11 @@ static int fol_write(kvp_agent *a, struct kvp_conn *c, uint32_t i,
 	kvp__put64(rec + 16, e->prog.tokens_cur);
 	kvp__put32(rec + 24, e->prog.layers_cur);
 	kvp__put32(rec + 28, 0);
-	kvp__put64(rec + 32, kvp__prog_check(f->tag, e->prog.tokens_all,
+	kvp__put64(rec + 32, e->gen);
+	kvp__put64(rec + 40, kvp__prog_check(c->rec_key, f->tag,
+					     e->prog.tokens_all,
 					     e->prog.tokens_cur,
-					     e->prog.layers_cur));
+					     e->prog.layers_cur, e->gen));
 	memset(&wr, 0, sizeof(wr));
 	sge.addr = (uint64_t)(uintptr_t)rec;
 	sge.length = KVP_PROG_REC;
@@ -583,6 +613,11 @@ static void ent_report(kvp_agent *a, struct kvp_ent *e, uint32_t type,
 				    KVP_REASON_OTHER_ENGINE :
 				    KVP_REASON_TIMEOUT;
 	}
+	/* Before the engine can hear of it, so before it reuses a block:
+	 * a consumer's lease READ from now on finds it gone. */
+	kvp__lease_withdraw(a->lease + (size_t)(e->lease / KVP_LEASE_BUCKET) *
+					       KVP_LEASE_READ,
+			    e->lease % KVP_LEASE_BUCKET);
 	kvp__ev_push(a, &ev);
 	if (type == KVP_EV_RELEASED)
 		a->st.released++;
@@ -764,6 +799,10 @@ void kvp__note_msg(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 	if (engine != c->engine_id || rank != c->rank ||
 	    rank >= KVP_MAX_TP_SIZE)
 		goto drop;
+	/* The rank read it while we did not hold it (it ended FAILED
+	 * there): whatever we know of it now, done with it. */
+	if (kvp__get64(m + 24) & KVP_NOTE_UNHELD)
+		a->st.unheld++;
 	e = tab_find(a, engine, id);
 	if (e && e->state == EN_GONE)
 		goto drop; /* stale: reported already */
@@ -849,6 +888,10 @@ int kvp_agent_expect(kvp_agent *a, uint64_t engine_id, uint64_t req_id,
 {
 	struct kvp_peng *pe;
 	struct kvp_ent *e;
+	uint8_t *bucket;
+	uint64_t gen;
+	uint32_t b;
+	int i;
 
 	if (!a || !a->producer)
 		return -EINVAL;
@@ -859,16 +902,30 @@ int kvp_agent_expect(kvp_agent *a, uint64_t engine_id, uint64_t req_id,
 		return -EALREADY;
 	if (a->nheld >= a->max_inflight)
 		return -EBUSY;
+	/* Its lease first: all that can fail before the table changes. */
+	b = kvp__lease_bucket(engine_id, req_id, a->lease_log2);
+	bucket = a->lease + (size_t)b * KVP_LEASE_READ;
+	if (!++a->lease_ctr)
+		a->lease_ctr = 1; /* 2^32 grants: gen 0 means free */
+	gen = (uint64_t)a->lease_inc << 32 | a->lease_ctr;
+	i = kvp__lease_grant(bucket, engine_id, req_id, gen);
+	if (i < 0) {
+		a->st.lease_full++;
+		return -ENOSPC;
+	}
 	if (e) {
 		early_end(a, e);
 		e->state = EN_EXPECTED;
 	} else {
 		e = tab_insert(a, engine_id, req_id, EN_EXPECTED);
-		if (bm_take(a, e)) {
+		if (bm_take(a, e)) { /* unreachable: one per EXPECTED */
 			tab_remove(a, e);
+			kvp__lease_withdraw(bucket, (uint32_t)i);
 			return -EBUSY;
 		}
 	}
+	e->lease = b * KVP_LEASE_BUCKET + (uint32_t)i;
+	e->gen = gen;
 	pe = engine_find(a, engine_id);
 	if (!e->expected && pe)
 		e->expected = pe->expected;

@@ -64,6 +64,9 @@ void kvp__why_errno(struct kvp_why *w, int err)
 	case -ECONNABORTED:
 		r = KVP_REASON_UNREACHABLE;
 		break;
+	case -ESTALE:
+		r = KVP_REASON_LEASE;
+		break;
 	default:
 		return;
 	}

@@ -489,7 +489,8 @@ class AgentStats(Struct):
         "rnr_timer_unset", "striped", "dmabuf_fallbacks", "async_errors",
         "publishes", "follows", "progress_writes", "progress_seen",
         "arrivals", "mem_bytes", "peers", "qps", "evictions",
-        "idle_closes", "srq_bufs", "credit_abuses", "credit_gives", "srq_last_wqe")]
+        "idle_closes", "srq_bufs", "credit_abuses", "credit_gives", "srq_last_wqe",
+        "lease_reads", "lease_fails", "unheld", "lease_full")]
 
 
 def _dtype(cls):

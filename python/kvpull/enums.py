@@ -140,6 +140,7 @@ class Reason(_Named):
     NOT_UP = 28
     OTHER_ENGINE = 29
     EVICTED = 30
+    LEASE = 31
 
     def describe(self):
         """The library's description of this reason (``kvp_reason_str``)."""
@@ -179,7 +180,7 @@ class EngineState(_Named):
 #: ``enum kvp_*_COUNT`` values, by enum class (checked against the header;
 #: ``enum kvp_event_type`` and ``enum kvp_engine_state`` have none).
 COUNTS = {Axis: 6, FieldKind: 10, GroupKind: 4, KvLayout: 4, StateKind: 3,
-          ConvLayout: 2, Reason: 31, Role: 3}
+          ConvLayout: 2, Reason: 32, Role: 3}
 
 #: ``kvp_plan_attr.comp_mask`` bits.
 PLAN_ATTR_MAX_LEN = 1 << 0

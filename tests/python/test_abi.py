@@ -122,7 +122,7 @@ def test_structs_enums_constants_match_c(c_facts):
     assert c_facts["sizeof(struct kvp_model)"] == 108
     assert c_facts["sizeof(struct kvp_event)"] == 80
     assert c_facts["sizeof(struct kvp_engine_info)"] == 280
-    assert c_facts["sizeof(struct kvp_agent_stats)"] == 41 * 8
+    assert c_facts["sizeof(struct kvp_agent_stats)"] == 45 * 8
     assert c_facts["sizeof(struct kvp_peer)"] == 32
 
 

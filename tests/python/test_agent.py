@@ -721,7 +721,7 @@ def test_stats(fake, agent):
     assert isinstance(st, kvpull.AgentStats)
     assert (st.pulls, st.mem_bytes, st.arrivals, st.done) == (3, 1 << 20, 9,
                                                              0)
-    assert len(st.to_dict()) == 41
+    assert len(st.to_dict()) == 45
 
 
 # ---- events -----------------------------------------------------------------

@@ -80,7 +80,9 @@ struct rt_case {
 	uint32_t striped;	   /* requests must go over 2 queue pairs */
 	uint32_t max_ids;	   /* per group and request, 0: RT_MAX_IDS */
 	uint32_t extra_expire;	   /* ids the producer expects, nobody pulls */
-	uint32_t late_expect;	   /* expect request 0 after its notifications */
+	uint32_t late_expect;	   /* expect request 0 after its notifications:
+				    * its pulls read a request not held, and
+				    * end FAILED -ESTALE (KVP_REASON_LEASE) */
 	int kill_rank;		   /* producer rank killed mid-transfer, or -1 */
 	uint32_t seed;
 	uint32_t quick;		   /* in the subset run under ASan (rt_main) */
@@ -593,6 +595,15 @@ static int rt_producer(const struct rt_case *tc, const struct rt_env *env,
 		if (!n)
 			usleep(50);
 	}
+	/* Request 0 expected late: every rank that read it said it was
+	 * not held (its notification flagged, stats.unheld). */
+	if (tc->late_expect) {
+		struct kvp_agent_stats pst;
+
+		kvp_agent_get_stats(a, &pst);
+		if (!pst.unheld)
+			RT_FAIL("request 0 read before expect(): unheld 0");
+	}
 	/* Keep the connections served until every consumer is done. */
 	for (;;) {
 		struct kvp_agent_stats pst;
@@ -776,9 +787,18 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 			}
 			if (ev[i].type != KVP_EV_FAILED)
 				RT_FAIL("unexpected event %u", ev[i].type);
-			if (tc->kill_rank < 0)
+			if (tc->late_expect && !k) {
+				/* Pulled before the producer held it: the
+				 * bytes may be right, nothing vouches. */
+				if (ev[i].status != -ESTALE ||
+				    ev[i].reason != KVP_REASON_LEASE)
+					RT_FAIL("request 0, pulled before expect(): %s (reason %u), want -ESTALE, KVP_REASON_LEASE",
+						kvp_strerror(ev[i].status),
+						ev[i].reason);
+			} else if (tc->kill_rank < 0) {
 				RT_FAIL("request %u failed: %s", k,
 					kvp_strerror(ev[i].status));
+			}
 			failed++;
 			bad[k] = 1;
 			/* The ids to recompute are exactly the request's. */
@@ -837,11 +857,13 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 			tc->nreq, tc->prq);
 	for (i = 0; i < tc->nreq; i++)
 		kvt_expect_consumer(l, r0, &exp, NULL, rq[i].ids);
-	if (tc->kill_rank >= 0) {
+	if (tc->kill_rank >= 0 && !failed)
+		RT_FAIL("no request failed although a producer died");
+	if (tc->late_expect && !bad[0])
+		RT_FAIL("request 0, pulled before expect(), not FAILED");
+	if (failed) {
 		/* Bytes of failed requests may hold anything; every other
 		 * byte must be exact. */
-		if (!failed)
-			RT_FAIL("no request failed although a producer died");
 		if (kvt_mem_copy(&need, &mem))
 			RT_FAIL("memory");
 		for (r = 0; r < need.nregions; r++)
