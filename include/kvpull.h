@@ -1059,7 +1059,25 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  *    ever count for its own requests (see kvp_agent_expect()). Each
  *    consumer rank's credit counter (see Liveness) is an MR of its own 8
  *    bytes: its key reads that counter and nothing else, so no peer
- *    learns another's notification progress.
+ *    learns another's notification progress. A consumer's progress
+ *    records (streaming) are writable with a key per connection slot,
+ *    but that key is per protection domain: any peer connected to the
+ *    agent that learns it could WRITE there. So a record counts only if
+ *    its check, SipHash-2-4 keyed by a key both ends derive from their
+ *    hellos (an HMAC, with the secret if any), matches: another peer's
+ *    record is ignored as if never written. The lease table (see
+ *    kvp_agent_expect()) is readable, never writable, remotely; a peer
+ *    reading it learns which (engine, req_id) fingerprints are held.
+ *  - Fail closed: DONE is reported only over bytes each producer rank
+ *    held for the request while they were read (kvp_agent_expect()'s
+ *    leases); what cannot be proven so ends FAILED -ESTALE. The lease
+ *    READ is posted once every data READ from that rank completed (their
+ *    responses arrived: the producer's NIC read those bytes before it
+ *    reads the lease), and the producer's withdrawal is a CPU store,
+ *    fenced before its event is queued, that a later DMA read sees
+ *    (coherent DMA, which every RDMA NIC and soft-RoCE provide). A
+ *    device whose DMA reads were not coherent with the CPU's stores
+ *    would break this, as it would break every RDMA transfer.
  *
  * Threads: an agent is not thread-safe. All calls on one agent must be
  * serialised by the caller (typically: the engine's loop thread). Distinct
@@ -1570,9 +1588,16 @@ KVP_API const kvp_plan *kvp_agent_plan(const kvp_agent *agent);
  * Allocation-free. The local id lists are copied (they come back with a
  * FAILED event); the caller's arrays may be reused on return. The local
  * blocks must not be read until DONE is reported for req_id.
- * DONE is reported as soon as the last READ from every producer rank has
- * completed (the data is in); the notifications that free the producer's
- * blocks follow, and the request's slot is reused once they completed.
+ * DONE is reported once the last READ from every producer rank has
+ * completed (the data is in) and each of those ranks was found still
+ * holding the request after them: one more READ per rank, of its lease
+ * (see kvp_agent_expect()). A rank that no longer held it (or never did)
+ * ends the request FAILED -ESTALE, KVP_REASON_LEASE, its local ids listed:
+ * those bytes may be another request's. KVP_LEASE_OFF=1 in the
+ * environment at kvp_agent_open() switches that check off, for measuring
+ * its cost only (scripts/rdma-bench.sh --races): never in service. The
+ * notifications that free the producer's blocks follow, and the request's
+ * slot is reused once they completed.
  * The engine is kvp_agent_connect()'s (see kvp_agent_pull_from() for
  * others).
  * Returns 0, and exactly one DONE or FAILED event follows for req_id;
@@ -1809,10 +1834,23 @@ KVP_API KVP_MUST_CHECK int kvp_agent_engine_layout(const kvp_agent *agent,
  * needs a fresh req_id (e.g. an attempt number in the high bits) unless
  * 30 s have passed.
  *
+ * Leases (fail closed): from this call until its RELEASED or EXPIRED
+ * event, the request holds a lease in a table the consumer ranks READ
+ * (one READ per producer rank, after that rank's data READs, with no CPU
+ * of ours); it is withdrawn before the event is queued, so before the
+ * engine can hear of it and reuse a block. A consumer whose check finds no
+ * lease for its request ends it FAILED -ESTALE (KVP_REASON_LEASE), never
+ * DONE: a pull before this call, or after the request was reported, fails
+ * closed. So call it before the request's block ids can reach a consumer.
+ * Such pulls still notify (flagged): stats.unheld counts them.
+ *
  * Returns 0, and exactly one RELEASED or EXPIRED event follows; -EINVAL
  * (not a producer); -EEXIST when the pair is already expected; -EALREADY
  * when it was reported within the last 30 s; -EBUSY when max_inflight
- * requests are expected or unreported. Notifications land in receive
+ * requests are expected or unreported; -ENOSPC (stats.lease_full) when
+ * the lease table's bucket of the pair is full (8 leases in a bucket of
+ * 2 x max_inflight: well below 1e-7 per call at max_inflight held; try
+ * again once a request is reported). Notifications land in receive
  * buffers that kvp_agent_poll() re-posts: a producer that stops polling
  * holds its consumers' notifications back until it polls again (their
  * DONE events do not wait for them: see stall_ms). */
