@@ -20,6 +20,7 @@
 #   scripts/rdma-bench.sh --stream [CASE]
 #   scripts/rdma-bench.sh --python
 #   scripts/rdma-bench.sh --storm [N [kvpull-storm options]]
+#   scripts/rdma-bench.sh --races [--trials N] [--seed S]
 #
 # Side by side on KV-shaped workloads of real model pairs (kvpull-rdma-bench
 # --pair; default: llama-3.1-70b-tp8to2-hnd, llama-3.1-70b-tp4to8-nhd,
@@ -85,6 +86,19 @@
 # summary lines are repeated at the end. --storm N runs one case of N
 # ranks (KVP_VM_MEM 2048 up to 256 ranks), with any further kvpull-storm
 # options: --storm 1024 --budget 512 --rounds 2; --storm 64 --stream.
+#
+# --races: issue 34's benchmark (tools/kvpull-races.c), in one VM boot:
+# N trials (default 10000) in which a producer agent lets go of the
+# request a consumer agent pulls at random times (expiry, never expected,
+# expected for another consumer engine) or holds it (clean, about a
+# fifth), every byte of each DONE checked; run twice with the same seed
+# (default 34): as the library is, then with the consumer's lease check
+# off (kvpull-races --lease-off: KVP_LEASE_OFF=1 in the consumer process
+# only) and the first run's typical pull time, so that both draw the same
+# deadlines. Each run prints its lines; the last line joins the first
+# run's summary with the second's median:
+#   races: trials=N raced=R done_stale=S failed_stale=F done_clean=D
+#     failed_clean=C p50_done_us=X p50_done_us_unchecked=Y
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -274,6 +288,56 @@ storm() {
 	return "$rc"
 }
 
+# ---------------------------------------------------------- races
+# scripts/rdma-bench.sh --races [--trials N] [--seed S]: see the top.
+races_usage() {
+	echo "usage: scripts/rdma-bench.sh --races [--trials N] [--seed S]" >&2
+	exit 2
+}
+
+races() {
+	shift
+	local trials=10000 seed=34 bin=$PWD/build/tools/kvpull-races
+	local log rc=0 t0=$SECONDS tmo checked unchecked
+	while [[ $# -gt 0 ]]; do
+		[[ $# -ge 2 ]] || races_usage
+		case $1 in
+		--trials) trials=$2 ;;
+		--seed) seed=$2 ;;
+		*) races_usage ;;
+		esac
+		shift 2
+	done
+	[[ $trials =~ ^[1-9][0-9]{0,5}$ && $seed =~ ^[0-9]{1,9}$ ]] ||
+		races_usage
+	bash scripts/install-deps.sh
+	make -s BUILD=build build/tools/kvpull-races
+	log=$(mktemp "${TMPDIR:-/tmp}/kvp-races.XXXXXX")
+	# Each run bounds itself (its --timeout, 300 + N/20 s by default, and
+	# an alarm() 180 s later); the VM bounds both. The second run reads
+	# the first's T from the VM's /tmp.
+	tmo=$((300 + trials / 20 + 240))
+	KVP_VM_MEM=${KVP_VM_MEM:-1024} scripts/rxe-vm.sh -q --devices 1 \
+		--timeout $((2 * tmo + 120)) --cmd-timeout "$tmo" \
+		--files "$bin" -- \
+		"set -o pipefail; $bin --trials $trials --seed $seed --port 24900 | tee /tmp/races-checked.log" \
+		"t=\$(sed -n 's/^races: T, the typical pull: \([0-9]*\).*/\1/p' /tmp/races-checked.log); $bin --trials $trials --seed $seed --port 24910 --lease-off \${t:+--typical-us \$t}" |
+		tee "$log" || rc=$?
+	checked=$(grep '^races: trials=.* check=on$' "$log" | tail -n 1) || true
+	unchecked=$(grep '^races: trials=.* check=off$' "$log" | tail -n 1) || true
+	rm -f "$log"
+	echo
+	echo "races: $trials trials twice (lease check on, then off), seed $seed, in $((SECONDS - t0)) s;" \
+		"soft-RoCE under QEMU TCG (one rxe device, 2 vCPUs), not hardware"
+	if [[ -z $checked || -z $unchecked ]]; then
+		echo "races: a run printed no summary line (its output is above)" >&2
+		return 1
+	fi
+	echo "races: unchecked run: ${unchecked#races: }"
+	echo "${checked% check=on} p50_done_us_unchecked=$(sed -n 's/.* p50_done_us=\([^ ]*\).*/\1/p' <<<"$unchecked")"
+	return "$rc"
+}
+
 # ---------------------------------------------------------- Python
 # scripts/rdma-bench.sh --python: bench_emit.py and bench_pull.py --host on
 # the host, bench_pull.py --vm in one VM boot (one rxe device; Debian's
@@ -330,6 +394,7 @@ case ${1:-} in
 --stream) stream "$@"; exit ;;
 --python) python_bench "$@"; exit ;;
 --storm) storm "$@"; exit ;;
+--races) races "$@"; exit ;;
 esac
 rounds=${1:-3}
 requests=${2:-32}
@@ -341,6 +406,7 @@ requests=${2:-32}
 	echo "       scripts/rdma-bench.sh --python" >&2
 	echo "       scripts/rdma-bench.sh --stream [CASE]" >&2
 	echo "       scripts/rdma-bench.sh --storm [N [kvpull-storm options]]" >&2
+	echo "       scripts/rdma-bench.sh --races [--trials N] [--seed S]" >&2
 	exit 2
 }
 reads=$((requests * 128 * 2))

@@ -117,7 +117,6 @@
  * scripts/rdma-bench.sh --storm runs the cases of the issue in one
  * soft-RoCE VM boot, the streamed ones included.
  */
-#define _GNU_SOURCE /* strerrorname_np */
 #include <dirent.h>
 #include <errno.h>
 #include <execinfo.h>
@@ -189,28 +188,6 @@ struct rec {
 
 /* ---- shared by both sides ------------------------------------------------ */
 
-static kvp_layout *build(uint32_t tp, uint32_t rank, uint64_t engine_id,
-			 uint32_t nblocks, uint32_t layers)
-{
-	struct kvp_engine_desc e;
-	struct kvp_model m;
-	kvp_layout *l = NULL;
-
-	if (kvp_model_preset(MODEL, &m))
-		return NULL;
-	m.layers = layers;
-	memset(&e, 0, sizeof(e));
-	e.engine_id = engine_id;
-	e.tp_size = tp;
-	e.tp_rank = rank;
-	e.block_tokens = 16;
-	e.num_blocks = nblocks;
-	e.kv_layout = KVP_KV_FLASH_HND;
-	if (kvp_layout_build(&m, &e, &l))
-		return NULL;
-	return l;
-}
-
 /* Engine e's request: local blocks 1, 2, 4, 7 (the others keep their
  * background, which the check covers too), remote set e % NSETS. Each
  * remote block sits at the same position in every request that reads it,
@@ -275,13 +252,6 @@ static void rss(uint64_t *anon, uint64_t *file)
 			*file = v * 1024;
 	}
 	fclose(f);
-}
-
-static const char *errname(int err)
-{
-	const char *s = err < 0 ? strerrorname_np(-err) : NULL;
-
-	return s ? s : err ? "?" : "0";
 }
 
 /* ---- a consumer process -------------------------------------------------- */
@@ -600,8 +570,9 @@ static int open_rank(struct child *c, struct rank *r,
 
 	r->engine = r->id / TP;
 	request_ids(r->engine, r->lid, r->rid, &r->ids);
-	r->l = build(TP, r->id % TP, CONSUMER_ENGINE + r->engine + 1,
-		     LOCAL_BLOCKS, c->o->layers);
+	r->l = tool_model_layout(MODEL, c->o->layers, TP, r->id % TP,
+				 CONSUMER_ENGINE + r->engine + 1,
+				 LOCAL_BLOCKS);
 	if (!r->l || kvt_mem_alloc(r->l, &r->mem)) {
 		snprintf(r->setup_why, sizeof(r->setup_why),
 			 "layout or memory");
@@ -669,7 +640,8 @@ static int child_main(const struct opts *o, uint32_t proc, int ctl, int rep,
 	c.n = (o->ranks - proc + o->procs - 1) / o->procs;
 	c.r = calloc(c.n, sizeof(*c.r));
 	c.pfd = calloc((size_t)c.n * KVP_AGENT_FDS + 1, sizeof(*c.pfd));
-	remote = build(1, 0, PRODUCER_ENGINE, NSETS * NIDS, o->layers);
+	remote = tool_model_layout(MODEL, o->layers, 1, 0, PRODUCER_ENGINE,
+				   NSETS * NIDS);
 	if (!c.r || !c.pfd || !remote)
 		return 1;
 	memset(&m, 0, sizeof(m));
@@ -1281,13 +1253,6 @@ static int never(const struct run *s)
 	return 0;
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
-}
-
 /* Nearest rank: the smallest value with at least p% of them at or below. */
 static double pct_ms(const uint64_t *v, uint32_t n, uint32_t p)
 {
@@ -1440,7 +1405,8 @@ static int producer_open(struct run *s, kvp_layout **pl, struct kvt_mem *mem)
 	struct kvp_ids ids;
 	int err;
 
-	*pl = build(1, 0, PRODUCER_ENGINE, NSETS * NIDS, s->o->layers);
+	*pl = tool_model_layout(MODEL, s->o->layers, 1, 0, PRODUCER_ENGINE,
+				NSETS * NIDS);
 	if (!*pl || kvt_mem_alloc(*pl, mem))
 		return -ENOMEM;
 	kvt_fill_background(mem, 5);
@@ -1692,7 +1658,7 @@ int main(int argc, char **argv)
 		for (i = 0, nt = 0; i < s->N; i++)
 			if (x[i].ok)
 				t[nt++] = x[i].t_ns - s->t_go[r];
-		qsort(t, nt, sizeof(*t), cmp_u64);
+		qsort(t, nt, sizeof(*t), tool_cmp_u64);
 		printf("storm: round %u: %u of %u ranks pulled and verified, "
 		       "last at %.1f ms, p50 %.1f ms, p99 %.1f ms; producer: "
 		       "%u of %u requests released, %u expired, qps=%llu "
@@ -1773,7 +1739,7 @@ out:
 	for (i = 0, nt = 0; i < s->N; i++)
 		if (s->res[i].ok)
 			t[nt++] = s->res[i].t_ns - s->t_go[0];
-	qsort(t, nt, sizeof(*t), cmp_u64);
+	qsort(t, nt, sizeof(*t), tool_cmp_u64);
 	if (nt == s->N && nt)
 		all_ms = t[nt - 1] / 1e6;
 
@@ -1852,7 +1818,7 @@ out:
 
 			printf("%s %llu x %s %s", i ? ";" : "",
 			       (unsigned long long)k->count, k->where,
-			       errname(k->err));
+			       tool_errname(k->err));
 			if (k->reason)
 				printf(" %s", kvp_reason_str(k->reason));
 			if (k->peer_reason)

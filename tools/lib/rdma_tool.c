@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: MIT
+#define _GNU_SOURCE /* strerrorname_np */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -9,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "defaults.h"
 #include "names.h"
 #include "rdma_tool.h"
 
@@ -39,7 +41,45 @@ int tool_default_addr(const char *prog, const char **addr)
 				  "address");
 }
 
+const char *tool_errname(int err)
+{
+	const char *s = err < 0 ? strerrorname_np(-err) : NULL;
+
+	return s ? s : err ? "?" : "0";
+}
+
+int tool_cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
 /* ---- layouts ------------------------------------------------------------ */
+
+kvp_layout *tool_model_layout(const char *model, uint32_t layers, uint32_t tp,
+			      uint32_t rank, uint64_t engine_id,
+			      uint32_t nblocks)
+{
+	struct kvp_engine_desc e;
+	struct kvp_model m;
+	kvp_layout *l = NULL;
+
+	if (kvp_model_preset(model, &m))
+		return NULL;
+	if (layers)
+		m.layers = layers;
+	memset(&e, 0, sizeof(e));
+	e.engine_id = engine_id;
+	e.tp_size = tp;
+	e.tp_rank = rank;
+	e.block_tokens = TOOL_DEFAULT_BLOCK_TOKENS;
+	e.num_blocks = nblocks;
+	e.kv_layout = TOOL_DEFAULT_KV_LAYOUT;
+	if (kvp_layout_build(&m, &e, &l))
+		return NULL;
+	return l;
+}
 
 /* From the views' offsets and strides alone. */
 uint32_t tool_token_base(const kvp_layout *l, uint32_t slots)

@@ -25,7 +25,21 @@ double tool_now_s(void);
  * Returns 0, or 2 after saying on stderr that there is neither. */
 int tool_default_addr(const char *prog, const char **addr);
 
+/* "EAGAIN" for -EAGAIN, "0" for 0, "?" for a code without a name. */
+const char *tool_errname(int err);
+
+/* qsort() order of uint64_t values. */
+int tool_cmp_u64(const void *a, const void *b);
+
 /* ---- layouts ---- */
+
+/* Rank `rank` of a TP `tp` engine `engine_id` of preset `model` cut to
+ * its first `layers` layers, with `nblocks` blocks in the tools' default
+ * KV layout and block size (defaults.h). Returns the layout (the caller
+ * destroys it), or NULL when the preset or the layout is refused. */
+kvp_layout *tool_model_layout(const char *model, uint32_t layers, uint32_t tp,
+			      uint32_t rank, uint64_t engine_id,
+			      uint32_t nblocks);
 
 /* The first page of every token group that lies above `slots` state pages
  * in each region where a state view and a token view share memory (vLLM's
