@@ -20,6 +20,12 @@
  *  - streamed: withdrawn before the last range: FAILED;
  *  - streamed: the same key granted again while the stream reads (its
  *    tombstone pushed out): FAILED, another generation;
+ *  - another producer engine, connected to the same consumer agent,
+ *    WRITEs a progress record (with the right key, which it is given
+ *    here: the worst case) into the record of a streamed pull from the
+ *    first: ignored, and the pull ends DONE with the first's bytes; the
+ *    same WRITE with the connection's own record key is taken (the
+ *    control: only the key stops it);
  *  - the producer restarted at the same address: the old engine's
  *    pull fails, the re-handshake works, and a request the new process
  *    never expected fails.
@@ -27,9 +33,9 @@
  *   rdma_lease [NAME-FILTER]
  */
 #include "rdma/harness.h"
-
-/* Internal (verbs/lease.h): where a key's lease sits. */
-uint32_t kvp__lease_bucket(uint64_t engine, uint64_t req_id, uint32_t log2);
+/* The agents' insides: where a key's lease sits, and (the forged record)
+ * what a peer that guessed a key would WRITE where. */
+#include "../verbs/internal.h"
 
 #define L_PORT 19300
 #define L_INFLIGHT 32 /* producer: 64 lease buckets (log2 6) */
@@ -675,6 +681,181 @@ out:
 	return ret;
 }
 
+/* ---- a forged progress record ------------------------------------------ */
+
+/* WRITEs a progress record from producer agent `from` (its first ready
+ * connection) to the record of consumer `c`'s streamed request `id` from
+ * engine handle `eng` (source 0): progress "all of it", its check keyed
+ * by `key`. The target's address and rkey are read from the consumer's
+ * insides: a peer that guessed them. */
+static int forge(kvp_agent *from, kvp_agent *c, uint32_t eng, uint64_t id,
+		 const uint64_t key[2], uint64_t gen)
+{
+	struct kvp_eng *e = kvp__engine_get(c, eng);
+	struct kvp_conn *pc = NULL, *cc;
+	struct ibv_send_wr wr, *bad;
+	struct ibv_sge sge;
+	struct ibv_wc wc;
+	struct ibv_mr *mr;
+	static uint8_t rec[KVP_PROG_REC];
+	uint32_t i, slot, ci;
+	double end;
+	int n, err;
+
+	if (!e)
+		return -1;
+	for (slot = 0; slot < c->max_inflight; slot++)
+		if (c->reqs[slot].state == RQ_ACTIVE &&
+		    c->reqs[slot].req_id == id &&
+		    c->reqs[slot].eng == (uint32_t)(e - c->engs))
+			break;
+	if (slot == c->max_inflight)
+		return -1;
+	cc = &c->conns[kvp__src_conn(e, 0)];
+	ci = cc->idx - c->nprod;
+	for (i = 0; i < from->prod_hw && !pc; i++)
+		if (from->conns[i].state == CS_READY)
+			pc = &from->conns[i];
+	if (!pc)
+		return -1;
+	kvp__put64(rec, c->reqs[slot].seq);
+	kvp__put64(rec + 8, KVP_TOKENS_END);
+	kvp__put64(rec + 16, KVP_TOKENS_END);
+	kvp__put32(rec + 24, 0);
+	kvp__put32(rec + 28, 0);
+	kvp__put64(rec + 32, gen);
+	kvp__put64(rec + 40, kvp__prog_check(key, c->reqs[slot].seq,
+					     KVP_TOKENS_END, KVP_TOKENS_END, 0,
+					     gen));
+	mr = ibv_reg_mr(from->pd, rec, sizeof(rec), 0);
+	if (!mr)
+		return -1;
+	memset(&wr, 0, sizeof(wr));
+	sge.addr = (uintptr_t)rec;
+	sge.length = sizeof(rec);
+	sge.lkey = mr->lkey;
+	wr.wr_id = 0xf0f0;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.rdma.remote_addr =
+		(uintptr_t)(c->ptab + ((size_t)ci * 2 * c->max_inflight +
+				       2 * slot + (c->reqs[slot].uses & 1)) *
+					      KVP_PROG_REC);
+	wr.wr.rdma.rkey = c->ptab_mr[ci]->rkey;
+	err = ibv_post_send(pc->qp, &wr, &bad);
+	/* Its completion lands in the attacker agent's CQ: taken here,
+	 * before that agent polls again. */
+	for (end = rt_now() + 5; !err && rt_now() < end;) {
+		n = ibv_poll_cq(pc->qp->send_cq, 1, &wc);
+		if (n < 0 || (n == 1 && wc.wr_id == 0xf0f0)) {
+			err = n < 0 || wc.status != IBV_WC_SUCCESS;
+			break;
+		}
+	}
+	ibv_dereg_mr(mr);
+	return err ? -1 : 0;
+}
+
+/* Polls the consumer alone for 200 ms: the progress records it took. */
+static uint64_t seen_after(struct pair *x)
+{
+	struct kvp_agent_stats st;
+	double end = rt_now() + 0.2;
+
+	while (rt_now() < end) {
+		if (pump1(x, 0, 1))
+			return UINT64_MAX;
+		usleep(500);
+	}
+	stats(x->c, &st);
+	return st.progress_seen;
+}
+
+static int case_forged_record(const struct rt_env *env, uint16_t port)
+{
+	const char *who = "forged record";
+	struct kvp_peer peer = { .addr = env->addr0,
+				 .port = (uint16_t)(port + 100) };
+	struct kvp_agent_attr at;
+	struct kvt_mem m2 = { 0 };
+	kvp_layout *l2 = rt_layout_engine(&L_CASE, 1, 0, RT_PROD_ENGINE + 1);
+	kvp_agent *p2 = NULL;
+	struct kvp_event ev2[8];
+	struct kvp_ent *ent;
+	struct pair x;
+	uint32_t eng2;
+	uint64_t seen0, gen, wrong[2];
+	double end;
+	int ret = 1, up = 0, i;
+
+	CHECK(!pair_expect(&x, env, port, NULL, 60000), "setup");
+	/* The attacker: another producer engine the consumer also pulls
+	 * from. */
+	CHECK(l2 && !kvt_mem_alloc(l2, &m2), "layout");
+	memset(&at, 0, sizeof(at));
+	at.role = KVP_ROLE_PRODUCER;
+	at.layout = l2;
+	at.addr = env->addr0;
+	CHECK(!kvp_agent_open(&at, &p2) && !rt_register_all(p2, &m2) &&
+		      !kvp_agent_listen(p2, env->addr0, peer.port),
+	      "the other producer");
+	CHECK(!kvp_agent_add_engine(x.c, &peer, 1, 20000, &eng2), "add");
+	for (end = rt_now() + 20; !up && rt_now() < end;) {
+		CHECK(!pump1(&x, 1, 1) && kvp_agent_poll(p2, ev2, 8) >= 0,
+		      "poll");
+		for (i = 0; i < (int)x.ncev; i++)
+			up += x.cev[i].type == KVP_EV_ENGINE_UP &&
+			      x.cev[i].engine == eng2;
+	}
+	CHECK(up, "the other producer engine is not up");
+	CHECK(!kvp_agent_pull_stream(x.c, x.eng, x.rq[0].id, x.rq[0].ids),
+	      "pull");
+	CHECK(!wait_follow(&x), "no FOLLOW");
+	seen0 = seen_after(&x);
+	/* The lease's true generation, the best a forger could hope for. */
+	ent = NULL;
+	for (i = 0; i <= (int)x.p->tab_mask && !ent; i++)
+		if (x.p->tab[i].state == EN_EXPECTED &&
+		    x.p->tab[i].req_id == x.rq[0].id)
+			ent = &x.p->tab[i];
+	CHECK(ent, "no entry");
+	gen = ent->gen;
+	/* Keyed by the attacker's own connection key: ignored. */
+	for (i = 0; i < (int)p2->prod_hw; i++)
+		if (p2->conns[i].state == CS_READY)
+			break;
+	CHECK(i < (int)p2->prod_hw, "the attacker's connection");
+	wrong[0] = p2->conns[i].rec_key[0];
+	wrong[1] = p2->conns[i].rec_key[1];
+	CHECK(!forge(p2, x.c, x.eng, x.rq[0].id, wrong, gen), "forge");
+	CHECK(seen_after(&x) == seen0,
+	      "a record written by another engine was taken");
+	/* The control: the same WRITE with the connection's key is taken
+	 * (so only the key stopped the first). */
+	CHECK(!forge(p2, x.c, x.eng, x.rq[0].id,
+		     x.c->conns[kvp__src_conn(kvp__engine_get(x.c, x.eng), 0)]
+			     .rec_key,
+		     gen),
+	      "forge with the key");
+	CHECK(seen_after(&x) == seen0 + 1,
+	      "the control record (the connection's own key) was not taken");
+	/* The rest as the producer publishes it: DONE, its bytes. */
+	CHECK(!kvp_agent_publish(x.p, RT_CONS_ENGINE, x.rq[0].id, &all_of_it),
+	      "publish");
+	CHECK(!pump_until(&x, 1, 1, 0, x.rq[0].id), "no event");
+	CHECK(!done_exact(&x, 0, who), "the streamed pull");
+	printf("    a record written by another producer engine with a guessed key: ignored; with the connection's key: taken\n");
+	ret = 0;
+out:
+	pair_close(&x);
+	kvp_agent_close(p2);
+	kvt_mem_free(&m2);
+	kvp_layout_destroy(l2);
+	return ret;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -696,6 +877,8 @@ int main(int argc, char **argv)
 		  case_stream_regrant },
 		{ "a producer restarted at the same address",
 		  case_producer_restart },
+		{ "a progress record forged by another producer engine",
+		  case_forged_record },
 	};
 	const char *filter = argc > 1 ? argv[1] : NULL;
 	struct rt_env env;
