@@ -20,7 +20,7 @@
 #   scripts/rdma-bench.sh --stream [CASE]
 #   scripts/rdma-bench.sh --python
 #   scripts/rdma-bench.sh --storm [N [kvpull-storm options]]
-#   scripts/rdma-bench.sh --races [--trials N] [--seed S]
+#   scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W]
 #
 # Side by side on KV-shaped workloads of real model pairs (kvpull-rdma-bench
 # --pair; default: llama-3.1-70b-tp8to2-hnd, llama-3.1-70b-tp4to8-nhd,
@@ -92,7 +92,8 @@
 # request a consumer agent pulls at random times (expiry, never expected,
 # expected for another consumer engine) or holds it (clean, about a
 # fifth), every byte of each DONE checked; run twice with the same seed
-# (default 34): as the library is, then with the consumer's lease check
+# (default 34) and --window (trials in flight, 1-8, default 8): as the
+# library is, then with the consumer's lease check
 # off (kvpull-races --lease-off: KVP_LEASE_OFF=1 in the consumer process
 # only) and the first run's typical pull time, so that both draw the same
 # deadlines. Each run prints its lines; the last line joins the first
@@ -289,27 +290,28 @@ storm() {
 }
 
 # ---------------------------------------------------------- races
-# scripts/rdma-bench.sh --races [--trials N] [--seed S]: see the top.
+# scripts/rdma-bench.sh --races [options]: see the top.
 races_usage() {
-	echo "usage: scripts/rdma-bench.sh --races [--trials N] [--seed S]" >&2
+	echo "usage: scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W]" >&2
 	exit 2
 }
 
 races() {
 	shift
-	local trials=10000 seed=34 bin=$PWD/build/tools/kvpull-races
+	local trials=10000 seed=34 window=8 bin=$PWD/build/tools/kvpull-races
 	local log rc=0 t0=$SECONDS tmo checked unchecked
 	while [[ $# -gt 0 ]]; do
 		[[ $# -ge 2 ]] || races_usage
 		case $1 in
 		--trials) trials=$2 ;;
 		--seed) seed=$2 ;;
+		--window) window=$2 ;;
 		*) races_usage ;;
 		esac
 		shift 2
 	done
-	[[ $trials =~ ^[1-9][0-9]{0,5}$ && $seed =~ ^[0-9]{1,9}$ ]] ||
-		races_usage
+	[[ $trials =~ ^[1-9][0-9]{0,5}$ && $seed =~ ^[0-9]{1,9}$ &&
+		$window =~ ^[1-8]$ ]] || races_usage
 	bash scripts/install-deps.sh
 	make -s BUILD=build build/tools/kvpull-races
 	log=$(mktemp "${TMPDIR:-/tmp}/kvp-races.XXXXXX")
@@ -320,14 +322,14 @@ races() {
 	KVP_VM_MEM=${KVP_VM_MEM:-1024} scripts/rxe-vm.sh -q --devices 1 \
 		--timeout $((2 * tmo + 120)) --cmd-timeout "$tmo" \
 		--files "$bin" -- \
-		"set -o pipefail; $bin --trials $trials --seed $seed --port 24900 | tee /tmp/races-checked.log" \
-		"t=\$(sed -n 's/^races: T, the typical pull: \([0-9]*\).*/\1/p' /tmp/races-checked.log); $bin --trials $trials --seed $seed --port 24910 --lease-off \${t:+--typical-us \$t}" |
+		"set -o pipefail; $bin --trials $trials --seed $seed --window $window --port 24900 | tee /tmp/races-checked.log" \
+		"t=\$(sed -n 's/^races: T, the typical pull: \([0-9]*\).*/\1/p' /tmp/races-checked.log); $bin --trials $trials --seed $seed --window $window --port 24910 --lease-off \${t:+--typical-us \$t}" |
 		tee "$log" || rc=$?
 	checked=$(grep '^races: trials=.* check=on$' "$log" | tail -n 1) || true
 	unchecked=$(grep '^races: trials=.* check=off$' "$log" | tail -n 1) || true
 	rm -f "$log"
 	echo
-	echo "races: $trials trials twice (lease check on, then off), seed $seed, in $((SECONDS - t0)) s;" \
+	echo "races: $trials trials twice (lease check on, then off), seed $seed, $window in flight, in $((SECONDS - t0)) s;" \
 		"soft-RoCE under QEMU TCG (one rxe device, 2 vCPUs), not hardware"
 	if [[ -z $checked || -z $unchecked ]]; then
 		echo "races: a run printed no summary line (its output is above)" >&2
@@ -406,7 +408,7 @@ requests=${2:-32}
 	echo "       scripts/rdma-bench.sh --python" >&2
 	echo "       scripts/rdma-bench.sh --stream [CASE]" >&2
 	echo "       scripts/rdma-bench.sh --storm [N [kvpull-storm options]]" >&2
-	echo "       scripts/rdma-bench.sh --races [--trials N] [--seed S]" >&2
+	echo "       scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W]" >&2
 	exit 2
 }
 reads=$((requests * 128 * 2))

@@ -7,7 +7,7 @@
  * break it. Public API only.
  *
  *   kvpull-races [--trials N] [--seed S] [--typical-us T] [--lease-off]
- *                [--timeout S] [--addr IP] [--port N]
+ *                [--window W] [--timeout S] [--addr IP] [--port N]
  *
  * One producer agent (this process, the one rank of a TP 1 engine,
  * default attributes) and one consumer agent (a process forked before
@@ -15,8 +15,8 @@
  * llama-3.1-8b cut to 2 layers (flash_hnd, 16-token blocks: 4 regions, a
  * block a 32 KiB page in each); a request is 8 blocks, 1,048,576 bytes.
  * The producer's blocks form 16 sets of 8 (set k: blocks k + 16 j), the
- * consumer's 8 slots of 8 (slot s: blocks s + 8 j): at most 8 trials are
- * in flight, and each set serves a trial after another, all run long.
+ * consumer's 8 slots of 8 (slot s: blocks s + 8 j): at most 8 trials
+ * (--window) are in flight, and each set serves trial after trial.
  *
  * Trial i pulls request id i (1..N). Its bytes: every 8-byte word of page
  * (view v, position j in the request) is a function of (i, v, j, the
@@ -44,8 +44,8 @@
  * every byte of the request's local blocks (all 8 pages in each region)
  * against request i's pattern (at setup it checks that those pages are
  * exactly the bytes kvtest.h says a request writes). Trials overlap: the
- * producer starts one whenever fewer than 8 are at the consumer and a set
- * is free, one per pass of its loop, which polls its agent in between, so
+ * producer starts one whenever fewer than --window are at the consumer
+ * and a set is free, one per pass of its loop, which polls its agent in between, so
  * that an EXPIRED waits for at most one set's writing. The ways and
  * fractions are the same for a seed; which set a trial gets, and when,
  * depend on the run. A request's size was not cut: 10,000 trials take
@@ -109,7 +109,7 @@
 #define MODEL "llama-3.1-8b"
 #define LAYERS 2
 #define NIDS 8	     /* blocks per request */
-#define WINDOW 8     /* trials at the consumer at once; its slots */
+#define WINDOW 8     /* the consumer's slots: --window at most */
 #define NSETS 16     /* the producer's block sets */
 #define MAX_VIEWS 16
 #define PRODUCER_ENGINE 0x7261636550ull
@@ -134,7 +134,7 @@ static const unsigned way_pct[NWAYS] = { 38, 20, 20, 22 };
 
 struct opts {
 	const char *addr;
-	uint32_t trials, seed, typical_us, lease_off, timeout_s;
+	uint32_t trials, seed, typical_us, lease_off, timeout_s, window;
 	uint16_t port;
 };
 
@@ -431,8 +431,8 @@ static int check_pages(const struct cons *c, const kvp_layout *local,
 	uint64_t o, bad = 0, in = 0, marked = 0;
 	int ret = -1;
 
-	slot_ids(1, lid);
-	set_ids(3, rid);
+	slot_ids(WINDOW - 1, lid);
+	set_ids(NSETS - 1, rid);
 	if (kvt_mem_like(&img, &c->mem, 0) || kvt_mem_like(&need, &c->mem, 0))
 		goto out;
 	kvt_expect_consumer(local, remote, &img, &need, &ids);
@@ -1008,7 +1008,7 @@ static void run_trials(struct run *r)
 		}
 		/* One a pass: a poll between two sets' writes, so that an
 		 * EXPIRED waits for at most one. */
-		started = r->next < r->total && r->inflight < WINDOW &&
+		started = r->next < r->total && r->inflight < r->o->window &&
 			  r->nfree && (r->next < WARMUP || r->typical_ns);
 		if (started)
 			start_trial(r);
@@ -1076,6 +1076,7 @@ static void usage(FILE *f)
 		"                  %d warm-up pulls]\n"
 		"  --lease-off     KVP_LEASE_OFF=1 in the consumer process: the\n"
 		"                  library's lease check off\n"
+		"  --window W      trials at the consumer at once, at most %d [%d]\n"
 		"  --timeout S     bound on the run, seconds [300 + N/20]\n"
 		"  --addr IP       the producer's address, also the consumer's\n"
 		"                  source [$KVP_ADDR0]\n"
@@ -1088,7 +1089,7 @@ static void usage(FILE *f)
 		"  races: trials=N raced=R done_stale=S failed_stale=F\n"
 		"    done_clean=D failed_clean=C p50_done_us=X check=on|off\n"
 		"(scripts/rdma-bench.sh --races; tools/README.md).\n",
-		MAX_TRIALS, WARMUP);
+		MAX_TRIALS, WARMUP, WINDOW, WINDOW);
 }
 
 /* The trials' ways and fractions, from the seed alone. */
@@ -1361,12 +1362,14 @@ static void report(struct run *r, double secs)
 
 int main(int argc, char **argv)
 {
-	struct opts o = { .trials = 10000, .seed = 34, .port = 24900 };
+	struct opts o = { .trials = 10000, .seed = 34, .port = 24900,
+			  .window = WINDOW };
 	const struct tool_opt opts[] = {
 		{ "--trials", TOOL_COUNT, &o.trials, MAX_TRIALS },
 		{ "--seed", TOOL_U32, &o.seed, 0 },
 		{ "--typical-us", TOOL_U32, &o.typical_us, 10000000 },
 		{ "--lease-off", TOOL_FLAG, &o.lease_off, 0 },
+		{ "--window", TOOL_COUNT, &o.window, WINDOW },
 		{ "--timeout", TOOL_COUNT, &o.timeout_s, 86400 },
 		{ "--addr", TOOL_STR, &o.addr, 0 },
 		{ "--port", TOOL_PORT, &o.port, 0 },
@@ -1404,7 +1407,7 @@ int main(int argc, char **argv)
 	       "at most, %d block sets; %s cut to %d layers, flash_hnd, "
 	       "16-token blocks, TP 1 -> 1, %d blocks a request; lease "
 	       "check %s (KVP_LEASE_OFF%s in the consumer)\n",
-	       o.seed, o.trials, WARMUP, WINDOW, NSETS, MODEL, LAYERS, NIDS,
+	       o.seed, o.trials, WARMUP, o.window, NSETS, MODEL, LAYERS, NIDS,
 	       o.lease_off ? "off" : "on", o.lease_off ? "=1" : " unset");
 	printf("races: ways: expiry %u%%, never %u%%, other %u%%, clean %u%%:",
 	       way_pct[WAY_EXPIRY], way_pct[WAY_NEVER], way_pct[WAY_OTHER],
