@@ -93,11 +93,10 @@
 # expected for another consumer engine) or holds it (clean, about a
 # fifth), every byte of each DONE checked; run twice with the same seed
 # (default 34) and --window (trials in flight, 1-8, default 8): as the
-# library is, then with the consumer's lease check
-# off (kvpull-races --lease-off: KVP_LEASE_OFF=1 in the consumer process
-# only) and the first run's typical pull time, so that both draw the same
-# deadlines. Each run prints its lines; the last line joins the first
-# run's summary with the second's median:
+# library is, then with the consumer's lease check off (kvpull-races
+# --lease-off: KVP_LEASE_OFF=1 in the consumer process only). Each run
+# prints its lines; the last line joins the first run's summary with the
+# second's median:
 #   races: trials=N raced=R done_stale=S failed_stale=F done_clean=D
 #     failed_clean=C p50_done_us=X p50_done_us_unchecked=Y
 set -euo pipefail
@@ -316,14 +315,13 @@ races() {
 	make -s BUILD=build build/tools/kvpull-races
 	log=$(mktemp "${TMPDIR:-/tmp}/kvp-races.XXXXXX")
 	# Each run bounds itself (its --timeout, 300 + N/20 s by default, and
-	# an alarm() 180 s later); the VM bounds both. The second run reads
-	# the first's T from the VM's /tmp.
+	# an alarm() 180 s later); the VM bounds both.
 	tmo=$((300 + trials / 20 + 240))
 	KVP_VM_MEM=${KVP_VM_MEM:-1024} scripts/rxe-vm.sh -q --devices 1 \
 		--timeout $((2 * tmo + 120)) --cmd-timeout "$tmo" \
 		--files "$bin" -- \
-		"set -o pipefail; $bin --trials $trials --seed $seed --window $window --port 24900 | tee /tmp/races-checked.log" \
-		"t=\$(sed -n 's/^races: T, the typical pull: \([0-9]*\).*/\1/p' /tmp/races-checked.log); $bin --trials $trials --seed $seed --window $window --port 24910 --lease-off \${t:+--typical-us \$t}" |
+		"$bin --trials $trials --seed $seed --window $window --port 24900" \
+		"$bin --trials $trials --seed $seed --window $window --port 24910 --lease-off" |
 		tee "$log" || rc=$?
 	checked=$(grep '^races: trials=.* check=on$' "$log" | tail -n 1) || true
 	unchecked=$(grep '^races: trials=.* check=off$' "$log" | tail -n 1) || true

@@ -39,8 +39,11 @@
  * or EXPIRED, and for never at its time, it lets go: it writes at once
  * another request's pattern (i's reuse pattern) into the set and frees it
  * for the next trial. T, the typical pull, is the median time from the
- * expect to the consumer's DONE over 32 clean warm-up pulls run first (ids
- * 2^40 + k, not counted), or --typical-us. The consumer, on DONE, checks
+ * expect to the consumer's DONE over the last 32 clean pulls, the first
+ * 32 of them warm-up pulls run before the trials (ids 2^40 + k, not
+ * counted): deadlines follow the pace of the moment, which on a shared
+ * machine varies several times over within a run; --typical-us fixes it
+ * instead. The consumer, on DONE, checks
  * every byte of the request's local blocks (all 8 pages in each region)
  * against request i's pattern (at setup it checks that those pages are
  * exactly the bytes kvtest.h says a request writes). Trials overlap: the
@@ -63,7 +66,8 @@
  * N / 20 s), with an alarm() 180 s later. Any of those ends the run: the
  * figures are printed and the exit status is 1.
  *
- * Printed: the setup; T; a line per way,
+ * Printed: the setup; T as the trials started (p50, min, max); a line
+ * per way,
  *   races: way=W trials=n released=a expired=b done_ok=c done_stale=d
  *     failed=e refused=r stale_bytes=B letgo_before=x letgo_during=y
  *     letgo_after=z stale_letgo_{before,during,after}=..
@@ -116,6 +120,7 @@
 #define CONSUMER_ENGINE 0x7261636543ull
 #define OTHER_ENGINE 0x726163654full /* expected for, never connected */
 #define WARMUP 32
+#define RING 32	 /* T: the median of the last RING clean pulls */
 #define WARM_ID (1ull << 40)	 /* warm-up k pulls WARM_ID + k */
 #define REUSE_BIT (1ull << 48)	 /* what a let-go writes: i | REUSE_BIT */
 #define MAX_TRIALS 1000000
@@ -155,7 +160,8 @@ struct msg {
 	uint64_t elapsed; /* RESULT: DONE's elapsed_ns */
 	uint64_t wrong;	  /* RESULT: bytes not request req's */
 	/* FINAL: the consumer's stats.pulls, done, failed, reads,
-	 * read_bytes, engine downs seen */
+	 * read_bytes, engine downs seen (status, reason and why: the
+	 * first's) */
 	uint64_t a, b, c, d, e, f;
 	char why[KVP_WHY_LEN];
 };
@@ -383,6 +389,10 @@ struct cons {
 	struct kvt_mem mem;
 	struct slot s[WINDOW];
 	uint64_t downs;
+	/* The first ENGINE_DOWN: status, reason, the engine's account. */
+	int32_t down_status;
+	uint32_t down_reason;
+	char down_why[KVP_WHY_LEN];
 };
 
 static void cons_result(struct cons *c, struct slot *s, uint32_t outcome,
@@ -580,7 +590,15 @@ static void cons_event(struct cons *c, const struct kvp_event *e, uint64_t t)
 			    e->peer_reason, 0, 0, NULL);
 		break;
 	case KVP_EV_ENGINE_DOWN:
-		c->downs++;
+		if (!c->downs++) {
+			struct kvp_engine_info ei;
+
+			c->down_status = e->status;
+			c->down_reason = e->reason;
+			if (!kvp_agent_engine_info(c->a, c->h, &ei))
+				snprintf(c->down_why, sizeof(c->down_why),
+					 "%s", ei.why);
+		}
 		break;
 	default:
 		break;
@@ -670,6 +688,9 @@ static int child_main(const struct opts *o, int ctl, int rep)
 	m.d = st.reads;
 	m.e = st.read_bytes;
 	m.f = c.downs;
+	m.status = c.down_status;
+	m.reason = c.down_reason;
+	snprintf(m.why, sizeof(m.why), "%s", c.down_why);
 	kvp_agent_close(c.a);
 	kvt_mem_free(&c.mem);
 	return send_msg(rep, &m) ? 1 : 0;
@@ -686,6 +707,7 @@ struct trial {
 	uint8_t set;
 	int32_t expect_err;
 	uint64_t t_go, deadline, t_letgo;
+	uint64_t T;	  /* T when it started */
 	/* the consumer's RESULT */
 	uint32_t outcome, reason, peer_reason;
 	int32_t status;
@@ -714,6 +736,9 @@ struct run {
 	uint32_t holder[NSETS];	/* the trial a set serves, or NO_TRIAL */
 	uint32_t freeq[NSETS], free_head, nfree;
 	uint64_t typical_ns, t_progress, t_end, t_start;
+	uint64_t ring[RING]; /* the last clean pulls, expect to DONE seen */
+	uint32_t nring, ring_pos;
+	int warm_done;
 	int ctl, rep, child_gone;
 	pid_t pid;
 	uint8_t rbuf[sizeof(struct msg)];
@@ -721,6 +746,8 @@ struct run {
 	int fatal;
 	char fatal_why[KVP_WHY_LEN + 64];
 	uint64_t stray, disconnects, expect_failed, refused, timeouts;
+	int32_t disc_status; /* the first DISCONNECTED's */
+	uint32_t disc_reason;
 	struct msg final;
 	int have_final;
 	struct kind kinds[MAX_KINDS];
@@ -815,6 +842,7 @@ static void start_trial(struct run *r)
 		fill_req(&r->pg, &r->mem, rid, t->req);
 	now = tool_now_ns();
 	t->t_go = now;
+	t->T = r->typical_ns;
 	t->deadline = now + (uint64_t)(t->frac * (double)r->typical_ns);
 	if (t->way == WAY_CLEAN)
 		t->deadline = now + CLEAN_S * SEC;
@@ -847,7 +875,10 @@ static void on_event(struct run *r, const struct kvp_event *e)
 	struct trial *t;
 
 	if (e->type == KVP_EV_DISCONNECTED) {
-		r->disconnects++;
+		if (!r->disconnects++) {
+			r->disc_status = e->status;
+			r->disc_reason = e->reason;
+		}
 		return;
 	}
 	if (e->type != KVP_EV_RELEASED && e->type != KVP_EV_EXPIRED)
@@ -861,6 +892,34 @@ static void on_event(struct run *r, const struct kvp_event *e)
 		return;
 	}
 	let_go(r, t, (uint8_t)e->type);
+}
+
+/* Nearest rank, of n sorted values. */
+static uint64_t pct(const uint64_t *v, uint32_t n, uint32_t p)
+{
+	uint64_t k = ((uint64_t)n * p + 99) / 100;
+
+	return n ? v[k ? k - 1 : 0] : 0;
+}
+
+
+/* A clean pull's time, expect to DONE seen, goes into T (the median of
+ * the last RING) unless --typical-us fixed it: deadlines follow the pace
+ * of the moment, whatever else loads the machine. */
+static void clean_pulled(struct run *r, const struct trial *t)
+{
+	uint64_t v[RING];
+
+	if (t->outcome != R_DONE || t->t_event <= t->t_go)
+		return;
+	r->ring[r->ring_pos++ % RING] = t->t_event - t->t_go;
+	if (r->nring < RING)
+		r->nring++;
+	if (r->o->typical_us)
+		return;
+	memcpy(v, r->ring, r->nring * sizeof(*v));
+	qsort(v, r->nring, sizeof(*v), tool_cmp_u64);
+	r->typical_ns = pct(v, r->nring, 50);
 }
 
 static void on_msg(struct run *r, const struct msg *m)
@@ -901,6 +960,8 @@ static void on_msg(struct run *r, const struct msg *m)
 	}
 	if (m->outcome != R_DONE && i >= WARMUP)
 		add_kind(r, t, m->why);
+	if (t->way == WAY_CLEAN)
+		clean_pulled(r, t);
 	maybe_finished(r, t);
 }
 
@@ -951,30 +1012,6 @@ static uint64_t timers(struct run *r, uint64_t now)
 	return next;
 }
 
-/* Nearest rank, of n sorted values. */
-static uint64_t pct(const uint64_t *v, uint32_t n, uint32_t p)
-{
-	uint64_t k = ((uint64_t)n * p + 99) / 100;
-
-	return n ? v[k ? k - 1 : 0] : 0;
-}
-
-/* T: the median, expect to DONE seen, of the warm-up pulls. */
-static int typical(struct run *r)
-{
-	uint64_t v[WARMUP];
-	uint32_t i, n = 0;
-
-	for (i = 0; i < WARMUP; i++)
-		if (r->t[i].outcome == R_DONE && r->t[i].t_event > r->t[i].t_go)
-			v[n++] = r->t[i].t_event - r->t[i].t_go;
-	if (n < WARMUP / 2)
-		return -1;
-	qsort(v, n, sizeof(*v), tool_cmp_u64);
-	r->typical_ns = pct(v, n, 50);
-	return 0;
-}
-
 /* Runs the trials: the producer's loop. */
 static void run_trials(struct run *r)
 {
@@ -1002,14 +1039,18 @@ static void run_trials(struct run *r)
 		}
 		/* The trials wait for T, from the whole warm-up. */
 		if (r->next == WARMUP && r->finished == WARMUP &&
-		    !r->typical_ns && typical(r)) {
-			fatal(r, "fewer than half the warm-up pulls DONE");
-			break;
+		    !r->warm_done) {
+			r->warm_done = 1;
+			if (r->nring < WARMUP / 2) {
+				fatal(r, "fewer than half the warm-up pulls "
+					 "DONE");
+				break;
+			}
 		}
 		/* One a pass: a poll between two sets' writes, so that an
 		 * EXPIRED waits for at most one. */
 		started = r->next < r->total && r->inflight < r->o->window &&
-			  r->nfree && (r->next < WARMUP || r->typical_ns);
+			  r->nfree && (r->next < WARMUP || r->warm_done);
 		if (started)
 			start_trial(r);
 		n = kvp_agent_poll(r->prod, ev, 32);
@@ -1073,7 +1114,7 @@ static void usage(FILE *f)
 		"  --seed S        drand48's seed for the ways and times [34]\n"
 		"  --typical-us T  the typical pull, microseconds (deadlines and\n"
 		"                  let-go times are 0-2x it) [0: the median of\n"
-		"                  %d warm-up pulls]\n"
+		"                  the last %d clean pulls, warm-up first]\n"
 		"  --lease-off     KVP_LEASE_OFF=1 in the consumer process: the\n"
 		"                  library's lease check off\n"
 		"  --window W      trials at the consumer at once, at most %d [%d]\n"
@@ -1215,6 +1256,29 @@ struct wstat {
 	uint64_t stale_bytes, lg[3], slg[3], flg[3];
 };
 
+/* T as the trials started. */
+static void typical_line(const struct run *r)
+{
+	uint64_t *v = calloc(r->total + 1, sizeof(*v));
+	uint32_t i, n = 0;
+
+	if (!v)
+		return;
+	for (i = WARMUP; i < r->total; i++)
+		if (r->t[i].started)
+			v[n++] = r->t[i].T;
+	qsort(v, n, sizeof(*v), tool_cmp_u64);
+	printf("races: T, the typical pull (%s): p50 %.1f us, min %.1f us, "
+	       "max %.1f us as the trials started; deadlines and let-go "
+	       "times 0-2 T away\n",
+	       r->o->typical_us ? "--typical-us" :
+				  "the median of the last 32 clean pulls, "
+				  "expect to DONE, the warm-up's first",
+	       pct(v, n, 50) / 1e3, n ? v[0] / 1e3 : 0.0,
+	       n ? v[n - 1] / 1e3 : 0.0);
+	free(v);
+}
+
 static void report(struct run *r, double secs)
 {
 	struct wstat w[NWAYS];
@@ -1223,6 +1287,7 @@ static void report(struct run *r, double secs)
 	uint32_t i, ne = 0, nl = 0;
 
 	memset(w, 0, sizeof(w));
+	typical_line(r);
 	el = calloc(r->total + 1, sizeof(*el));
 	seen = calloc(r->total + 1, sizeof(*seen));
 	lag = calloc(r->total + 1, sizeof(*lag));
@@ -1315,22 +1380,32 @@ static void report(struct run *r, double secs)
 	kvp_agent_get_stats(r->prod, &ps);
 	printf("races: producer: released=%llu expired=%llu notes_recv=%llu "
 	       "notes_dropped=%llu; events matching no held request %llu, "
-	       "expects refused %llu, consumer disconnects %llu\n",
+	       "expects refused %llu, consumer disconnects %llu",
 	       (unsigned long long)ps.released, (unsigned long long)ps.expired,
 	       (unsigned long long)ps.notes_recv,
 	       (unsigned long long)ps.notes_dropped,
 	       (unsigned long long)r->stray,
 	       (unsigned long long)r->expect_failed,
 	       (unsigned long long)r->disconnects);
-	if (r->have_final)
+	if (r->disconnects)
+		printf(" (the first: %s, %s)", tool_errname(r->disc_status),
+		       kvp_reason_str(r->disc_reason));
+	printf("\n");
+	if (r->have_final) {
 		printf("races: consumer: pulls=%llu done=%llu failed=%llu "
-		       "reads=%llu read_bytes=%llu engine_downs=%llu\n",
+		       "reads=%llu read_bytes=%llu engine_downs=%llu",
 		       (unsigned long long)r->final.a,
 		       (unsigned long long)r->final.b,
 		       (unsigned long long)r->final.c,
 		       (unsigned long long)r->final.d,
 		       (unsigned long long)r->final.e,
 		       (unsigned long long)r->final.f);
+		if (r->final.f)
+			printf(" (the first: %s, %s: %s)",
+			       tool_errname(r->final.status),
+			       kvp_reason_str(r->final.reason), r->final.why);
+		printf("\n");
+	}
 	qsort(lag, nl, sizeof(*lag), tool_cmp_u64);
 	printf("races: EXPIRED to the set rewritten, from the deadline: "
 	       "p50 %.1f us, p99 %.1f us, max %.1f us (%u)\n",
@@ -1452,12 +1527,6 @@ int main(int argc, char **argv)
 		bytes += r.t[i].outcome == R_DONE && !r.t[i].wrong;
 	printf("races: warm-up: %llu of %d pulls DONE with every byte "
 	       "right\n", (unsigned long long)bytes, WARMUP);
-	if (r.typical_ns)
-		printf("races: T, the typical pull: %.1f us (%s); deadlines "
-		       "and let-go times 0-2 T away\n",
-		       r.typical_ns / 1e3,
-		       o.typical_us ? "--typical-us" :
-				      "expect to DONE, median of the warm-up");
 	finish(&r);
 	report(&r, secs);
 	ok = !r.fatal && !r.refused && !r.expect_failed;
