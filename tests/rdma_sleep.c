@@ -20,8 +20,9 @@ static const struct rt_case sc = {
 };
 
 /* Sleeps until an fd is readable or the agent's wake time (at most
- * max_ms). Returns 1 when an fd woke it, 0 on timeout, 2 when arm said
- * that something already waits (no sleep), -1 on error. */
+ * max_ms). Returns 1 when an fd woke it, 0 on timeout, 3 on a timeout the
+ * agent's wake time set (below max_ms), 2 when arm said that something
+ * already waits (no sleep), -1 on error. */
 static int sleep_on(kvp_agent *a, int max_ms)
 {
 	struct pollfd p[KVP_AGENT_FDS];
@@ -48,7 +49,7 @@ static int sleep_on(kvp_agent *a, int max_ms)
 		p[i].revents = 0;
 	}
 	r = poll(p, (nfds_t)n, ms);
-	return r < 0 ? -1 : r > 0;
+	return r < 0 ? -1 : r > 0 ? 1 : ms < max_ms ? 3 : 0;
 }
 
 /* Allocates l's memory, opens an agent of this role on addr0 with the
@@ -76,7 +77,7 @@ static int sleepy_producer(const struct rt_env *env, const struct rt_req *rq,
 	struct kvp_event ev[8];
 	kvp_layout *l = rt_layout(&sc, 1, 0);
 	kvp_agent *a = NULL;
-	uint32_t i, released = 0, busy = 0, wakes = 0, disc = 0;
+	uint32_t i, released = 0, busy = 0, wakes = 0, disc = 0, timed = 0;
 	uint64_t exp_deadline = 0, expired_at = 0;
 	double end = rt_now() + 60;
 	const char *who = "sleepy producer";
@@ -124,14 +125,22 @@ static int sleepy_producer(const struct rt_env *env, const struct rt_req *rq,
 			RT_FAIL("sleep");
 		wakes += err == 1;
 		busy += err == 2;
+		/* A sleep the deadline ended, before the expiry: the agent
+		 * told when to wake. */
+		timed += err == 3 && !expired_at;
 		if (rt_now() > end)
 			RT_FAIL("timeout: %u released", released);
 	}
-	/* Woken by the deadline within a few ms (slack for TCG). */
-	if (expired_at < exp_deadline ||
-	    expired_at - exp_deadline > 300000000ull)
-		RT_FAIL("expired %.1f ms after its deadline",
-			(expired_at - exp_deadline) / 1e6);
+	/* Woken by the deadline (the agent's wake time bounded a sleep
+	 * before the expiry), never before it; how late depends on the
+	 * machine's load, so it is printed, not bounded. */
+	if (expired_at < exp_deadline)
+		RT_FAIL("expired %.1f ms before its deadline",
+			(exp_deadline - expired_at) / 1e6);
+	if (!timed)
+		RT_FAIL("no sleep ended at the agent's wake time before the expiry");
+	printf("    sleepy producer: expired %.1f ms after its deadline, woken by it\n",
+	       (expired_at - exp_deadline) / 1e6);
 	if (env->verbose)
 		fprintf(stderr, "  [%s] fd wake-ups %u, arm said busy %u, "
 				"expiry late by %.2f ms\n",
