@@ -579,11 +579,14 @@ void kvp__follow_conn_gone(kvp_agent *a, struct kvp_conn *c)
 
 	/* No TABLE ever came on the slot: no follower was ever taken, and
 	 * its records' pages stay untouched. One that waited for them
-	 * waits no more. */
+	 * waits no more. A TABLE taken (ptab_n) may have followers though
+	 * the records' registration failed (kvp__fol_register() fails the
+	 * connection then): they go, or the slot's next connection would
+	 * inherit them (fuzz_inbox: inbox-stale-follower). */
 	if (c->fol_wait) {
 		c->fol_wait = 0;
 		a->nfol_wait--;
-	} else if (!a->fol_mr || !a->fol_mr[c->idx]) {
+	} else if (!c->ptab_n && (!a->fol_mr || !a->fol_mr[c->idx])) {
 		return;
 	}
 	for (k = c->idx * a->fol_per; a->fol && k < end; k++)
