@@ -1318,7 +1318,35 @@ struct kvp_agent_attr {
 	 * per consumer rank). stats.srq_bufs says which. Other values:
 	 * -EINVAL. */
 	uint32_t srq;
+	/* Consumer: READs in flight per queue pair, at most: posted and not
+	 * yet completed. The rest wait in the agent (their requests resume
+	 * as READs complete), never in the send queue or on the wire. A
+	 * burst larger than the path holds is loss on a lossy fabric, and
+	 * RC recovers from any loss or reordering by going back N: every
+	 * READ in flight after the gap is sent again (soft-RoCE across two
+	 * devices: about 60 duplicate requests per retry at the device's
+	 * 128; README, "READs in flight"). 0: KVP_READ_WINDOW (16), at
+	 * most the device's max_qp_init_rd_atom. A value set is clamped to
+	 * sq_depth only (above max_qp_init_rd_atom the device queues READs
+	 * in its send queue: 65535 is no window); at most 65535 (more:
+	 * -EINVAL). Notifications, lease and credit READs are not held by
+	 * it (they go first, and count in it while in flight). When neither
+	 * this nor read_window_bytes is set, a queue pair whose peer is the
+	 * device's own port (same GID: a loopback, nothing on a wire) has
+	 * no window. */
+	uint32_t read_window;
+	/* Consumer: bytes of READs in flight per queue pair, at most (the
+	 * window in READs shrinks for larger READs: the window is sized by
+	 * the plan's READ size, then by the average READ each doorbell
+	 * posted); one READ is always allowed. 0: KVP_READ_WINDOW_PKTS (16)
+	 * packets of the port's active MTU (64 KiB at MTU 4096); at least
+	 * KVP_READ_WINDOW_BYTES_MIN (4096; less: -EINVAL). */
+	uint32_t read_window_bytes;
 };
+
+#define KVP_READ_WINDOW 16
+#define KVP_READ_WINDOW_PKTS 16
+#define KVP_READ_WINDOW_BYTES_MIN 4096
 
 #define KVP_IDLE_NEVER UINT32_MAX
 #define KVP_SRQ_OFF 1

@@ -99,6 +99,16 @@
 # second's median:
 #   races: trials=N raced=R done_stale=S failed_stale=F done_clean=D
 #     failed_clean=C p50_done_us=X p50_done_us_unchecked=Y
+#
+# --path [--devices 1|2] [--rounds N]: issue 35's READs in flight, in one
+# VM boot (default 2 devices: producer on rxe0, consumer on rxe1, over a
+# veth pair; 1 round): READs of 4 KiB and 64 KiB by kvpull-rdma-bench
+# (the library's READ window, and none: --window 65535),
+# ib_read_bw (-o 16, -o 128) and ucx_perftest (rc_verbs get zcopy), the
+# rxe hardware counters read around each run (scripts/rdma-path-inner.sh
+# says what each field is); one line per case and round:
+#   path: tool=T devices=D size=S inflight=I MBps=X cpu_proc_s_per_GB=P
+#     cpu_guest_s_per_GB=G dup_per_1k=U retry_per_1k=R
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -389,7 +399,37 @@ python_bench() {
 	echo "python: pull_extra_us=$(echo "$h" | sed -n 's/^pull_extra_us=\([^ ]*\).*/\1/p') emit_ratio=$(echo "$e" | sed -n 's/^emit_ratio=\([^ ]*\).*/\1/p')"
 }
 
+# ---------------------------------------------------------- path
+# scripts/rdma-bench.sh --path [--devices 1|2] [--rounds N]: see the top.
+path_bench() {
+	local devices=2 rounds=1 ucx ucxmods
+	shift
+	while [[ $# -ge 2 ]]; do
+		case $1 in
+		--devices) devices=$2 ;;
+		--rounds) rounds=$2 ;;
+		*) break ;;
+		esac
+		shift 2
+	done
+	[[ $# -eq 0 && $devices =~ ^[12]$ && $rounds =~ ^[1-9]$ ]] || {
+		echo "usage: scripts/rdma-bench.sh --path [--devices 1|2] [--rounds N]" >&2
+		exit 2
+	}
+	bash scripts/install-deps.sh
+	make -s BUILD=build build/tools/kvpull-rdma-bench
+	ucx=$(command -v ucx_perftest) || ucx=
+	ucxmods=
+	[[ -n $ucx ]] && ucxmods=$(dirname "$(ldd "$ucx" | awk '$1 ~ /^libucs\.so/ { print $3 }')")/ucx
+	[[ -d $ucxmods ]] || ucxmods=
+	KVP_VM_MEM=${KVP_VM_MEM:-1024} scripts/rxe-vm.sh -q --devices "$devices" \
+		--timeout $((300 + rounds * 600)) \
+		--files "$PWD/build/tools/kvpull-rdma-bench $PWD/scripts/rdma-path-inner.sh $ucx $ucxmods" \
+		-- "bash $PWD/scripts/rdma-path-inner.sh $PWD/build/tools/kvpull-rdma-bench $devices $rounds"
+}
+
 case ${1:-} in
+--path) path_bench "$@"; exit ;;
 --side-by-side|--smoke) side_by_side "$@"; exit ;;
 --stream) stream "$@"; exit ;;
 --python) python_bench "$@"; exit ;;
@@ -407,6 +447,7 @@ requests=${2:-32}
 	echo "       scripts/rdma-bench.sh --stream [CASE]" >&2
 	echo "       scripts/rdma-bench.sh --storm [N [kvpull-storm options]]" >&2
 	echo "       scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W]" >&2
+	echo "       scripts/rdma-bench.sh --path [--devices 1|2] [--rounds N]" >&2
 	exit 2
 }
 reads=$((requests * 128 * 2))

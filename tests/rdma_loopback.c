@@ -47,6 +47,15 @@ static const struct rt_case cases[] = {
 	  .pkernel = 16, .pblocks = 12, .sq_depth = 8, .nreq = 6,
 	  .max_inflight = 2, .striped = 1 },
 	{ LLAMA("llama 2->1 prefix hit", 2, 1), .hit_tokens = 48 },
+	/* One READ in flight per queue pair (kvp_agent_attr.read_window 1,
+	 * read_window_bytes at its least): every READ but the first of
+	 * each queue pair waits in the agent; notifications, lease and
+	 * credit READs still go (two receive buffers per producer rank). */
+	{ LLAMA("llama 2->1, READ window 1 (credit reads)", 2, 1), .quick = 1,
+	  .prq = 2, .nreq = 16, .tokens = 32, .max_inflight = 16,
+	  .read_window = 1, .read_window_bytes = KVP_READ_WINDOW_BYTES_MIN },
+	{ LLAMA("llama 2->2 nhd->hnd, READ window 3, striped", 2, 2),
+	  .quick = 1, .playout = FNHD, .read_window = 3, .striped = 1 },
 	/* Two receive buffers per producer rank for 16 notifications each:
 	 * the consumer reads the producers' credit counters again and
 	 * again. */

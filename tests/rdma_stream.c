@@ -105,6 +105,13 @@ static const struct scase cases[] = {
 	     "llama-3.1-8b", 4, 2, 1, 16, 16, 2, 130),
 	  .mode = 0, .pace_us = 3000, .sq_depth = 8, .events = 1,
 	  .rc.quick = 1 },
+	/* One READ in flight per queue pair: the FOLLOWs, marks and lease
+	 * READs are not held behind the READs that wait. */
+	{ RC("llama 2->1 READ window 1, arrival events", "llama-3.1-8b", 4,
+	     2, 1, 16, 16, 2, 130),
+	  .mode = 2, .chunk = 40, .pace_us = 3000, .events = 1,
+	  .rc.read_window = 1,
+	  .rc.read_window_bytes = KVP_READ_WINDOW_BYTES_MIN, .rc.quick = 1 },
 	{ RC("llama 1->1 the last request computed first", "llama-3.1-8b", 4,
 	     1, 1, 16, 16, 3, 100),
 	  .mode = 0, .pace_us = 3000, .reverse = 1, .rc.quick = 1 },
@@ -433,6 +440,8 @@ static int consumer(const struct scase *sc, const struct rt_env *env,
 	at.max_ids = RT_MAX_IDS;
 	at.max_inflight = 8;
 	at.sq_depth = sc->sq_depth;
+	at.read_window = sc->rc.read_window;
+	at.read_window_bytes = sc->rc.read_window_bytes;
 	at.stall_ms = sc->stall ? STALL_MS : 0;
 	at.stream_events = (uint32_t)sc->events;
 	if (sc->events) {

@@ -8,6 +8,7 @@
  *                     [--page-kib K] [--block T] [--blocks B]
  *                     [--requests N] [--inflight F] [--layers L] [--sq N]
  *                     [--qps N] [--max-sge S] [--no-coalesce]
+ *                     [--window N] [--window-bytes N]
  *                     [--ids random|contiguous]
  *
  * One consumer process, rank 0 of its engine, pulls from every producer
@@ -82,6 +83,7 @@ struct opts {
 	const struct pair *pair;
 	uint32_t page_kib, block, blocks, nreq, inflight, layers, sq, spin;
 	uint32_t qps, max_sge, no_coalesce, max_peers;
+	uint32_t window, window_bytes; /* kvp_agent_attr.read_window... */
 	uint32_t nblocks; /* blocks per region, from plan_ids() */
 	uint16_t port;
 };
@@ -154,6 +156,11 @@ static void usage(FILE *f)
 		"  --max-sge S       local SGEs per READ [default pair: 1, one\n"
 		"                    page per READ as ib_read_bw; others: 0, the\n"
 		"                    library's default, 4]\n"
+		"  --window N        READs in flight per queue pair\n"
+		"                    (kvp_agent_attr.read_window) [0: the\n"
+		"                    library's default]\n"
+		"  --window-bytes N  bytes of READs in flight per queue pair\n"
+		"                    (read_window_bytes) [0: the library's]\n"
 		"  --no-coalesce     one READ per piece (KVP_PLAN_NO_COALESCE),\n"
 		"                    as connectors that post one descriptor per\n"
 		"                    block per region do\n"
@@ -424,6 +431,8 @@ static int consumer(const struct opts *o, const struct req_ids *r)
 	at.max_sge = o->max_sge;
 	at.max_peers = o->max_peers;
 	at.qps_per_peer = o->qps;
+	at.read_window = o->window;
+	at.read_window_bytes = o->window_bytes;
 	at.plan_flags = o->no_coalesce ? KVP_PLAN_NO_COALESCE : 0;
 	err = tool_agent_open(&at, &mem, &a);
 	if (!err)
@@ -528,6 +537,11 @@ static int consumer(const struct opts *o, const struct req_ids *r)
 	       "max_sge %u\n", ei.qps, o->qps ? "--qps" : "default",
 	       o->no_coalesce ? "off (KVP_PLAN_NO_COALESCE: one READ per "
 				"piece)" : "on", o->max_sge);
+	printf("  READ window per queue pair: %u READs (%s), %u bytes (%s)\n",
+	       o->window ? o->window : KVP_READ_WINDOW,
+	       o->window ? "--window" : "default", o->window_bytes,
+	       o->window_bytes ? "--window-bytes" : "default: 0 means "
+	       "KVP_READ_WINDOW_PKTS x the port's MTU");
 	printf("  READs %llu (%.1f KiB each), doorbells %llu, notifications "
 	       "%llu, WRs that waited for SQ room %llu\n",
 	       (unsigned long long)wrs,
@@ -607,6 +621,8 @@ int main(int argc, char **argv)
 		{ "--qps", TOOL_U32, &o.qps, 0 },
 		{ "--max-sge", TOOL_U32, &o.max_sge, 0 },
 		{ "--max-peers", TOOL_U32, &o.max_peers, 0 },
+		{ "--window", TOOL_U32, &o.window, 0 },
+		{ "--window-bytes", TOOL_U32, &o.window_bytes, 0 },
 		{ "--no-coalesce", TOOL_FLAG, &o.no_coalesce, 0 },
 		{ "--producer-spin", TOOL_U32, &o.spin, 0 },
 		{ NULL, TOOL_STR, NULL, 0 },

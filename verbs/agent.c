@@ -134,6 +134,18 @@ static int device_limits(kvp_agent *a)
 		return err;
 	a->sq_depth = a->lim.sq_depth;
 	a->rq_depth = a->producer ? a->lim.rq_depth : 0;
+	/* The default READ window: never more than the QP may have in
+	 * flight (a value asked for is the caller's: above it, the device
+	 * queues READs in its send queue, as with no window); its bytes
+	 * default to packets of the port's MTU (IBV_MTU_256 is 1). */
+	if (!a->rd_win_asked && a->rd_win > a->lim.rd_atom)
+		a->rd_win = a->lim.rd_atom ? a->lim.rd_atom : 1;
+	if (!a->rd_win_bytes)
+		a->rd_win_bytes = KVP_READ_WINDOW_PKTS *
+				  (pa.active_mtu >= IBV_MTU_256 &&
+						   pa.active_mtu <= IBV_MTU_4096 ?
+					   128u << pa.active_mtu :
+					   1024u);
 	a->max_sge = a->consumer ? a->lim.max_sge : 1;
 	return 0;
 }
@@ -327,6 +339,10 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	a->stream_events = attr->stream_events;
 	a->srq_off = attr->srq == KVP_SRQ_OFF;
 	a->max_mr = attr->max_mr;
+	a->rd_win = attr->read_window ? attr->read_window : KVP_READ_WINDOW;
+	a->rd_win_asked = attr->read_window != 0;
+	a->rd_win_default = !attr->read_window && !attr->read_window_bytes;
+	a->rd_win_bytes = attr->read_window_bytes;
 	a->stall_ns = (uint64_t)(attr->stall_ms ? attr->stall_ms :
 				 DEF_STALL_MS) * 1000000ull;
 	/* wr_ids carry a connection index in 16 bits. */
@@ -336,7 +352,9 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	    a->max_ids > (1u << 24) || attr->handshake_ms > 3600000 ||
 	    attr->stall_ms > 3600000 || attr->rq_depth > KVP_CREDIT_MAX ||
 	    attr->tos > 256 || a->qps > MAX_QPS || attr->stream_events > 1 ||
-	    attr->srq > KVP_SRQ_OFF ||
+	    attr->srq > KVP_SRQ_OFF || attr->read_window > 0xffff ||
+	    (attr->read_window_bytes &&
+	     attr->read_window_bytes < KVP_READ_WINDOW_BYTES_MIN) ||
 	    (attr->plan_flags & ~(uint32_t)KVP_PLAN_NO_COALESCE) ||
 	    (attr->max_mr && attr->max_mr < KVP_MR_MIN) ||
 	    !attr->secret != !attr->secret_len ||

@@ -179,6 +179,14 @@ static int consumer_route(kvp_agent *a, struct kvp_conn *c)
 	if (err)
 		return err;
 	c->qp = c->id->qp;
+	/* A peer on our own port: the READs never leave the device, so the
+	 * default READ window (which keeps a path's bursts short) only
+	 * costs posting rounds there (README, "READs in flight"). */
+	c->loop = a->rd_win_default && c->id->route.num_paths > 0 &&
+		  c->id->route.path_rec &&
+		  !memcmp(&c->id->route.path_rec->sgid,
+			  &c->id->route.path_rec->dgid,
+			  sizeof(c->id->route.path_rec->dgid));
 	/* What the provider really gave (it may count WQE blocks). */
 	if (qa.cap.max_send_sge < a->max_sge)
 		return -ENOMEM;

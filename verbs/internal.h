@@ -634,6 +634,10 @@ struct kvp_conn {
 	uint32_t psrc;		  /* consumer: plan source index, or NO_SRC */
 	uint32_t q;		  /* consumer: queue pair of its rank, 0: the
 				   * one that carries notifications */
+	uint32_t loop;		  /* consumer: the peer is this device's own
+				   * port (same GID) and the READ window is
+				   * the default: no window (nothing of a
+				   * loopback is on a wire, nothing is lost) */
 
 	/* Consumer: notification credits. The producer rank re-posts a
 	 * receive buffer per notification it took and counts them in a
@@ -783,6 +787,9 @@ struct kvp_pcache {
 	uint32_t *note_src;	/* per notify index: source index or NO_SRC */
 	uint32_t refs;
 	uint64_t used;		/* last use, for eviction */
+	uint64_t rd_est;	/* bytes of its usual READ: the largest
+				 * stream's bytes per piece (the READ window's
+				 * first estimate, before any is posted) */
 };
 struct kvp_eng {
 	uint32_t state;		/* 0: free; enum kvp_engine_state */
@@ -824,6 +831,11 @@ struct kvp_eng {
 	uint64_t last_used;	/* its last pull, or UP: the LRU's key */
 	struct kvp_why why;	/* why it went down (cleared at each start) */
 	struct kvp_engine_info st;
+	/* READs in flight per queue pair (the window: agent rd_win, fewer
+	 * as rd_win_bytes allows for READs of its plan's size, then of the
+	 * last doorbell's average), and the signalling period that goes
+	 * with it (half the window: room comes back while READs are out). */
+	uint32_t win, sig_every;
 };
 
 /* The connection index of source s's queue pair 0 (where its FOLLOWs,
@@ -1022,6 +1034,11 @@ struct kvp_agent {
 	struct ibv_mr **ptab_mr;
 	uint32_t *sreq, nsreq;
 	uint32_t sq_cap, sig_every;
+	/* The READ window per queue pair (kvp_agent_attr.read_window and
+	 * read_window_bytes, clamped): each engine's READs per window
+	 * (kvp_eng.win) come from them. rd_win_default: neither was set
+	 * (a loopback queue pair then has no window: kvp_conn.loop). */
+	uint32_t rd_win, rd_win_bytes, rd_win_asked, rd_win_default;
 	/* One posting chain: sq_cap WRs, each linked to the next, opcode
 	 * READ and no flags between flushes (post.c restores what a flush
 	 * changed), and their SGEs; the sink that emission writes them
@@ -1083,6 +1100,21 @@ struct kvp_agent {
 	struct ibv_wc wc[32];
 	struct kvp_agent_stats st;
 };
+
+/* The READ window of engine e for READs of about `avg` bytes (0:
+ * unknown): a->rd_win READs, fewer when they would pass rd_win_bytes,
+ * one at least; a signal every half window. Per doorbell, never per
+ * READ. */
+static inline void kvp__eng_window(const kvp_agent *a, struct kvp_eng *e,
+				   uint64_t avg)
+{
+	uint64_t n = avg ? a->rd_win_bytes / avg : a->rd_win;
+
+	e->win = n < 1 ? 1 : n > a->rd_win ? a->rd_win : (uint32_t)n;
+	e->sig_every = e->win / 2 ? e->win / 2 : 1;
+	if (e->sig_every > a->sig_every)
+		e->sig_every = a->sig_every;
+}
 
 /* The floors of verbs/ (README.md, "Floors of verbs/"): each file calls
  * only the files of the floors below its own.

@@ -182,6 +182,17 @@ int kvp__plan_resolve(kvp_agent *a, struct kvp_eng *e)
 		if (k == n)
 			goto err_pc;
 	}
+	/* The READ window's first estimate: the largest bytes per piece of
+	 * any stream (coalesced READs are longer; the doorbells' averages
+	 * correct it). */
+	pc->rd_est = 0;
+	for (i = 0; i < pc->pi.nstreams; i++) {
+		struct kvp_plan_stream ps;
+
+		if (!kvp_plan_get_stream(pc->plan, i, &ps) && ps.npieces &&
+		    ps.bytes_per_period / ps.npieces > pc->rd_est)
+			pc->rd_est = ps.bytes_per_period / ps.npieces;
+	}
 	pc->hash = h;
 	a->st.plan_compiles++;
 	e->plan_cached = 0;
@@ -193,6 +204,7 @@ take:
 	pc->refs++;
 	pc->used = ++a->pc_clock;
 	e->pc = pc;
+	kvp__eng_window(a, e, pc->rd_est);
 	return 0;
 
 err_pc:

@@ -22,6 +22,17 @@
  * still streaming; every signalled wr_id carries how many WRs it retires.
  * One SQ slot stays free for the drain marker.
  *
+ * The READ window (kvp_agent_attr.read_window, read_window_bytes): READs
+ * are chained only while the queue pair has fewer than its engine's
+ * kvp_eng.win WRs outstanding, the rest waiting in their chunks; across a
+ * path, RC's go-back-N turns a longer burst's reordering or loss into
+ * the resending of all of it (README, "READs in flight"). Notifications,
+ * lease and credit READs, FOLLOWs and markers need only send queue room
+ * and are chained first, so the window never holds them back. The window
+ * in READs follows the average READ of each doorbell (the bytes bound),
+ * and signals come every half window so that room returns while READs
+ * are out. A loopback queue pair (kvp_conn.loop) has none.
+ *
  * DONE is reported when the last READ of every source completed: the data
  * is in. The notifications follow (fenced behind the READs on their QP),
  * each only into a receive buffer the producer rank has posted: the rank
@@ -337,6 +348,7 @@ struct chain {
 	uint32_t n, since, nd;
 	uint32_t *dirty;
 	uint64_t bytes, reads;
+	uint32_t sig; /* a periodic signal every `sig` READs */
 };
 
 static inline void chain_dirty(struct chain *ch, const struct ibv_send_wr *s)
@@ -526,7 +538,8 @@ static void post_credit_read(kvp_agent *a, struct kvp_conn *c,
  * Once per quiet spell. */
 void kvp__conn_give(kvp_agent *a, struct kvp_conn *c, uint64_t now)
 {
-	struct chain ch = { a->swr, NULL, a->ssge, 0, 0, 0, a->dirty, 0, 0 };
+	struct chain ch = { a->swr, NULL, a->ssge, 0, 0, 0, a->dirty, 0, 0,
+			    a->sig_every };
 	struct ibv_send_wr *bad;
 	uint64_t v;
 	uint8_t *m;
@@ -609,10 +622,9 @@ static int post_window(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
 	ch->s = &ch->w[ch->n - 1];
 	/* The periodic signals, so that room comes back during long
 	 * chains: the WRs where `since` reaches sig_every. */
-	for (j = a->sig_every - ch->since - 1; j < (uint32_t)k;
-	     j += a->sig_every)
-		chain_signal_at(ch, &w0[j], c, WK_SIGNAL, a->sig_every);
-	ch->since = (ch->since + (uint32_t)k) % a->sig_every;
+	for (j = ch->sig - ch->since - 1; j < (uint32_t)k; j += ch->sig)
+		chain_signal_at(ch, &w0[j], c, WK_SIGNAL, ch->sig);
+	ch->since = (ch->since + (uint32_t)k) % ch->sig;
 	r->reads += (uint32_t)k;
 	r->bytes += bytes;
 	ch->bytes += bytes;
@@ -745,6 +757,8 @@ static int stream_flush(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
 
 	for (;;) {
 		if (!kvp_plan_emit_done(&st->pos)) {
+			if (ch->n >= room)
+				goto wait; /* the READ window is full */
 			n = post_window(a, c, ch, plan, r, st,
 					&sp->rr[sp->ri - 1], room - ch->n);
 			if (kvp_unlikely(n < 0))
@@ -795,17 +809,25 @@ static inline int chunk_closed(const struct kvp_chunk *ck)
 
 void kvp__conn_flush(kvp_agent *a, struct kvp_conn *c)
 {
-	struct chain ch = { a->swr, NULL, a->ssge, 0, 0, 0, a->dirty, 0, 0 };
-	const struct kvp_eng *e = &a->engs[c->eng];
+	struct kvp_eng *e = &a->engs[c->eng];
+	struct chain ch = { a->swr, NULL, a->ssge, 0, 0, 0, a->dirty, 0, 0,
+			    c->loop ? a->sig_every : e->sig_every };
 	const kvp_plan *plan = e->pc ? e->pc->plan : NULL;
 	const uint32_t mask = a->chunk_mask;
 	struct ibv_send_wr *bad;
-	uint32_t room, i;
+	uint32_t room, rlim, i;
 	int err, k, again = 0;
 
 	if (kvp_unlikely(c->state != CS_READY))
 		return;
 	room = c->sq_cap - c->outstanding;
+	/* READs stop at the window (ch.n reaching rlim); notifications,
+	 * lease and credit READs, FOLLOWs and markers only need SQ room,
+	 * and go first: the window never starves them, and they count in
+	 * it while in flight. */
+	rlim = e->win > c->outstanding ? e->win - c->outstanding : 0;
+	if (rlim > room || c->loop)
+		rlim = room;
 top:
 	if (c->lw_post != c->lw_tail)
 		post_leases(a, c, &ch, room);
@@ -859,18 +881,23 @@ top:
 				}
 				continue;
 			}
-			k = stream_flush(a, c, &ch, plan, ck, st, room);
+			k = stream_flush(a, c, &ch, plan, ck, st, rlim);
 			if (k < 0)
 				return; /* the connection failed */
 			if (k == INT32_MAX) {
 				if (ch.n == room)
-					break; /* the window is full */
-				i++; /* waits for progress */
+					break; /* the send queue is full */
+				/* Waits for progress or READ window room: the
+				 * chunks after it may still have FOLLOWs or
+				 * markers to post. */
+				i++;
 				continue;
 			}
 		} else if (!kvp_plan_emit_done(&st->pos)) {
+			if (ch.n >= rlim)
+				break; /* the READ window is full */
 			k = post_window(a, c, &ch, plan, &a->reqs[ck->slot], st,
-					NULL, room - ch.n);
+					NULL, rlim - ch.n);
 			if (kvp_unlikely(k < 0)) {
 				/* What is chained is dropped with the QP. */
 				chain_reset(&ch);
@@ -936,6 +963,10 @@ top:
 		return;
 	}
 	c->outstanding += ch.n;
+	/* The window follows the READs this doorbell posted: one division
+	 * per doorbell. */
+	if (ch.reads)
+		kvp__eng_window(a, e, ch.bytes / ch.reads);
 	a->st.reads += ch.reads;
 	a->st.read_bytes += ch.bytes;
 	a->engs[c->eng].st.reads += ch.reads;

@@ -639,6 +639,8 @@ int kvp__data_alloc(kvp_agent *a)
 	a->inflight = calloc(a->pq_mask + 1, sizeof(*a->inflight));
 	a->sq_cap = a->sq_depth - 1;
 	a->sig_every = a->sq_cap / 4 ? a->sq_cap / 4 : 1;
+	if (a->rd_win > a->sq_cap)
+		a->rd_win = a->sq_cap;
 	a->swr = calloc(a->sq_cap, sizeof(*a->swr));
 	a->ssge = calloc((size_t)a->sq_cap * a->max_sge, sizeof(*a->ssge));
 	/* Each WR at most twice: added, then signalled. */

@@ -404,6 +404,7 @@ class AgentAttr(Struct):
         ("plan_flags", c_uint32), ("max_mr", c_uint64),
         ("stream_events", c_uint32), ("max_qps", c_uint32),
         ("idle_ms", c_uint32), ("srq", c_uint32),
+        ("read_window", c_uint32), ("read_window_bytes", c_uint32),
     ]
 
 

@@ -75,6 +75,8 @@ ATTR_DEFAULTS = {
                "(consumer)",
     "idle_ms": 300000,
     "srq": 0,
+    "read_window": 16,
+    "read_window_bytes": "16 packets of the port's active MTU",
     "comp_mask": 0,
 }
 
@@ -82,7 +84,7 @@ _U32_ATTRS = frozenset((
     "comp_mask", "max_ids", "max_inflight", "max_peers", "sq_depth",
     "max_sge", "max_per_source", "handshake_ms", "stall_ms", "rq_depth",
     "max_read", "qps_per_peer", "tos", "plan_flags", "stream_events",
-    "max_qps", "idle_ms", "srq"))
+    "max_qps", "idle_ms", "srq", "read_window", "read_window_bytes"))
 
 _IDS = struct.Struct("@QQIIQ")      # struct kvp_ids (checked by the tests)
 assert _IDS.size == ctypes.sizeof(S.Ids)
@@ -562,7 +564,8 @@ class Agent(Handle):
     ``max_sge``, ``secret`` (bytes), ``max_per_source``, ``handshake_ms``,
     ``stall_ms``, ``rq_depth``, ``max_read``, ``qps_per_peer``, ``tos``,
     ``plan_flags``, ``max_mr``, ``stream_events``, ``max_qps``,
-    ``idle_ms``, ``srq``, ``comp_mask``.
+    ``idle_ms``, ``srq``, ``read_window``, ``read_window_bytes``,
+    ``comp_mask``.
 
     :class:`Error` -ENODEV without an RDMA device (or none of that name or
     address), -EINVAL for a bad attribute (as the C call refuses it), and

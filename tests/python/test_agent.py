@@ -125,6 +125,12 @@ int main(void)
 	at.max_ids = 1u << 25;
 	printf("max_ids=%d\n", kvp_agent_open(&at, &a));
 	at.max_ids = 0;
+	at.read_window = 65536;
+	printf("read_window=%d\n", kvp_agent_open(&at, &a));
+	at.read_window = 0;
+	at.read_window_bytes = KVP_READ_WINDOW_BYTES_MIN - 1;
+	printf("read_window_bytes=%d\n", kvp_agent_open(&at, &a));
+	at.read_window_bytes = 0;
 	at.device = "kvp-no-such-device";
 	a = NULL;
 	err = kvp_agent_open(&at, &a);
@@ -180,6 +186,9 @@ def test_open_gives_the_c_errno(c_open, layout):
         assert kvpull.strerror(-errno.ENODEV) == "no RDMA device"
     # a bad attribute is refused by C before the device is looked at
     assert c_open["max_ids"] == -errno.EINVAL
+    # the READ window: at most 65535 READs, at least 4096 bytes
+    assert c_open["read_window"] == -errno.EINVAL
+    assert c_open["read_window_bytes"] == -errno.EINVAL
     with pytest.raises(kvpull.Error) as ei:
         kvpull.Agent(layout, "consumer", max_ids=1 << 25)
     assert ei.value.code == -errno.EINVAL

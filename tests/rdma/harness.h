@@ -75,6 +75,8 @@ struct rt_case {
 	uint32_t max_mr;	   /* kvp_agent_attr.max_mr, both sides: the
 				    * regions registered as several MRs */
 	uint32_t max_mr_odd;	   /* the same on odd producer ranks only */
+	uint32_t read_window;	   /* consumer: kvp_agent_attr.read_window */
+	uint32_t read_window_bytes; /* consumer: read_window_bytes */
 	int connect_err;	   /* the consumers' connect must fail with
 				    * this; nothing is pulled (nreq 0) */
 	uint32_t striped;	   /* requests must go over 2 queue pairs */
@@ -697,6 +699,8 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 	at.tos = tc->tos;
 	at.max_read = tc->max_read;
 	at.max_mr = tc->max_mr;
+	at.read_window = tc->read_window;
+	at.read_window_bytes = tc->read_window_bytes;
 	err = kvp_agent_open(&at, &a);
 	if (err)
 		RT_FAIL("open: %s", kvp_strerror(err));
