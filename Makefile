@@ -245,7 +245,9 @@ print-build:
 
 # --- fuzz: libFuzzer targets, tests/fuzz/fuzz_*.c (clang only) -------------
 # The plan/ sources are compiled once with the fuzzer's coverage
-# instrumentation and ASan+UBSan, and linked into each target.
+# instrumentation and ASan+UBSan, and linked into each target; fuzz_inbox
+# (the producer's receive queues, on a fake device) links the verbs/
+# sources too, compiled the same way.
 # Run: build/fuzz/fuzz_meta CORPUS_DIR; scripts/fuzz.sh runs them all.
 # Without the stack-depth feature: it measures the stack in bytes, which
 # with ASan's aligned frames depends on where ASLR put the stack, so the
@@ -258,6 +260,24 @@ FUZZ_CFLAGS := -std=gnu11 $(WARN) -g -O1 -fno-omit-frame-pointer \
 	-fsanitize=address,undefined -fno-sanitize-recover=undefined \
 	-fno-sanitize-coverage=stack-depth -Iinclude -Iplan
 FUZZ_PLAN_OBJ := $(PLAN_SRC:%.c=$(FUZZ_BUILD)/%.o)
+FUZZ_VERBS_OBJ := $(VERBS_SRC:%.c=$(FUZZ_BUILD)/%.o)
+# fuzz_inbox's fake device: the verbs, rdma_cm and clock calls of verbs/
+# (and the libc ones that make a run depend on more than its input)
+# redirected at link time to __wrap_SYM in tests/fuzz/fuzz_inbox.c, in its
+# libFuzzer and replay builds only (the library is never built so).
+FUZZ_INBOX_WRAP := clock_gettime getrandom poll \
+	rdma_get_devices rdma_free_devices ibv_get_device_name \
+	ibv_query_device ibv_query_port ibv_alloc_pd ibv_dealloc_pd \
+	ibv_create_comp_channel ibv_destroy_comp_channel ibv_create_cq \
+	ibv_destroy_cq ibv_get_cq_event ibv_ack_cq_events \
+	ibv_get_async_event ibv_ack_async_event ibv_reg_mr ibv_reg_mr_iova2 \
+	ibv_dereg_mr ibv_create_srq ibv_destroy_srq ibv_modify_qp \
+	ibv_query_qp rdma_create_event_channel rdma_destroy_event_channel \
+	rdma_create_id rdma_destroy_id rdma_bind_addr rdma_listen \
+	rdma_set_option rdma_create_qp rdma_destroy_qp rdma_accept \
+	rdma_reject rdma_disconnect rdma_get_cm_event rdma_ack_cm_event
+FUZZ_INBOX_LINK := $(addprefix -Xlinker --wrap=,$(FUZZ_INBOX_WRAP)) \
+	-lrdmacm -libverbs -lpthread
 
 # build/fuzz/seeds DIR writes seed corpora from the presets (DIR/meta,
 # DIR/spec, DIR/plan).
@@ -271,6 +291,15 @@ $(FUZZ_BUILD)/plan/%.o: plan/%.c $(wildcard include/*.h plan/*.h)
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_PLAN_OBJ) $(wildcard include/*.h plan/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_PLAN_OBJ)
+
+$(FUZZ_BUILD)/verbs/%.o: verbs/%.c $(wildcard include/*.h plan/*.h verbs/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+
+$(FUZZ_BUILD)/fuzz_inbox: tests/fuzz/fuzz_inbox.c $(FUZZ_VERBS_OBJ) $(FUZZ_PLAN_OBJ) $(wildcard include/*.h plan/*.h verbs/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_VERBS_OBJ) \
+		$(FUZZ_PLAN_OBJ) $(FUZZ_INBOX_LINK)
 
 # Without the sanitizers: seeds.c forms text from a NULL buffer of length 0.
 $(FUZZ_BUILD)/seeds: tests/fuzz/seeds.c $(PLAN_SRC) $(wildcard include/*.h plan/*.h)
@@ -290,6 +319,13 @@ $(BUILD)/tests/fuzz/replay_%: tests/fuzz/replay.c tests/fuzz/fuzz_%.c $(wildcard
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Iplan -DFUZZ_TARGET='"fuzz_$*"' $(LDFLAGS) -o $@ \
 		tests/fuzz/replay.c tests/fuzz/fuzz_$*.c $(BUILD)/libkvpull_plan.a
+
+# fuzz_inbox: the whole library, its verbs calls on the fake device.
+$(BUILD)/tests/fuzz/replay_inbox: tests/fuzz/replay.c tests/fuzz/fuzz_inbox.c $(wildcard include/*.h plan/*.h verbs/*.h) $(BUILD)/config $(BUILD)/libkvpull.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DFUZZ_TARGET='"fuzz_inbox"' $(LDFLAGS) -o $@ \
+		tests/fuzz/replay.c tests/fuzz/fuzz_inbox.c $(BUILD)/libkvpull.a \
+		$(FUZZ_INBOX_LINK)
 
 fuzz-replay: $(REPLAY_BIN)
 	@pass=0; fail=0; \

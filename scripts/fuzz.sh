@@ -7,17 +7,17 @@
 #   bash scripts/fuzz.sh --long [SECONDS] [TARGET...]   randomized
 #   bash scripts/fuzz.sh --update-corpus [TARGET...]
 #
-# TARGET is meta, plan or spec (or fuzz_meta ...); default all.
+# TARGET is meta, plan, spec or inbox (or fuzz_meta ...); default all.
 #
 # Deterministic (what scripts/test.sh runs): the reproducers of
 # tests/fuzz/crashes/ (<target>-*) are replayed first, then each target runs
 # a fixed number of executions (RUNS below, not a time) from a fixed seed
 # (SEED), single process, on its inputs in a fixed order: the seed corpus
-# made from the presets (build/fuzz/seeds), the regression corpus
-# tests/fuzz/corpus/<target>/ and the reproducers, each sorted by name and
-# passed with -seed_inputs (libFuzzer shuffles them with its seeded
-# generator, so the order it gets them in matters and must not be the
-# directory's).
+# made from the presets (build/fuzz/seeds; fuzz_inbox has none), the
+# regression corpus tests/fuzz/corpus/<target>/ and the reproducers, each
+# sorted by name and passed with -seed_inputs (libFuzzer shuffles them with
+# its seeded generator, so the order it gets them in matters and must not
+# be the directory's).
 # Mutations from the operands of compares are off (-use_cmp=0) and the
 # targets are built without the stack-depth feature: both depended on where
 # ASLR put the stack and the heap. The same tree gives the same executions,
@@ -53,10 +53,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 # Executions and seed per target of the deterministic mode: about 25 s,
-# 55 s and 35 s on the 2-core development machine (executions per second
-# from these inputs: meta ~120 k, plan ~1.1 k, spec ~35 k).
-declare -A RUNS=([meta]=3000000 [plan]=60000 [spec]=1200000)
-declare -A SEED=([meta]=1 [plan]=2 [spec]=3)
+# 55 s, 35 s and 40 s on the 2-core development machine (executions per second
+# from these inputs: meta ~120 k, plan ~1.1 k, spec ~35 k; inbox, a whole
+# producer agent per input, ~250).
+declare -A RUNS=([meta]=3000000 [plan]=60000 [spec]=1200000 [inbox]=10000)
+declare -A SEED=([meta]=1 [plan]=2 [spec]=3 [inbox]=4)
 MAX_LEN=16384
 
 usage() {
@@ -115,7 +116,7 @@ final_stat() {
 update() {
 	local out=$work/merge-$1 dirs=() kept n
 	mkdir -p "$out"
-	cp -r "$work/seeds/$1"/. "$out"
+	[[ -d $work/seeds/$1 ]] && cp -r "$work/seeds/$1"/. "$out"
 	[[ -d tests/fuzz/corpus/$1 ]] && dirs+=("tests/fuzz/corpus/$1")
 	[[ -d $fb/long/$1 ]] && dirs+=("$fb/long/$1")
 	if ((${#dirs[@]} == 0)); then
