@@ -20,7 +20,7 @@
 #   scripts/rdma-bench.sh --stream [CASE]
 #   scripts/rdma-bench.sh --python
 #   scripts/rdma-bench.sh --storm [N [kvpull-storm options]]
-#   scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W]
+#   scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W] [--read-window R]
 #
 # Side by side on KV-shaped workloads of real model pairs (kvpull-rdma-bench
 # --pair; default: llama-3.1-70b-tp8to2-hnd, llama-3.1-70b-tp4to8-nhd,
@@ -301,13 +301,13 @@ storm() {
 # ---------------------------------------------------------- races
 # scripts/rdma-bench.sh --races [options]: see the top.
 races_usage() {
-	echo "usage: scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W]" >&2
+	echo "usage: scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W] [--read-window R]" >&2
 	exit 2
 }
 
 races() {
 	shift
-	local trials=10000 seed=34 window=8 bin=$PWD/build/tools/kvpull-races
+	local trials=10000 seed=34 window=8 rwin=0 bin=$PWD/build/tools/kvpull-races
 	local log rc=0 t0=$SECONDS tmo checked unchecked
 	while [[ $# -gt 0 ]]; do
 		[[ $# -ge 2 ]] || races_usage
@@ -315,12 +315,13 @@ races() {
 		--trials) trials=$2 ;;
 		--seed) seed=$2 ;;
 		--window) window=$2 ;;
+		--read-window) rwin=$2 ;;
 		*) races_usage ;;
 		esac
 		shift 2
 	done
 	[[ $trials =~ ^[1-9][0-9]{0,5}$ && $seed =~ ^[0-9]{1,9}$ &&
-		$window =~ ^[1-8]$ ]] || races_usage
+		$window =~ ^[1-8]$ && $rwin =~ ^[0-9]{1,5}$ ]] || races_usage
 	bash scripts/install-deps.sh
 	make -s BUILD=build build/tools/kvpull-races
 	log=$(mktemp "${TMPDIR:-/tmp}/kvp-races.XXXXXX")
@@ -330,14 +331,14 @@ races() {
 	KVP_VM_MEM=${KVP_VM_MEM:-1024} scripts/rxe-vm.sh -q --devices 1 \
 		--timeout $((2 * tmo + 120)) --cmd-timeout "$tmo" \
 		--files "$bin" -- \
-		"$bin --trials $trials --seed $seed --window $window --port 24900" \
-		"$bin --trials $trials --seed $seed --window $window --port 24910 --lease-off" |
+		"$bin --trials $trials --seed $seed --window $window --read-window $rwin --port 24900" \
+		"$bin --trials $trials --seed $seed --window $window --read-window $rwin --port 24910 --lease-off" |
 		tee "$log" || rc=$?
 	checked=$(grep '^races: trials=.* check=on$' "$log" | tail -n 1) || true
 	unchecked=$(grep '^races: trials=.* check=off$' "$log" | tail -n 1) || true
 	rm -f "$log"
 	echo
-	echo "races: $trials trials twice (lease check on, then off), seed $seed, $window in flight, in $((SECONDS - t0)) s;" \
+	echo "races: $trials trials twice (lease check on, then off), seed $seed, $window in flight, read window $rwin (0: the library's), in $((SECONDS - t0)) s;" \
 		"soft-RoCE under QEMU TCG (one rxe device, 2 vCPUs), not hardware"
 	if [[ -z $checked || -z $unchecked ]]; then
 		echo "races: a run printed no summary line (its output is above)" >&2
@@ -446,7 +447,7 @@ requests=${2:-32}
 	echo "       scripts/rdma-bench.sh --python" >&2
 	echo "       scripts/rdma-bench.sh --stream [CASE]" >&2
 	echo "       scripts/rdma-bench.sh --storm [N [kvpull-storm options]]" >&2
-	echo "       scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W]" >&2
+	echo "       scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W] [--read-window R]" >&2
 	echo "       scripts/rdma-bench.sh --path [--devices 1|2] [--rounds N]" >&2
 	exit 2
 }

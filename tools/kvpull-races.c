@@ -7,7 +7,14 @@
  * break it. Public API only.
  *
  *   kvpull-races [--trials N] [--seed S] [--typical-us T] [--lease-off]
- *                [--window W] [--timeout S] [--addr IP] [--port N]
+ *                [--window W] [--read-window R] [--timeout S]
+ *                [--addr IP] [--port N]
+ *
+ * --read-window R: the consumer's kvp_agent_attr.read_window (READs in
+ * flight per queue pair; 0, the default: the library's, which is no
+ * window on a loopback, as here). With a window, a request's lease READ
+ * waits behind at most R READs of other requests, not behind every READ
+ * they posted.
  *
  * One producer agent (this process, the one rank of a TP 1 engine,
  * default attributes) and one consumer agent (a process forked before
@@ -140,6 +147,7 @@ static const unsigned way_pct[NWAYS] = { 38, 20, 20, 22 };
 struct opts {
 	const char *addr;
 	uint32_t trials, seed, typical_us, lease_off, timeout_s, window;
+	uint32_t read_window; /* the consumer's kvp_agent_attr.read_window */
 	uint16_t port;
 };
 
@@ -497,6 +505,7 @@ static int cons_setup(struct cons *c, char *why, size_t n)
 	at.role = KVP_ROLE_CONSUMER;
 	at.layout = l;
 	at.addr = c->o->addr;
+	at.read_window = c->o->read_window;
 	err = tool_agent_open(&at, &c->mem, &c->a);
 	if (err) {
 		c->a = NULL;
@@ -1117,6 +1126,8 @@ static void usage(FILE *f)
 		"                  the last %d clean pulls, warm-up first]\n"
 		"  --lease-off     KVP_LEASE_OFF=1 in the consumer process: the\n"
 		"                  library's lease check off\n"
+		"  --read-window R the consumer's READs in flight per queue pair\n"
+		"                  (kvp_agent_attr.read_window) [0: the library's]\n"
 		"  --window W      trials at the consumer at once, at most %d [%d]\n"
 		"  --timeout S     bound on the run, seconds [300 + N/20]\n"
 		"  --addr IP       the producer's address, also the consumer's\n"
@@ -1445,6 +1456,7 @@ int main(int argc, char **argv)
 		{ "--typical-us", TOOL_U32, &o.typical_us, 10000000 },
 		{ "--lease-off", TOOL_FLAG, &o.lease_off, 0 },
 		{ "--window", TOOL_COUNT, &o.window, WINDOW },
+		{ "--read-window", TOOL_U32, &o.read_window, 65535 },
 		{ "--timeout", TOOL_COUNT, &o.timeout_s, 86400 },
 		{ "--addr", TOOL_STR, &o.addr, 0 },
 		{ "--port", TOOL_PORT, &o.port, 0 },
