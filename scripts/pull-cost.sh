@@ -19,10 +19,11 @@
 #
 # Defaults: llama-3.1-8b TP 1 -> 1 FLASH_HND, 64 blocks of 64 KiB pages per
 # request, random ids (one READ per page, one SGE each), 1 request in
-# flight, no READ window (--window 65535 --window-bytes 4294967295): with
-# the library's default, 64 KiB per queue pair, all but a READ per queue
-# pair would be posted from kvp_agent_poll(), outside what is measured, by
-# the same code.
+# flight, no READ window (--window 65535 --window-bytes 4294967295; the
+# default has none on one device, a loopback, but across two devices or
+# on hardware its 64 KiB per queue pair would leave all but a READ per
+# queue pair to be posted from kvp_agent_poll(), outside what is
+# measured, by the same code).
 # Pass "-- --ids contiguous" for coalesced READs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
