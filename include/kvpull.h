@@ -1071,13 +1071,16 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  *  - Fail closed: DONE is reported only over bytes each producer rank
  *    held for the request while they were read (kvp_agent_expect()'s
  *    leases); what cannot be proven so ends FAILED -ESTALE. The lease
- *    READ is posted once every data READ from that rank completed (their
- *    responses arrived: the producer's NIC read those bytes before it
- *    reads the lease), and the producer's withdrawal is a CPU store,
- *    fenced before its event is queued, that a later DMA read sees
- *    (coherent DMA, which every RDMA NIC and soft-RoCE provide). A
- *    device whose DMA reads were not coherent with the CPU's stores
- *    would break this, as it would break every RDMA transfer.
+ *    READ goes on the rank's first queue pair right behind the data
+ *    READs when that queue pair carried all of them (a queue pair's
+ *    READs are executed in order by the responder: IB's ordering rules),
+ *    else once every data READ from that rank completed (their responses
+ *    arrived: the producer's NIC read those bytes before it reads the
+ *    lease). The producer's withdrawal is a CPU store, fenced before its
+ *    event is queued, that a later DMA read sees (coherent DMA). Only
+ *    hardware can show that a NIC never reads a later READ's memory
+ *    before an earlier one's on one queue pair; soft-RoCE executes them
+ *    one by one. KVP_LEASE_OFF=1 aside, nothing here is configurable.
  *
  * Threads: an agent is not thread-safe. All calls on one agent must be
  * serialised by the caller (typically: the engine's loop thread). Distinct

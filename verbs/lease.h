@@ -19,9 +19,11 @@
  * fence) before the event is queued, so before the engine can hear of it
  * and reuse a block.
  *
- * The consumer, once every READ of a request from one producer rank is
- * in, READs the key's bucket (KVP_LEASE_READ bytes) on that rank's first
- * queue pair and looks for an entry whose fp matches its key and the
+ * The consumer READs the key's bucket (KVP_LEASE_READ bytes) on that
+ * rank's first queue pair: right behind the request's READs from that
+ * rank when that queue pair carried all of them (its READs execute in
+ * order), else once all of them completed. It looks for an entry whose
+ * fp matches its key and the
  * entry's own gen, of the producer's incarnation (learned at GO) and, for
  * a streamed pull, of the generation the progress records carried. Found:
  * the lease was held when the bucket was read, after the data READs had

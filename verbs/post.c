@@ -77,7 +77,11 @@ static void chunk_in(kvp_agent *a, const struct kvp_conn *c,
 		return;
 	if (st->qmask & (st->qmask - 1))
 		a->st.striped++;
-	if (!st->status && !a->lease_off) {
+	/* Its lease READ went right behind its READs (lease_behind()):
+	 * in once that completes (lease_in()). */
+	if (st->lease == SL_READING)
+		return;
+	if (!st->status && !a->lease_off && st->lease == SL_NONE) {
 		c0 = &a->conns[kvp__src_conn(e, ch->stripe % e->pc->pi.nsrc)];
 		/* A first queue pair that failed meanwhile fails the check
 		 * when it drains (chunks_fail()); one gone already, now. */
@@ -125,7 +129,11 @@ static void lease_in(kvp_agent *a, struct kvp_conn *c)
 	}
 	c->lw_done++;
 	st->lease = SL_DONE;
-	kvp__req_data_in(a, r, st->status);
+	/* A lease READ posted behind the READs may complete before the
+	 * other queue pairs' (empty) shares closed: their chunk_in() ends
+	 * it then. */
+	if (!st->left)
+		kvp__req_data_in(a, r, st->status);
 }
 
 /* The checks still owed on a drained first queue pair fail. */
@@ -140,8 +148,11 @@ static void leases_fail(kvp_agent *a, struct kvp_conn *c)
 		st->lease = SL_NONE;
 		if (!st->status)
 			st->status = c->status ? c->status : -ENOTCONN;
-		kvp__req_data_in(a, &a->reqs[stripe / e->pc->pi.nsrc],
-				 st->status);
+		/* (one behind READs still out elsewhere: their chunk_in()) */
+		if (!st->left)
+			kvp__req_data_in(a,
+					 &a->reqs[stripe / e->pc->pi.nsrc],
+					 st->status);
 	}
 	c->lw_post = c->lw_tail;
 }
@@ -489,6 +500,25 @@ static void post_leases(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
 		c->lw_post++;
 		a->st.lease_reads++;
 	}
+}
+
+/* Stripe `stripe` is emitted, its last READ chained on c, a rank's
+ * first queue pair, which carried all of its READs: its lease READ goes
+ * right behind them (a queue pair executes its READs in order), not
+ * after their completion behind every READ posted since. Only when no
+ * deferred one waits (the FIFO stays in posting order) and a landing
+ * buffer is free; else it waits for the data, as a striped one does. */
+static void lease_behind(kvp_agent *a, struct kvp_conn *c, struct chain *ch,
+			 uint32_t stripe, uint32_t room)
+{
+	struct kvp_stripe *st = &a->engs[c->eng].stripes[stripe];
+
+	if (a->lease_off || c->q || st->qmask != 1u || st->status ||
+	    st->lease != SL_NONE || c->lw_post != c->lw_tail ||
+	    c->lw_post - c->lw_done >= KVP_LEASE_RING || ch->n >= room)
+		return;
+	c->lw[c->lw_tail++ & a->chunk_mask] = stripe;
+	post_leases(a, c, ch, room);
 }
 
 int kvp__bye_consumer(kvp_agent *a, struct kvp_conn *c)
@@ -915,12 +945,14 @@ top:
 			chain_signal(&ch, c, WK_LAST);
 			close_push(a, c, i);
 			close_mark(a, c, ck);
+			lease_behind(a, c, &ch, ck->stripe, room);
 		} else if (ck->posted) {
 			if (ch.n == room)
 				break; /* the marker needs room */
 			post_marker(c, &ch);
 			close_push(a, c, i);
 			close_mark(a, c, ck);
+			lease_behind(a, c, &ch, ck->stripe, room);
 		} else {
 			/* Nothing went through this queue pair. */
 			ck->flags |= CH_CLOSED;
