@@ -1872,7 +1872,13 @@ KVP_API KVP_MUST_CHECK int kvp_agent_engine_layout(const kvp_agent *agent,
  * engine can hear of it and reuse a block. A consumer whose check finds no
  * lease for its request ends it FAILED -ESTALE (KVP_REASON_LEASE), never
  * DONE: a pull before this call, or after the request was reported, fails
- * closed. So call it before the request's block ids can reach a consumer.
+ * closed. So call it before the request's block ids can reach a consumer:
+ * the check proves the request held when its lease was read, after the
+ * READs; a lease granted between a READ and that check (a pull racing
+ * ahead of this call, its blocks still being written) would vouch for
+ * bytes read before it. The window is microseconds when a rank's READs
+ * went on one queue pair (the lease READ is chained behind them), a
+ * completion's round trip when they were striped over several.
  * Such pulls still notify (flagged): stats.unheld counts them.
  *
  * Returns 0, and exactly one RELEASED or EXPIRED event follows; -EINVAL
