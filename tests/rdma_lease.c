@@ -297,6 +297,18 @@ static int failed_stale(const struct pair *x, uint32_t k, const char **why)
 	return !**why;
 }
 
+/* Pumps both agents until the consumer reports request k, which must
+ * end FAILED -ESTALE (failed_stale()); prints why not, as `what`. */
+static int ends_stale(struct pair *x, uint32_t k, const char *what)
+{
+	const char *why = "no event";
+
+	if (!pump_until(x, 1, 1, 0, x->rq[k].id) && failed_stale(x, k, &why))
+		return 0;
+	printf("  %s: %s\n", what, why);
+	return -1;
+}
+
 /* DONE for request k, and the consumer's memory exactly as it must be
  * after it (the other requests' blocks untouched: background). */
 static int done_exact(struct pair *x, uint32_t k, const char *who)
@@ -345,7 +357,7 @@ static int wait_unheld(struct pair *x, uint64_t n)
 
 static int case_expired_reused(const struct rt_env *env, uint16_t port)
 {
-	const char *who = "expired, reused", *why;
+	const char *who = "expired, reused";
 	struct kvp_agent_stats cs, ps;
 	struct pair x;
 	int ret = 1;
@@ -355,9 +367,7 @@ static int case_expired_reused(const struct rt_env *env, uint16_t port)
 	p_reuse(&x, 77); /* the engine writes another request there */
 	CHECK(!kvp_agent_pull_from(x.c, x.eng, x.rq[0].id, x.rq[0].ids),
 	      "pull");
-	CHECK(!pump_until(&x, 1, 1, 0, x.rq[0].id), "no event");
-	CHECK(failed_stale(&x, 0, &why), "pull of an expired request: %s",
-	      why);
+	CHECK(!ends_stale(&x, 0, "pull of an expired request"), "not FAILED -ESTALE");
 	CHECK(!wait_unheld(&x, 1), "the producer counted no unheld pull");
 	stats(x.c, &cs);
 	stats(x.p, &ps);
@@ -399,7 +409,7 @@ out:
 /* A clean pull, then the same id from a restarted consumer. */
 static int case_clean_restart(const struct rt_env *env, uint16_t port)
 {
-	const char *who = "clean, restarted", *why;
+	const char *who = "clean, restarted";
 	struct kvp_agent_stats cs, ps;
 	struct pair x;
 	int ret = 1;
@@ -426,9 +436,9 @@ static int case_clean_restart(const struct rt_env *env, uint16_t port)
 	CHECK(!c_open(&x, NULL), "the restarted consumer connects");
 	CHECK(!kvp_agent_pull_from(x.c, x.eng, x.rq[0].id, x.rq[0].ids),
 	      "pull again");
-	CHECK(!pump_until(&x, 1, 1, 0, x.rq[0].id), "no event");
-	CHECK(failed_stale(&x, 0, &why),
-	      "a released request pulled by a restarted consumer: %s", why);
+	CHECK(!ends_stale(&x, 0,
+			  "a released request pulled by a restarted consumer"),
+	      "not FAILED -ESTALE");
 	printf("    clean: DONE, every byte, 1 lease READ; the same id from a restarted consumer: FAILED -ESTALE\n");
 	ret = 0;
 out:
@@ -443,7 +453,7 @@ static const struct opts narrow = { .sq_depth = 8, .max_read = 4096 };
 
 static int case_between_windows(const struct rt_env *env, uint16_t port)
 {
-	const char *who = "between windows", *why;
+	const char *who = "between windows";
 	struct kvp_agent_stats cs;
 	struct pair x;
 	int ret = 1;
@@ -459,9 +469,8 @@ static int case_between_windows(const struct rt_env *env, uint16_t port)
 	 * blocks before the next. */
 	CHECK(!expire(&x), "no EXPIRED");
 	p_reuse(&x, 78);
-	CHECK(!pump_until(&x, 1, 1, 0, x.rq[0].id), "no event");
+	CHECK(!ends_stale(&x, 0, "withdrawn between windows"), "not FAILED -ESTALE");
 	stats(x.c, &cs);
-	CHECK(failed_stale(&x, 0, &why), "withdrawn between windows: %s", why);
 	printf("    withdrawn after the first window of a pull of %llu READs: FAILED -ESTALE\n",
 	       (unsigned long long)cs.reads);
 	ret = 0;
@@ -472,7 +481,7 @@ out:
 
 static int case_straddle(const struct rt_env *env, uint16_t port)
 {
-	const char *who = "straddles the deadline", *why;
+	const char *who = "straddles the deadline";
 	struct pair x;
 	int ret = 1;
 
@@ -484,9 +493,7 @@ static int case_straddle(const struct rt_env *env, uint16_t port)
 	CHECK(!expire(&x), "no EXPIRED");
 	/* Not reused: the bytes are right, but the producer let go before
 	 * the check. */
-	CHECK(!pump_until(&x, 1, 1, 0, x.rq[0].id), "no event");
-	CHECK(failed_stale(&x, 0, &why), "checked after the deadline: %s",
-	      why);
+	CHECK(!ends_stale(&x, 0, "checked after the deadline"), "not FAILED -ESTALE");
 	ret = 0;
 out:
 	pair_close(&x);
@@ -497,7 +504,7 @@ out:
  * request 3 (chosen for the bucket) granted into that entry. */
 static int case_same_bucket(const struct rt_env *env, uint16_t port)
 {
-	const char *who = "same bucket", *why;
+	const char *who = "same bucket";
 	uint32_t b0 = kvp__lease_bucket(RT_CONS_ENGINE, 100, L_LOG2);
 	uint64_t other = 1000;
 	struct pair x;
@@ -517,8 +524,7 @@ static int case_same_bucket(const struct rt_env *env, uint16_t port)
 	      "expect the other");
 	CHECK(!kvp_agent_pull_from(x.c, x.eng, x.rq[0].id, x.rq[0].ids),
 	      "pull");
-	CHECK(!pump_until(&x, 1, 1, 0, x.rq[0].id), "no event");
-	CHECK(failed_stale(&x, 0, &why), "the let-go request: %s", why);
+	CHECK(!ends_stale(&x, 0, "the let-go request"), "not FAILED -ESTALE");
 	CHECK(!kvp_agent_pull_from(x.c, x.eng, other, x.rq[3].ids),
 	      "pull the other");
 	CHECK(!pump_until(&x, 1, 1, 0, other), "no event for the other");
@@ -562,7 +568,7 @@ static const struct kvp_progress all_of_it = {
 
 static int case_stream_withdrawn(const struct rt_env *env, uint16_t port)
 {
-	const char *who = "streamed, withdrawn", *why;
+	const char *who = "streamed, withdrawn";
 	struct pair x;
 	int ret = 1;
 
@@ -577,8 +583,7 @@ static int case_stream_withdrawn(const struct rt_env *env, uint16_t port)
 	      "publish");
 	CHECK(!expire(&x), "no EXPIRED");
 	p_reuse(&x, 79);
-	CHECK(!pump_until(&x, 1, 1, 0, x.rq[0].id), "no event");
-	CHECK(failed_stale(&x, 0, &why), "streamed, withdrawn: %s", why);
+	CHECK(!ends_stale(&x, 0, "streamed, withdrawn"), "not FAILED -ESTALE");
 	ret = 0;
 out:
 	pair_close(&x);
@@ -594,7 +599,7 @@ static int case_stream_regrant(const struct rt_env *env, uint16_t port)
 {
 	const struct opts o = { .sq_depth = 8, .max_read = 4096,
 				.max_inflight = 4 };
-	const char *who = "streamed, granted again", *why;
+	const char *who = "streamed, granted again";
 	struct kvp_agent_stats cs;
 	struct pair x;
 	uint32_t i;
@@ -628,8 +633,7 @@ static int case_stream_regrant(const struct rt_env *env, uint16_t port)
 	CHECK(!kvp_agent_expect(x.p, RT_CONS_ENGINE, x.rq[0].id,
 				rt_now_ns() + 60000000000ull),
 	      "expect again (the tombstone pushed out)");
-	CHECK(!pump_until(&x, 1, 1, 0, x.rq[0].id), "no event");
-	CHECK(failed_stale(&x, 0, &why), "another generation: %s", why);
+	CHECK(!ends_stale(&x, 0, "another generation"), "not FAILED -ESTALE");
 	ret = 0;
 out:
 	pair_close(&x);
@@ -640,7 +644,7 @@ out:
  * another opened on the same port, its memory holding other bytes). */
 static int case_producer_restart(const struct rt_env *env, uint16_t port)
 {
-	const char *who = "producer restarted", *why;
+	const char *who = "producer restarted";
 	struct pair x;
 	double end;
 	int ret = 1, err, i;
@@ -670,9 +674,8 @@ static int case_producer_restart(const struct rt_env *env, uint16_t port)
 		usleep(1000);
 	}
 	CHECK(!err, "no reconnect");
-	CHECK(!pump_until(&x, 1, 1, 0, x.rq[1].id), "no event");
-	CHECK(failed_stale(&x, 1, &why),
-	      "a request the new process never expected: %s", why);
+	CHECK(!ends_stale(&x, 1, "a request the new process never expected"),
+	      "not FAILED -ESTALE");
 	printf("    restarted at the same address: the old engine's pull %s, the new process's unexpected request FAILED -ESTALE\n",
 	       err ? "refused" : "FAILED");
 	ret = 0;
