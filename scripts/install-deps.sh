@@ -38,6 +38,9 @@ PKGS=(
 	libxml2-utils python3-jsonschema
 	# the Python binding's tests (tests/check_python.sh)
 	python3-numpy python3-pytest
+	# torch (CPU) for the engine-shaped tests and the InferenceX lane
+	# (python/README.md); promtool (prometheus) checks the metrics exposition
+	python3-torch prometheus
 	# libraries and unit tests
 	libcmocka-dev libibverbs-dev librdmacm-dev ibverbs-providers rdma-core
 	# RDMA tools used in the VM and in direct mode
