@@ -17,7 +17,8 @@
  *   engine keys (struct kvp_engine_desc): engine_id (0), tp_size (1),
  *   tp_rank (0), block_tokens, kernel_block_tokens (0: block_tokens),
  *   num_blocks, kv_layout (flash_nhd, flash_hnd, flashinfer or packed;
- *   flash_nhd), conv_layout (ds or sd; ds)
+ *   flash_hnd, as the tools' and vLLM's layout for disaggregated serving
+ *   with TP mismatches; tools/lib/defaults.h), conv_layout (ds or sd; ds)
  * The layout is kvp_layout_build()'s. block_tokens and num_blocks are
  * required; without a preset so are dtype_bytes, layers (or state_layers)
  * and either mla_latent or kv_heads and head_dim. layers + state_layers is
@@ -557,7 +558,7 @@ static int model_build(struct parser *ps, const struct model_spec *s,
 			    preset_keys ? " (no model preset)" : "");
 	}
 	e.tp_size = 1;
-	e.kv_layout = KVP_KV_FLASH_NHD;
+	e.kv_layout = KVP_KV_FLASH_HND;
 	e.conv_layout = KVP_CONV_DS;
 	for (i = 1; i < NMKEYS; i++) {
 		if (!s->val[i].p)

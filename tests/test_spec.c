@@ -74,9 +74,11 @@ static void test_model_preset(void **state)
 
 static void test_model_overrides(void **state)
 {
+	/* kv_layout: a spec's default, FLASH_HND */
 	struct kvp_engine_desc e = { .tp_size = 1,
 				     .block_tokens = 32,
-				     .num_blocks = 10 };
+				     .num_blocks = 10,
+				     .kv_layout = KVP_KV_FLASH_HND };
 	struct kvp_model m = { .name = "x",
 			       .layers = 3,
 			       .kv_heads = 4,
@@ -174,7 +176,7 @@ static void test_model_hybrid(void **state)
 				.state_dtype_bytes = 4 };
 	e.tp_rank = 0;
 	e.num_blocks = 256;
-	e.kv_layout = KVP_KV_FLASH_NHD;
+	e.kv_layout = KVP_KV_FLASH_HND; /* a spec's default */
 	e.conv_layout = KVP_CONV_DS;
 	assert_int_equal(kvp_layout_build(&m, &e, &b), 0);
 	kva_layouts_equal(a, b, 0);
@@ -189,7 +191,8 @@ static void test_model_hybrid(void **state)
 	m.sliding_layers = 2;
 	e = (struct kvp_engine_desc){ .tp_size = 1,
 				      .block_tokens = 16,
-				      .num_blocks = 8 };
+				      .num_blocks = 8,
+				      .kv_layout = KVP_KV_FLASH_HND };
 	assert_int_equal(kvp_layout_build(&m, &e, &b), 0);
 	kva_layouts_equal(a, b, 0);
 	kvp_layout_destroy(a);

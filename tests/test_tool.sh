@@ -126,14 +126,13 @@ fi
 
 # --- spec files: a model-form spec plans like the preset ----------------
 
-# (A spec's kv_layout defaults to flash_nhd, the engine's; the tool's
-# presets to flash_hnd, kvpull-demo's.)
+# (A spec's kv_layout defaults to flash_hnd, as the tool's presets and
+# kvpull-demo do: the local spec leaves it out.)
 cat >"$tmp/local.spec" <<'EOF'
 # consumer: llama-3.1-8b, one GPU
 model = llama-3.1-8b
 block_tokens = 16
 num_blocks = 1024
-kv_layout = flash_hnd
 EOF
 cat >"$tmp/remote.spec" <<'EOF'
 model = llama-3.1-8b

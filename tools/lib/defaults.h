@@ -16,9 +16,10 @@
 
 /* FLASH_HND: a page per (block, layer) of (heads, tokens, dim), so a
  * producer rank's heads are one run per page and TP N -> M pulls coalesce
- * (tools/README.md: the layouts table). An engine states its own layout;
- * kvp_engine_desc.kv_layout 0 (and a spec file without kv_layout) is
- * FLASH_NHD. */
+ * (docs/planner.md: the layouts table); vLLM's NIXL connector asks for HND
+ * on the prefill side for the same reason. A spec file without kv_layout
+ * gets it too (plan/spec.c). An engine states its own layout: only
+ * kvp_engine_desc.kv_layout 0, the enum's first value, is FLASH_NHD. */
 #define TOOL_DEFAULT_KV_LAYOUT KVP_KV_FLASH_HND
 #define TOOL_DEFAULT_BLOCK_TOKENS 16
 
