@@ -4,6 +4,7 @@ import errno
 
 import numpy as np
 
+from . import _torch
 from .errors import Error
 
 _U32 = np.dtype(np.uint32)
@@ -19,9 +20,14 @@ def u32_array(obj, func, what):
     used as it is: no copy, the C call reads the caller's memory.  Other
     integer arrays and sequences are converted (a copy), their values
     checked to fit in a uint32 (:class:`Error` -ERANGE when one does not).
+    A CPU ``torch.Tensor`` is taken as the numpy array over its memory
+    (int32: no copy; int64: converted once; :class:`Error` -EINVAL on
+    another device).
     """
     if isinstance(obj, np.ndarray):
         a = obj
+    elif _torch.is_tensor(obj):
+        a = _torch.ids_array(obj, func, what)
     else:
         try:
             a = np.asarray(memoryview(obj))
@@ -51,7 +57,10 @@ def u32_array(obj, func, what):
 
 def byte_view(obj):
     """Return ``obj`` (bytes, bytearray, memoryview, numpy array...) as a
-    contiguous uint8 numpy array, sharing its memory when it can."""
+    contiguous uint8 numpy array, sharing its memory when it can (a
+    ``torch.Tensor`` through ``Tensor.numpy()``)."""
+    if _torch.is_tensor(obj):
+        obj = _torch.byte_array(obj)
     if isinstance(obj, np.ndarray) and obj.flags.c_contiguous:
         return obj.reshape(-1).view(np.uint8)
     try:

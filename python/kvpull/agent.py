@@ -31,6 +31,7 @@ from ctypes import byref, c_char, c_int, c_size_t, c_uint32, c_uint64, c_void_p
 import numpy as np
 
 from . import _structs as S
+from . import _torch
 from ._buf import byte_view, check_u32, check_u64, u32_array
 from ._handle import Handle
 from ._lib import lib
@@ -455,7 +456,10 @@ def _memory(mem, length, keep, writable, func):
             raise TypeError("%s: an integer address needs a length" % func)
         return (check_u64(mem, func, "addr"),
                 check_u64(length, func, "length"), (keep,))
-    if isinstance(mem, np.ndarray):
+    if _torch.is_tensor(mem):
+        addr, size, _item, _shape, _strides = _torch.memory(mem, func)
+        refs = (mem, keep)
+    elif isinstance(mem, np.ndarray):
         if not (mem.flags.c_contiguous or mem.flags.f_contiguous):
             raise ValueError("%s: the array is not contiguous" % func)
         if writable and not mem.flags.writeable:
@@ -687,7 +691,13 @@ class Agent(Handle):
 
         ``mem`` is a buffer -- a contiguous numpy array, a bytearray, an
         mmap, anything with the buffer protocol -- registered whole or its
-        first ``length`` bytes; or an integer address (a GPU tensor's
+        first ``length`` bytes; a ``torch.Tensor`` whose elements fill one
+        span of memory in some order of its dims (vLLM's per-layer KV
+        tensors in HND order are such transposed views), its shape,
+        strides and element size checked against the layout's region
+        (:class:`Error` -EINVAL naming the mismatch: a view of part of a
+        tensor, a dim of another size or stride, another dtype size); or
+        an integer address (a GPU tensor's
         ``data_ptr()``) with ``length``, and ``keep`` any object to keep
         referenced with it.  The agent keeps the buffer (and ``keep``)
         referenced, and its export held (a bytearray cannot be resized nor
@@ -701,6 +711,11 @@ class Agent(Handle):
         listen or the first engine; -ENOMEM, -EFAULT from the device."""
         f = "kvp_agent_register"
         region = check_u32(region, f, "region")
+        if _torch.is_tensor(mem):
+            _a, _n, item, shape, strides = _torch.memory(mem, f)
+            if region < self.layout.info.nregions:
+                _torch.check_region(self.layout, region, item, shape,
+                                    strides, f)
         addr, n, refs = _memory(mem, length, keep,
                                 self.role != Role.PRODUCER, f)
         with self._lock:
