@@ -6,7 +6,12 @@
 #   check-examples-rdma   producer and consumer in the soft-RoCE VM
 #   check-man             tests/check_man.sh: mandoc -Tlint, one page or
 #                         link per exported symbol
-#   check-docs            check-examples and check-man
+#   check-links           tests/check_links.sh: every relative link of
+#                         README.md, docs/ and the READMEs resolves
+#   check-defaults        tests/check_defaults.sh: kvp_agent_attr's defaults
+#                         agree between kvpull.h, kvp_agent_open(3) and docs
+#   check-docs            check-examples, check-man, check-links and
+#                         check-defaults
 #   install-man, uninstall-man (prerequisites of install and uninstall)
 # Variables: MANDIR (default $(PREFIX)/share/man).
 
@@ -28,7 +33,7 @@ $(BUILD)/examples/%: examples/%.c $(wildcard examples/*.h) include/kvpull.h $(BU
 
 examples: $(EXAMPLE_BIN)
 
-check-examples: $(BUILD)/libkvpull.a
+check-examples: $(BUILD)/libkvpull.a $(BUILD)/libkvpull.so
 	sh tests/check_examples.sh $(BUILD)
 
 check-examples-rdma: $(BUILD)/examples/producer $(BUILD)/examples/consumer
@@ -40,7 +45,13 @@ check-examples-rdma: $(BUILD)/examples/producer $(BUILD)/examples/consumer
 check-man: $(BUILD)/libkvpull.so
 	sh tests/check_man.sh man $(BUILD)/libkvpull.so
 
-check-docs: check-examples check-man
+check-links:
+	sh tests/check_links.sh
+
+check-defaults:
+	sh tests/check_defaults.sh
+
+check-docs: check-examples check-man check-links check-defaults
 
 # Each page's other names (its .Nm lines) become symbolic links to it, as
 # liburing installs its pages: kvp_layout_destroy.3 -> kvp_layout_create.3.
@@ -68,6 +79,7 @@ install: install-man
 uninstall: uninstall-man
 
 .PHONY: examples check-examples check-examples-rdma check-man check-docs \
+	check-links check-defaults \
 	install-man uninstall-man
 
 .DEFAULT_GOAL := $(if $(docs_goal),$(docs_goal),all)

@@ -1,13 +1,13 @@
 #!/bin/sh
-# check_doc_counts.sh: the test counts README.md states are the ones the
-# test command just ran.
+# check_doc_counts.sh: the test counts tests/README.md states are the ones
+# the test command just ran.
 #
-#   sh tests/check_doc_counts.sh LOGDIR [README]
+#   sh tests/check_doc_counts.sh LOGDIR [FILE]
 #
 # LOGDIR holds scripts/test.sh's stage logs (build/test-logs). Each figure
-# below is read from its stage's log and looked for, as written, in README
-# (README.md): a figure that differs, or a phrase the README no longer
-# holds, fails. A stage whose log is absent (KVP_SKIP_RDMA=1, say) is
+# below is read from its stage's log and looked for, as written, in FILE
+# (tests/README.md, the test catalogue): a figure that differs, or a phrase
+# the file no longer holds, fails. A stage whose log is absent (KVP_SKIP_RDMA=1, say) is
 # reported and not counted.
 #   unit tests       "cmocka, N cases in M programs"    (cmocka's summaries)
 #   tool tests       "(`make check-tool`, N checks"
@@ -18,8 +18,8 @@
 #   Python in the VM "(`sh tests/python_rdma/run-vm.sh`, N tests"
 # Prints "N passed, N failed"; exit status 0 when nothing failed.
 set -u
-logs=${1:?usage: check_doc_counts.sh LOGDIR [README]}
-readme=${2:-README.md}
+logs=${1:?usage: check_doc_counts.sh LOGDIR [FILE]}
+readme=${2:-$(dirname "$0")/README.md}
 pass=0
 fail=0
 
@@ -36,13 +36,14 @@ passed() {
 		awk '{s+=$1} END {print s+0}'
 }
 
-# want WHAT PHRASE: README holds PHRASE, as written
+# want WHAT PHRASE REGEX: the file holds PHRASE, as written (REGEX finds
+# what it says instead)
 want() {
 	if grep -qF -- "$2" "$readme"; then
 		pass=$((pass + 1))
 	else
 		fail=$((fail + 1))
-		echo "FAIL: $1: README says $(grep -oE -- "$3" "$readme" |
+		echo "FAIL: $1: $readme says $(grep -oE -- "$3" "$readme" |
 			head -1 || true); this run: \"$2\"" >&2
 	fi
 }

@@ -5,7 +5,8 @@
 #   sh tests/check_doc_outputs.sh [TOOLDIR [FILE...]]
 #
 # TOOLDIR holds the built tools [build/tools]; FILE: the markdown files to
-# check [README.md tools/README.md]. Each command runs with TOOLDIR first
+# check [those of README.md, docs/*.md, tools/README.md, scripts/README.md
+# and tests/README.md that hold a marker; given files must hold one]. Each command runs with TOOLDIR first
 # in PATH (so `kvpull-plan` is the built one), LC_ALL=C, in an empty
 # directory of its own (files it writes stay there), on the host: only
 # commands whose output does not depend on time or on an RDMA device are
@@ -35,7 +36,8 @@ set -u
 cd "$(dirname "$0")/.." || exit 2
 tools=${1:-build/tools}
 [ $# -gt 0 ] && shift
-[ $# -gt 0 ] || set -- README.md tools/README.md
+[ $# -gt 0 ] || set -- $(grep -l '^<!-- doc-\(output\|text\)' README.md \
+	docs/*.md tools/README.md scripts/README.md tests/README.md 2>/dev/null)
 if [ ! -x "$tools/kvpull-plan" ]; then
 	echo "check_doc_outputs.sh: $tools/kvpull-plan not found (make)" >&2
 	exit 2

@@ -8,8 +8,14 @@
 #    installed are reported and skipped; at least one C and one C++ must be).
 # 2. plan runs and emits fewer WRs than one per block per region, and more
 #    than none.
-# 3. Every ```c block of README.md that follows a line
-#    "<!-- quote: examples/FILE -->" appears, line for line, in FILE.
+# 3. Every ```c block of README.md and docs/*.md that follows a line
+#    "<!-- quote: examples/FILE -->" appears, line for line, in FILE; the
+#    README quotes at least one.
+# 4. Every ```python block of README.md and docs/*.md that follows a line
+#    "<!-- run: python -->" runs with exit status 0 and prints what its
+#    "# -> TEXT" comments say (each TEXT a line of its output, in order),
+#    on LIBDIR's libkvpull.so (python3 with numpy; skipped and reported
+#    when either is missing).
 # Prints "N passed, N failed"; exit status 0 when nothing failed.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -69,22 +75,27 @@ else
 	fi
 fi
 
-# README quotes.
+# README and docs quotes.
 nq=0
-awk -v dir="$out" '
-	/^<!-- quote: examples\/[^ ]* -->$/ { file = $3; next }
-	file != "" && /^```c$/ { n++; f = dir "/quote." n; print file > (dir "/quote." n ".src"); inq = 1; next }
-	inq && /^```$/ { inq = 0; file = ""; close(f); next }
-	inq { print > f; next }
-	file != "" && !/^$/ { file = "" }
-' README.md
+nr=0
+for md in README.md docs/*.md; do
+	[ -f "$md" ] || continue
+	awk -v dir="$out" -v n="$(ls "$out" | grep -c '^quote\..*\.src$')" '
+		/^<!-- quote: examples\/[^ ]* -->$/ { file = $3; next }
+		file != "" && /^```c$/ { n++; f = dir "/quote." n; print file > (dir "/quote." n ".src"); inq = 1; next }
+		inq && /^```$/ { inq = 0; file = ""; close(f); next }
+		inq { print > f; next }
+		file != "" && !/^$/ { file = "" }
+	' "$md"
+	[ "$md" = README.md ] && nr=$(ls "$out" | grep -c '^quote\..*\.src$')
+done
 for q in "$out"/quote.*.src; do
 	[ -e "$q" ] || break
 	nq=$((nq + 1))
 	src=$(cat "$q")
 	block=${q%.src}
 	if [ ! -f "$src" ]; then
-		ko "README quotes $src, which does not exist"
+		ko "a quote names $src, which does not exist"
 		continue
 	fi
 	# The block's lines must appear contiguously, in order, in the file.
@@ -101,10 +112,49 @@ for q in "$out"/quote.*.src; do
 		}' "$block" "$src"; then
 		ok
 	else
-		ko "README quote $(basename "$block") ($(head -n 1 "$block")...) is not in $src"
+		ko "quote $(basename "$block") ($(head -n 1 "$block")...) is not in $src"
 	fi
 done
-[ $nq -gt 0 ] || ko "README.md quotes no example (<!-- quote: examples/FILE -->)"
+[ "$nr" -gt 0 ] || ko "README.md quotes no example (<!-- quote: examples/FILE -->)"
+
+# Python blocks that run.
+so=$(cd "$lib" 2>/dev/null && pwd)/libkvpull.so
+pyb=${PYTHON:-/usr/bin/python3}
+if ! "$pyb" -c 'import numpy' 2>/dev/null; then
+	echo "skip: $pyb with numpy not installed: README's Python blocks not run"
+elif [ ! -f "$so" ]; then
+	echo "skip: $so not built (make $lib/libkvpull.so): README's Python blocks not run"
+else
+	for md in README.md docs/*.md; do
+		[ -f "$md" ] || continue
+		rm -f "$out"/py.*
+		awk -v dir="$out" '
+			/^<!-- run: python -->$/ { want = 1; next }
+			want && /^```python$/ { n++; f = dir "/py." n; inq = 1; want = 0; next }
+			inq && /^```$/ { inq = 0; close(f); next }
+			inq { print > f; next }
+			want && !/^$/ { want = 0 }
+		' "$md"
+		for py in "$out"/py.*; do
+			[ -e "$py" ] || break
+			name="$md: python block ${py##*.}"
+			if ! KVPULL_LIB=$so PYTHONPATH=python "$pyb" "$py" >"$py.out" 2>&1; then
+				sed 's/^/  /' "$py.out" | tail -n 5
+				ko "$name exited non-zero"
+				continue
+			fi
+			sed -n 's/.*# -> //p' "$py" >"$py.want"
+			if awk 'NR == FNR { w[++nw] = $0; next }
+				i < nw && $0 == w[i + 1] { i++ }
+				END { exit i < nw }' "$py.want" "$py.out"; then
+				ok
+			else
+				sed 's/^/  printed: /' "$py.out" | head -n 5
+				ko "$name does not print what its \"# ->\" comments say"
+			fi
+		done
+	done
+fi
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
