@@ -18,7 +18,7 @@
 # Python binding's transport tests (pytest) in another VM boot
 # (tests/python_rdma/run-vm.sh: Debian's python3, numpy and pytest, which
 # install-deps.sh installs, carried into the initramfs). Last, the
-# test counts README.md states are checked against this run's logs
+# test counts tests/README.md states are checked against this run's logs
 # (tests/check_doc_counts.sh).
 #
 # Each configuration builds in its own directory (see the Makefile), so the
@@ -239,8 +239,8 @@ if [[ ${KVP_SKIP_RDMA:-0} != 1 ]] && grep -q '^check-rdma:' Makefile; then
 		sh tests/python_rdma/run-vm.sh
 fi
 
-# what the README says the stages above count, against what they counted
-stage "docs: README's test counts" sh tests/check_doc_counts.sh "$logs"
+# what tests/README.md says the stages above count, against what they counted
+stage "docs: tests/README.md's test counts" sh tests/check_doc_counts.sh "$logs"
 
 if [[ ${#failed_stages[@]} -gt 0 ]]; then
 	printf 'failed stages: %s\n' "${failed_stages[*]}"

@@ -12,6 +12,7 @@
 # 3. Every .Nm of a section 3 page is declared in the header (no stale
 #    names), every tool (tools/*.c) has a section 1 page, kvpull.7 exists,
 #    and every .Xr to a kvp_ or kvpull page resolves.
+# 4. kvpull.7's SEE ALSO names every page of sections 1 and 3.
 # Prints "N passed, N failed"; exit status 0 when nothing failed.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -71,6 +72,20 @@ refs=$(cat $pages | sed -n 's/^\.Xr \(kvp[A-Za-z0-9_.-]*\) \([0-9]\).*/\1(\2)/p'
 for r in $refs; do
 	if printf '%s\n' "$all" | grep -qxF "$r"; then ok; else ko "reference to a missing page: $r"; fi
 done
+
+# 4. kvpull(7)'s SEE ALSO
+if [ -f "$man/man7/kvpull.7" ]; then
+	seealso=$(sed -n '/^\.Sh SEE ALSO/,/^\.Sh /s/^\.Xr \([A-Za-z0-9_.-]*\) \([0-9]\).*/\1(\2)/p' \
+		"$man/man7/kvpull.7")
+	for p in "$man"/man1/*.1 "$man"/man3/*.3; do
+		[ -e "$p" ] || continue
+		b=$(basename "$p")
+		r="${b%.*}(${b##*.})"
+		if printf '%s\n' "$seealso" | grep -qxF "$r"; then ok; else
+			ko "kvpull.7: SEE ALSO does not name $r"
+		fi
+	done
+fi
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
