@@ -19,7 +19,7 @@ BINDIR ?= $(PREFIX)/bin
 PKGDIR ?= $(LIBDIR)/pkgconfig
 DATADIR ?= $(PREFIX)/share/kvpull
 
-VERSION := 0.1.0
+VERSION := 0.2.0
 SOMAJOR := 0
 
 CC ?= cc
@@ -125,6 +125,7 @@ $(BUILD)/kvpull.pc: $(BUILD)/pc.vars Makefile
 # Unit tests of the pure parts of verbs/ compile them in (test_hmac.c, test_credit.c,
 # test_lease.c, test_limits.c).
 VERBS_PURE := verbs/hmac.c verbs/hmac.h verbs/limits.c verbs/limits.h \
+	verbs/hello.c verbs/hello.h \
 	verbs/credit.c verbs/credit.h verbs/lease.c verbs/lease.h
 $(BUILD)/tests/test_%: tests/test_%.c $(VERBS_PURE) $(BUILD)/config $(TESTLIB_OBJ) $(BUILD)/libkvpull_plan.a
 	@mkdir -p $(dir $@)
@@ -194,7 +195,7 @@ $(BUILD)/tools/libkvpull_pullbench.so: python/bench_pull.c include/kvpull.h $(BU
 FLOORS_DIRS ?= plan tools/plan verbs
 FLOORS_CONSUMER := connect,engine,plans,req,post,pull
 FLOORS_PRODUCER := admit,listen,inbox,serve
-FLOORS_BASE := conn,srq,reg,event,wrap,limits,hmac,lease,why
+FLOORS_BASE := conn,srq,reg,event,wrap,limits,hmac,lease,why,hello
 FLOORS_RULES := --never 'verbs:$(FLOORS_CONSUMER)>$(FLOORS_PRODUCER)' \
 	--never 'verbs:$(FLOORS_PRODUCER)>$(FLOORS_CONSUMER)' \
 	--never 'verbs:$(FLOORS_BASE)>$(FLOORS_CONSUMER),$(FLOORS_PRODUCER),agent'

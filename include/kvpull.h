@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define KVP_VERSION_MAJOR 0
-#define KVP_VERSION_MINOR 1
+#define KVP_VERSION_MINOR 2
 #define KVP_VERSION_PATCH 0
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -112,6 +112,10 @@ enum kvp_reason {
 				   * read (never expected, released,
 				   * expired, or another request's lease):
 				   * nothing vouches for them */
+	KVP_REASON_VERSION,	  /* ENGINE_DOWN (-EPROTONOSUPPORT): the
+				   * peer speaks another handshake version;
+				   * the reason's line names both versions
+				   * (kvpull 0.2.0 and later) */
 	KVP_REASON_COUNT
 };
 

@@ -42,6 +42,7 @@ static const char *const reasons[KVP_REASON_COUNT] = {
 	[KVP_REASON_OTHER_ENGINE] = "notified by another consumer engine only",
 	[KVP_REASON_EVICTED] = "closed to make room within max_qps",
 	[KVP_REASON_LEASE] = "the producer did not hold the request when read",
+	[KVP_REASON_VERSION] = "peer speaks another handshake version",
 };
 
 const char *kvp_reason_str(uint32_t r)
@@ -65,6 +66,8 @@ const char *kvp_strerror(int err)
 		return "message too long or truncated";
 	case -EPROTO:
 		return "malformed or incompatible peer data";
+	case -EPROTONOSUPPORT:
+		return "peer speaks another handshake version";
 	case -ERANGE:
 		return "block id out of range";
 	case -ENOSPC:

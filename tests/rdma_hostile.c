@@ -514,7 +514,7 @@ out:
 
 /* What verbs/internal.h defines; this test pins the wire format. */
 #define W_HELLO_MAGIC 0x4b565048u
-#define W_HELLO_VERSION 5
+#define W_HELLO_VERSION 6
 #define W_HELLO_LEN 48
 #define W_TAG_LEN 8 /* with a secret: HMAC("kvpull hello " || hello) */
 #define W_GO_LEN 48
@@ -537,6 +537,10 @@ static int64_t raw_clock_skew;
 /* The reason of the last refusal a raw client read (enum kvp_reason). */
 static uint32_t raw_reason;
 static uint32_t raw_retry_ms; /* a full producer's hint in its reject */
+/* The refuser's handshake and library versions in its reject (0: none). */
+static uint32_t raw_refuse_version, raw_refuse_lib;
+/* The handshake version a raw client's hello claims (0: W_HELLO_VERSION). */
+static uint8_t raw_hello_version;
 #define W_NOTE_MAGIC 0x4b56504eu
 
 struct raw {
@@ -654,7 +658,7 @@ static int raw_connect_as(struct raw *r, const char *src, const char *dst,
 	if (rdma_create_qp(r->id, r->pd, &qa))
 		return -ENOMEM;
 	kvp__put32(r->hello_c, W_HELLO_MAGIC);
-	r->hello_c[4] = W_HELLO_VERSION;
+	r->hello_c[4] = raw_hello_version ? raw_hello_version : W_HELLO_VERSION;
 	r->hello_c[6] = KVP_ROLE_CONSUMER;
 	kvp__put32(r->hello_c + 8, tp);
 	kvp__put32(r->hello_c + 12, rank);
@@ -693,6 +697,10 @@ static int raw_connect_as(struct raw *r, const char *src, const char *dst,
 			raw_reason = kvp__get32(pd + 8);
 			raw_retry_ms = plen >= W_REFUSE_LEN + 4 ?
 					       kvp__get32(pd + 12) : 0;
+			raw_refuse_version = plen >= W_REFUSE_LEN + 12 ?
+						     kvp__get32(pd + 16) : 0;
+			raw_refuse_lib = plen >= W_REFUSE_LEN + 12 ?
+						 kvp__get32(pd + 20) : 0;
 			return (int32_t)kvp__get32(pd + 4);
 		}
 		return -ECONNREFUSED;
@@ -2675,6 +2683,142 @@ out:
 	return ok ? 0 : 1;
 }
 
+/* Agents of another handshake version. A hello of version 5 (kvpull 0.1)
+ * or 7 is refused before anything is set up, -EPROTONOSUPPORT with
+ * KVP_REASON_VERSION and the producer's versions; a consumer refused so
+ * by a producer of version 7 (a raw listener here) fails its connect with
+ * the same code and a line naming both versions. */
+static int raw_versions(const struct rt_env *env, void *arg)
+{
+	static const uint8_t v[] = { 5, 7, 255 };
+	const uint16_t *port = arg;
+	const char *who = "versions";
+	struct raw r;
+	uint32_t i;
+	int err;
+
+	for (i = 0; i < sizeof(v); i++) {
+		raw_hello_version = v[i];
+		raw_reason = raw_refuse_version = raw_refuse_lib = 0;
+		err = raw_connect(&r, env->addr0, env->addr0, *port, H_EVIL,
+				  4096, 0, 64);
+		raw_close(&r);
+		CHECK(err == -EPROTONOSUPPORT && raw_reason == KVP_REASON_VERSION,
+		      "hello version %u: %s, reason %u; want -EPROTONOSUPPORT, "
+		      "KVP_REASON_VERSION", v[i], kvp_strerror(err), raw_reason);
+		CHECK(raw_refuse_version == W_HELLO_VERSION &&
+			      raw_refuse_lib == kvp_version(),
+		      "hello version %u: the refusal names version %u, "
+		      "library %#x; want %u, %#x", v[i], raw_refuse_version,
+		      raw_refuse_lib, W_HELLO_VERSION, kvp_version());
+	}
+	return 0;
+}
+
+/* A producer of handshake version 7, kvpull 0.9: rejects the first
+ * connect request with its refusal. */
+static int raw_newer_producer(const struct rt_env *env, void *arg)
+{
+	const uint16_t *port = arg;
+	const char *who = "newer producer";
+	struct sockaddr_in s = { .sin_family = AF_INET };
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *id = NULL;
+	struct rdma_cm_event *e;
+	uint8_t r[24];
+	int got = 0;
+
+	inet_pton(AF_INET, env->addr0, &s.sin_addr);
+	s.sin_port = htons(*port);
+	CHECK(ch && !rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) &&
+		      !rdma_bind_addr(id, (struct sockaddr *)&s) &&
+		      !rdma_listen(id, 4),
+	      "listen on port %u", *port);
+	kvp__put32(r, W_REFUSE_MAGIC);
+	kvp__put32(r + 4, (uint32_t)-EPROTONOSUPPORT);
+	kvp__put32(r + 8, KVP_REASON_VERSION);
+	kvp__put32(r + 12, 0);
+	kvp__put32(r + 16, 7);
+	kvp__put32(r + 20, 0x000900);
+	while (!got && !rdma_get_cm_event(ch, &e)) {
+		if (e->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
+			CHECK(!rdma_reject(e->id, r, sizeof(r)), "reject");
+			rdma_destroy_id(e->id);
+			got = 1;
+		}
+		rdma_ack_cm_event(e);
+	}
+	/* the consumer's answer to the reject takes no event here */
+	sleep(1);
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(ch);
+	return !got;
+}
+
+/* A consumer against raw_newer_producer(): its connect fails with
+ * -EPROTONOSUPPORT and a line naming both versions. */
+static int newer_consumer(const struct rt_env *env, void *arg)
+{
+	const char *who = "consumer of a newer producer";
+	const char *want =
+		"producer rank 0 speaks handshake version 7 (kvpull 0.9), "
+		"we 6 (kvpull 0.2)";
+	const uint16_t *port = arg;
+	struct kvp_peer peer = { .addr = env->addr0, .port = *port };
+	kvp_layout *l = rt_layout_engine(&eng, 0, 0, H_CONS + 9);
+	struct kvp_agent_attr at;
+	struct kvt_mem mem = { 0 };
+	char why[KVP_WHY_LEN];
+	kvp_agent *a = NULL;
+	uint32_t reason;
+	int err;
+
+	CHECK(l && !kvt_mem_alloc(l, &mem), "layout");
+	memset(&at, 0, sizeof(at));
+	at.role = KVP_ROLE_CONSUMER;
+	at.layout = l;
+	at.addr = env->addr0;
+	CHECK(!kvp_agent_open(&at, &a) && !rt_register_all(a, &mem), "open");
+	/* The listener may not be up yet: refused by nobody, try again. */
+	do {
+		err = kvp_agent_connect(a, &peer, 1, 5000);
+	} while (err == -ECONNREFUSED && usleep(50000) == 0);
+	reason = kvp_agent_last_error(a, why, sizeof(why));
+	printf("    consumer refused: %s (%s)\n", kvp_strerror(err), why);
+	kvp_agent_close(a);
+	kvt_mem_free(&mem);
+	kvp_layout_destroy(l);
+	CHECK(err == -EPROTONOSUPPORT && reason == KVP_REASON_VERSION &&
+		      !strcmp(why, want),
+	      "connect: %s, reason %u \"%s\"; want -EPROTONOSUPPORT, "
+	      "KVP_REASON_VERSION \"%s\"", kvp_strerror(err), reason, why,
+	      want);
+	return 0;
+}
+
+static int case_version(const struct rt_env *env, struct ctx *x)
+{
+	const char *who = "version";
+	uint16_t port = (uint16_t)(x->p1.port + 97);
+	pid_t pid;
+	int rc, st = -1;
+
+	if (run_child(raw_versions, env, &x->p1.port, 60))
+		return 1;
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		alarm(30);
+		RT_EXIT(raw_newer_producer(env, &port));
+	}
+	CHECK(pid > 0, "fork");
+	rc = run_child(newer_consumer, env, &port, 40);
+	waitpid(pid, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	      "the newer producer's listener failed");
+	return rc || serve_good(env, x, &x->p1, env->addr0, NULL, 1);
+}
+
 struct h_case {
 	const char *name;
 	int (*fn)(const struct rt_env *env, struct ctx *x);
@@ -2732,6 +2876,8 @@ static const struct h_case cases[] = {
 	  case_twice, on_p1 },
 	{ "a consumer host gone silent: probed, dropped", case_silent,
 	  on_p1 },
+	{ "another handshake version: refused, both versions named",
+	  case_version, on_p1 },
 };
 
 int main(int argc, char **argv)

@@ -406,7 +406,7 @@ fi
 
 # --version, --list
 run version 0 --version
-if [ "$(cat "$tmp/version.out")" = "kvpull-plan 0.1.0" ]; then ok; else
+if [ "$(cat "$tmp/version.out")" = "kvpull-plan 0.2.0" ]; then ok; else
 	bad "version: '$(cat "$tmp/version.out")'"
 fi
 run list 0 --list

@@ -18,13 +18,13 @@
 void kvp__reject_req(kvp_agent *a, struct rdma_cm_id *id, int err,
 		   uint32_t reason, uint32_t retry_ms)
 {
-	uint8_t r[KVP_REFUSE_HINT_LEN];
+	const struct kvp_refusal rf = { .err = err, .reason = reason,
+					.retry_ms = retry_ms,
+					.version = KVP_HELLO_VERSION,
+					.lib = kvp_version() };
+	uint8_t r[KVP_REFUSE_VER_LEN];
 
-	kvp__put32(r, KVP_REFUSE_MAGIC);
-	kvp__put32(r + 4, (uint32_t)err);
-	kvp__put32(r + 8, reason);
-	kvp__put32(r + 12, retry_ms);
-	(void)kvp__reject(id, r, sizeof(r));
+	(void)kvp__reject(id, r, kvp__refusal_put(r, &rf));
 	kvp__destroy_id(id);
 	a->st.refused++;
 }

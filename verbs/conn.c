@@ -53,6 +53,7 @@ void kvp__hello_fill(const kvp_agent *a, uint32_t side, struct kvp_hello *h)
 	h->blob_len = (uint32_t)a->blob_len;
 	h->engine_id = a->li.engine_id;
 	h->flags = a->secret ? KVP_HELLO_AUTH : 0;
+	h->lib = kvp_version();
 	if (side == KVP_ROLE_CONSUMER)
 		h->flags |= a->qps << KVP_HELLO_QPS_SHIFT;
 }
@@ -456,6 +457,7 @@ int kvp__refusal_errno(int32_t err)
 {
 	switch (err) {
 	case -EPROTO:
+	case -EPROTONOSUPPORT:
 	case -EPERM:
 	case -EUSERS:
 	case -EBUSY:

@@ -24,7 +24,11 @@ static int consumer_established(kvp_agent *a, struct kvp_conn *c,
 
 	struct kvp_why *w = &a->engs[c->eng].why;
 
-	if (plen < KVP_HELLO_ACCEPT_LEN || kvp__hello_get(pdata, plen, &h) ||
+	err = kvp__hello_get(pdata, plen, &h);
+	if (err == -EPROTONOSUPPORT)
+		return kvp__why_version(w, "producer", c->rank, h.version,
+					h.lib);
+	if (plen < KVP_HELLO_ACCEPT_LEN || err ||
 	    h.role != KVP_ROLE_PRODUCER || h.blob_len < KVP_META_MIN_LEN ||
 	    h.blob_len > KVP_META_MAX)
 		return kvp__why(w, -EPROTO, KVP_REASON_MALFORMED,
@@ -115,17 +119,22 @@ static int refusal(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,
 		   uint32_t len)
 {
 	struct kvp_why *w = &a->engs[c->eng].why;
+	struct kvp_refusal rf;
 	uint32_t r, hint;
 	int err;
 
-	if ((len != KVP_REFUSE_LEN && len != KVP_REFUSE_HINT_LEN) ||
-	    kvp__get32(m) != KVP_REFUSE_MAGIC)
+	if (kvp__refusal_get(m, len, &rf))
 		return 0;
-	err = kvp__refusal_errno((int32_t)kvp__get32(m + 4));
-	r = kvp__get32(m + 8);
-	if (r >= KVP_REASON_COUNT)
-		r = KVP_REASON_NONE;
-	hint = len == KVP_REFUSE_HINT_LEN ? kvp__get32(m + 12) : 0;
+	err = kvp__refusal_errno(rf.err);
+	r = rf.reason;
+	hint = rf.retry_ms;
+	if (r == KVP_REASON_VERSION) {
+		/* The refuser's versions (0 when its reject was padded). */
+		if (!w->reason)
+			kvp__why_version(w, "producer", c->rank, rf.version,
+					 rf.lib);
+		return -EPROTONOSUPPORT;
+	}
 	if (r == KVP_REASON_PEER_FULL && (err == -EBUSY || err == -EUSERS) &&
 	    hint)
 		c->retry_ms = hint < KVP_RETRY_MIN_MS ? KVP_RETRY_MIN_MS :
@@ -261,8 +270,8 @@ void kvp__consumer_event(kvp_agent *a, struct kvp_conn *c,
 		/* The producer's reason, if it gave one. The transport pads
 		 * private data (IB CM: to 148 bytes in a reject). */
 		err = refusal(a, c, pdata,
-			      plen < KVP_REFUSE_HINT_LEN ? plen :
-							   KVP_REFUSE_HINT_LEN);
+			      plen < KVP_REFUSE_VER_LEN ? plen :
+							  KVP_REFUSE_VER_LEN);
 		if (!err)
 			err = -ECONNREFUSED;
 		break;

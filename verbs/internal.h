@@ -205,50 +205,7 @@ static inline uint64_t kvp__wrid(uint32_t kind, uint32_t gen, uint32_t conn,
 
 /* ---- wire formats (little endian, byte by byte) ------------------------ */
 
-/* rdma_cm private data of connect (KVP_HELLO_LEN) and accept
- * (KVP_HELLO_ACCEPT_LEN: the hello, then the producer's proof). Both fit
- * the smallest private data rdma_cm carries on IB/RoCE: 56 bytes in a
- * connect request, 196 in an accept. */
-#define KVP_HELLO_MAGIC 0x4b565048u /* "HPVK" read as LE: 'K','V','P','H' */
-#define KVP_HELLO_VERSION 5
-#define KVP_HELLO_LEN 48
-/* With a secret, a consumer's connect request carries its hello and then
- * a proof of the secret over it: the first KVP_HELLO_TAG_LEN bytes of
- * HMAC-SHA-256(secret, "kvpull hello " || hello), 56 bytes in all. The
- * hello's nonce starts with the sender's clock (u64 seconds since the
- * epoch) and 8 random bytes; a producer refuses a request without a
- * valid proof, or one whose clock is more than KVP_HELLO_SKEW_S from its
- * own, before it creates a queue pair: a stranger without the secret
- * never reaches the shared receive queue, and a connect request captured
- * on the wire replays for that long at most (its AUTH, which covers the
- * producer's fresh nonce, cannot be replayed). */
-#define KVP_HELLO_TAG_LEN 8
-#define KVP_HELLO_REQ_LEN (KVP_HELLO_LEN + KVP_HELLO_TAG_LEN)
-#define KVP_HELLO_SKEW_S 120
-#define KVP_HELLO_ACCEPT_LEN (KVP_HELLO_LEN + KVP_MAC_LEN)
-#define KVP_HELLO_AUTH 1u /* flags: the sender holds a shared secret */
-/* flags bits 8-11: a consumer rank's queue pairs to each producer rank
- * (qps_per_peer; 0: not said), so that a producer admits them together */
-#define KVP_HELLO_QPS_SHIFT 8
-#define KVP_HELLO_QPS_MASK (0xfu << KVP_HELLO_QPS_SHIFT)
-/* flags bits 12-15: which of them this connection is (0: the first, the
- * one that carries notifications, FOLLOW and TABLE; the others carry only
- * READs and a BYE), so that a producer posts notification buffers where
- * they are used */
-#define KVP_HELLO_QI_SHIFT 12
-#define KVP_HELLO_QI_MASK (0xfu << KVP_HELLO_QI_SHIFT)
-#define KVP_NONCE_LEN 16
-#define KVP_MAC_LEN 32
-struct kvp_hello {
-	uint16_t version, role;
-	uint32_t tp_size, tp_rank;
-	uint32_t blob_len;
-	uint32_t flags;
-	uint64_t engine_id;
-	uint8_t nonce[KVP_NONCE_LEN];
-};
-KVP_HIDDEN void kvp__hello_put(uint8_t *p, const struct kvp_hello *h);
-KVP_HIDDEN int kvp__hello_get(const void *p, size_t len, struct kvp_hello *h);
+#include "hello.h"
 struct kvp_emit_pos;
 
 /* Handshake control messages, SENT on the connection before any blob:
@@ -383,13 +340,6 @@ static inline uint64_t kvp__prog_check(const uint64_t key[2], uint64_t tag,
 	return kvp__siphash(key, w, 5);
 }
 
-#define KVP_REFUSE_MAGIC 0x4b565052u
-#define KVP_REFUSE_LEN 12
-/* A refusal in a connect reject may add u32 retry_after_ms: the producer
- * was full (KVP_REASON_PEER_FULL), and the consumer may come back then.
- * Consumers that read only the first KVP_REFUSE_LEN bytes are unaffected
- * (the transport pads a reject's private data anyway). */
-#define KVP_REFUSE_HINT_LEN 16
 /* The hints: handshakes under way finish in milliseconds; a slot held by
  * a connected rank frees only when it goes. */
 /* A connect request waiting for a handshake slot (listen.c). Its private
@@ -435,11 +385,10 @@ KVP_HIDDEN uint64_t kvp__wall_s(void);
  * (lease.h): counted in the producer's stats.unheld. */
 #define KVP_NOTE_UNHELD 1u
 #define KVP_NOTE_LEN 32
-/* Largest metadata blob accepted from a peer. A producer also caps a
- * consumer's blob at KVP_PEER_BLOB_SLACK times its own blob, at least
- * KVP_PEER_BLOB_FLOOR bytes: both engines run one model, so their blobs
- * differ by the memory layout only. */
-#define KVP_META_MAX (16u << 20)
+/* A producer also caps a consumer's blob (at most KVP_META_MAX, hello.h)
+ * at KVP_PEER_BLOB_SLACK times its own blob, at least KVP_PEER_BLOB_FLOOR
+ * bytes: both engines run one model, so their blobs differ by the memory
+ * layout only. */
 #define KVP_PEER_BLOB_SLACK 8u
 #define KVP_PEER_BLOB_FLOOR (64u << 10)
 /* A request's rank bitmap: one bit per consumer rank a peer may declare. */
@@ -567,6 +516,10 @@ KVP_HIDDEN void kvp__why_errno(struct kvp_why *w, int err);
  * implies in a call (-EINVAL: arguments, -ENOENT: no such engine...).
  * Returns err. */
 KVP_HIDDEN int kvp__call_err(struct kvp_why *w, int err);
+/* The reason line for a peer of another handshake version: -EPROTONOSUPPORT,
+ * KVP_REASON_VERSION, both versions named (lib 0: an agent before 0.2). */
+KVP_HIDDEN int kvp__why_version(struct kvp_why *w, const char *who,
+				uint32_t rank, uint32_t version, uint32_t lib);
 static inline void kvp__why_clear(struct kvp_why *w)
 {
 	w->reason = w->peer_reason = 0;

@@ -115,8 +115,14 @@ static int accept_one(kvp_agent *a, struct rdma_cm_id *id,
 	uint32_t retry_ms, nq, qi;
 	int err, full;
 
-	/* Everything in the hello is checked before anything is set up. */
-	if (kvp__hello_get(pdata, plen, &h) || h.role != KVP_ROLE_CONSUMER ||
+	/* Everything in the hello is checked before anything is set up;
+	 * another version's hello only for its version. */
+	err = kvp__hello_get(pdata, plen, &h);
+	if (err == -EPROTONOSUPPORT) {
+		kvp__reject_req(a, id, err, KVP_REASON_VERSION, 0);
+		return 0;
+	}
+	if (err || h.role != KVP_ROLE_CONSUMER ||
 	    id->verbs != a->ctx || h.tp_size > KVP_MAX_TP_SIZE ||
 	    h.blob_len < KVP_META_MIN_LEN || h.blob_len > a->peer_blob_cap ||
 	    kvp__peer_addr(id, src)) {

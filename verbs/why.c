@@ -73,6 +73,28 @@ void kvp__why_errno(struct kvp_why *w, int err)
 	kvp__why(w, err, r, "%s: %s", kvp_reason_str(r), kvp_strerror(err));
 }
 
+/* "kvpull 0.2" from a kvp_version() value, "kvpull before 0.2" for 0 (an
+ * agent whose handshake carries no library version). */
+static void lib_str(char *b, size_t n, uint32_t lib)
+{
+	if (lib)
+		snprintf(b, n, "kvpull %u.%u", lib >> 16, (lib >> 8) & 0xff);
+	else
+		snprintf(b, n, "kvpull before 0.2");
+}
+
+int kvp__why_version(struct kvp_why *w, const char *who, uint32_t rank,
+		     uint32_t version, uint32_t lib)
+{
+	char theirs[24], ours[24];
+
+	lib_str(theirs, sizeof(theirs), lib);
+	lib_str(ours, sizeof(ours), kvp_version());
+	return kvp__why(w, -EPROTONOSUPPORT, KVP_REASON_VERSION,
+			"%s rank %u speaks handshake version %u (%s), we %u (%s)",
+			who, rank, version, theirs, KVP_HELLO_VERSION, ours);
+}
+
 int kvp__call_err(struct kvp_why *w, int err)
 {
 	uint32_t r;

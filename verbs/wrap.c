@@ -485,44 +485,6 @@ int kvp__set_nonblock(int fd)
 	return 0;
 }
 
-void kvp__hello_put(uint8_t *p, const struct kvp_hello *h)
-{
-	memset(p, 0, KVP_HELLO_LEN);
-	kvp__put32(p, KVP_HELLO_MAGIC);
-	p[4] = (uint8_t)h->version;
-	p[5] = (uint8_t)(h->version >> 8);
-	p[6] = (uint8_t)h->role;
-	p[7] = (uint8_t)(h->role >> 8);
-	kvp__put32(p + 8, h->tp_size);
-	kvp__put32(p + 12, h->tp_rank);
-	kvp__put32(p + 16, h->blob_len);
-	kvp__put32(p + 20, h->flags);
-	kvp__put64(p + 24, h->engine_id);
-	memcpy(p + 32, h->nonce, KVP_NONCE_LEN);
-}
-
-int kvp__hello_get(const void *buf, size_t len, struct kvp_hello *h)
-{
-	const uint8_t *p = buf;
-
-	if (!p || len < KVP_HELLO_LEN || kvp__get32(p) != KVP_HELLO_MAGIC)
-		return -EPROTO;
-	h->version = (uint16_t)(p[4] | p[5] << 8);
-	h->role = (uint16_t)(p[6] | p[7] << 8);
-	h->tp_size = kvp__get32(p + 8);
-	h->tp_rank = kvp__get32(p + 12);
-	h->blob_len = kvp__get32(p + 16);
-	h->flags = kvp__get32(p + 20);
-	h->engine_id = kvp__get64(p + 24);
-	memcpy(h->nonce, p + 32, KVP_NONCE_LEN);
-	if (h->version != KVP_HELLO_VERSION || h->role >= KVP_ROLE_COUNT ||
-	    !h->tp_size || h->tp_rank >= h->tp_size || !h->blob_len ||
-	    h->blob_len > KVP_META_MAX || (h->flags & ~(KVP_HELLO_AUTH | KVP_HELLO_QPS_MASK |
-			 KVP_HELLO_QI_MASK)))
-		return -EPROTO;
-	return 0;
-}
-
 /* ---- what a completion's or an rdma_cm event's failure means --------- */
 
 int kvp__wc_errno(enum ibv_wc_status st)

@@ -57,7 +57,7 @@ from .agent import (ATTR_DEFAULTS, WAKE_NONE, Agent, Event, agent_attr,
                     pack_ids)
 
 #: This package's version (the library it wraps: :func:`version`).
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def version():

@@ -151,3 +151,22 @@ _PROTOS = [
 for _entry in _PROTOS:
     _proto(*_entry)
 del _entry
+
+#: The library release (major, minor) whose structs _structs.py mirrors.
+#: Before 1.0 a minor release may change them (docs/versions.md): a
+#: library of another one is refused here rather than misread.
+ABI = (0, 2)
+
+
+def check_abi(version):
+    """Raise ImportError unless ``version`` (``kvp_version()``'s value)
+    is of the release :data:`ABI` names."""
+    got = (version >> 16, (version >> 8) & 0xff)
+    if got != ABI:
+        raise ImportError(
+            "%s is kvpull %d.%d.%d; this binding mirrors kvpull %d.%d's "
+            "structs: load a library of that release (KVPULL_LIB)"
+            % (lib_path, got[0], got[1], version & 0xff, ABI[0], ABI[1]))
+
+
+check_abi(lib.kvp_version())

@@ -141,6 +141,7 @@ class Reason(_Named):
     OTHER_ENGINE = 29
     EVICTED = 30
     LEASE = 31
+    VERSION = 32
 
     def describe(self):
         """The library's description of this reason (``kvp_reason_str``)."""
@@ -180,7 +181,7 @@ class EngineState(_Named):
 #: ``enum kvp_*_COUNT`` values, by enum class (checked against the header;
 #: ``enum kvp_event_type`` and ``enum kvp_engine_state`` have none).
 COUNTS = {Axis: 6, FieldKind: 10, GroupKind: 4, KvLayout: 4, StateKind: 3,
-          ConvLayout: 2, Reason: 32, Role: 3}
+          ConvLayout: 2, Reason: 33, Role: 3}
 
 #: ``kvp_plan_attr.comp_mask`` bits.
 PLAN_ATTR_MAX_LEN = 1 << 0
@@ -218,7 +219,7 @@ SRQ_OFF = 1
 #: ``KVP_AGENT_FDS``: the file descriptors an agent has to sleep on.
 AGENT_FDS = 3
 #: The header's version (KVP_VERSION_MAJOR, _MINOR, _PATCH).
-VERSION = (0, 1, 0)
+VERSION = (0, 2, 0)
 
 
 def mr_window(shift):

@@ -62,7 +62,7 @@ def test_library_lookup_order(tmp_path):
     status, path, err = _lib_path(env)
     assert status == 0, err
     assert path == os.path.join(REPO, "build", "libkvpull.so.0")
-    real = os.path.join(REPO, "build", "libkvpull.so.0.1.0")
+    real = os.path.join(REPO, "build", "libkvpull.so.0.2.0")
     status, path, err = _lib_path(dict(env, KVPULL_LIB=real))
     assert (status, path) == (0, real), err
     status, _, err = _lib_path(dict(env, KVPULL_LIB=str(tmp_path / "no.so")))
@@ -70,7 +70,7 @@ def test_library_lookup_order(tmp_path):
 
 
 def test_version():
-    assert kvpull.version() == (0, 1, 0)
+    assert kvpull.version() == (0, 2, 0)
     assert kvpull.__version__ == "%d.%d.%d" % kvpull.version()
     out = subprocess.run([os.path.join(REPO, "build", "tools",
                                        "kvpull-plan"), "--version"],
@@ -83,3 +83,17 @@ def test_version():
 def test_exported(name):
     assert name in kvpull.__all__ and hasattr(kvpull, name)
     assert issubclass(kvpull.Error, OSError)
+
+
+def test_library_of_another_release_refused():
+    from kvpull import _lib
+    _lib.check_abi(0x000200)
+    _lib.check_abi(0x000207)  # a patch release: same structs
+    for other, name in ((0x000100, "0.1.0"), (0x000300, "0.3.0"),
+                        (0x010200, "1.2.0")):
+        with pytest.raises(ImportError) as e:
+            _lib.check_abi(other)
+        assert str(e.value) == (
+            "%s is kvpull %s; this binding mirrors kvpull 0.2's structs: "
+            "load a library of that release (KVPULL_LIB)"
+            % (_lib.lib_path, name))
