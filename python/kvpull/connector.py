@@ -112,12 +112,15 @@ class ConnectorConfig:
 
 class Request:
     """The attributes of vLLM's ``Request`` the connector reads:
-    ``request_id``, ``prompt_token_ids``, ``kv_transfer_params``."""
+    ``request_id``, ``prompt_token_ids``, ``kv_transfer_params``,
+    ``num_computed_tokens`` (the prefix-cache hit at allocation)."""
 
-    def __init__(self, request_id, prompt_token_ids, kv_transfer_params=None):
+    def __init__(self, request_id, prompt_token_ids, kv_transfer_params=None,
+                 num_computed_tokens=0):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.kv_transfer_params = kv_transfer_params
+        self.num_computed_tokens = num_computed_tokens
 
     @property
     def num_tokens(self):
@@ -238,8 +241,8 @@ class KVPullScheduler:
                              % rid)
         s = SendReq(request_key(rid), int(consumer))
         self._send[rid] = s
-        self._live[rid] = [s, 0, len(request.prompt_token_ids),
-                           _block_ids(blocks)]
+        self._live[rid] = [s, int(getattr(request, "num_computed_tokens", 0)),
+                           len(request.prompt_token_ids), _block_ids(blocks)]
 
     def build_connector_meta(self, scheduler_output=None):
         """The step's :class:`ConnectorMetadata`, and the scheduler's
@@ -350,6 +353,9 @@ class KVPullWorker:
         self._done_recving = set()
         self._errors = set()
         self.events = []          # every event seen, for the caller
+        #: request id -> time.monotonic_ns() when its load ended (DONE,
+        #: FAILED or cancelled), for the engine's own figures
+        self.finished_ns = {}
 
     # ---- registration --------------------------------------------------
 
@@ -383,6 +389,32 @@ class KVPullWorker:
         return {"engine_id": c.engine_id, "tp_rank": c.tp_rank,
                 "tp_size": c.tp_size, "addr": c.addr, "port": c.port,
                 "meta": base64.b64encode(self.agent.meta()).decode()}
+
+    def add_remote_engine(self, engine_id, ranks, wait=None):
+        """Consumer: start the handshake with prefill engine ``engine_id``
+        whose rank ``i`` listens at ``ranks[i]`` (``(addr, port)``), as
+        ``start_load_kv`` does on its first request (NIXL:
+        ``add_remote_agent`` after its side-channel handshake); with
+        ``wait`` (seconds), poll until it is up.  Returns the agent's
+        engine handle.  :class:`TimeoutError` when ``wait`` passed,
+        :class:`~kvpull.Error` when it went down."""
+        eid = int(engine_id)
+        eng = self._engines.get(eid)
+        if eng is None:
+            eng = _Engine(self.agent.add_engine([tuple(x) for x in ranks]))
+            self._engines[eid] = eng
+        if wait is not None:
+            end = time.monotonic() + wait
+            while not eng.up:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("engine %#x not up within %.1f s"
+                                       % (eid, wait))
+                for e in self.poll(timeout=min(left, 1.0)):
+                    if e.type == EventType.ENGINE_DOWN and \
+                            e.engine == eng.handle:
+                        raise e.error
+        return eng.handle
 
     # ---- metadata -------------------------------------------------------
 
@@ -419,12 +451,8 @@ class KVPullWorker:
             self._recv[rid] = r
             self._by_key[r.key] = rid
             eid = int(r.params["remote_engine_id"])
-            eng = self._engines.get(eid)
-            if eng is None:
-                peers = [tuple(x) for x in r.params["remote_ranks"]]
-                eng = _Engine(self.agent.add_engine(peers))
-                self._engines[eid] = eng
-            eng.waiting.append(rid)
+            self.add_remote_engine(eid, r.params["remote_ranks"])
+            self._engines[eid].waiting.append(rid)
         self._start_waiting()
         self._drain(self.agent.poll(64))
 
@@ -459,6 +487,7 @@ class KVPullWorker:
             eng.waiting = left
 
     def _finish_recv(self, rid, failed):
+        self.finished_ns[rid] = time.monotonic_ns()
         r = self._recv.pop(rid, None)
         self._pulling.discard(rid)
         self._arrived.pop(rid, None)
