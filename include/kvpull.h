@@ -504,9 +504,10 @@ KVP_API KVP_MUST_CHECK int kvp_layout_build_msg(const struct kvp_model *m,
 						kvp_layout **out, char *msg,
 						size_t msglen);
 
-/* Builds a layout from a text spec (see README, "Spec files"). On failure
- * returns -EINVAL (or -ENOMEM, -ENOENT for an unknown preset) and, if `msg`
- * is not NULL, a one-line reason with the line number in msg[msglen]. The
+/* Builds a layout from a text spec (see docs/guide.md, "Spec files"). On
+ * failure returns -EINVAL (or -ENOMEM, -ENOENT for an unknown preset) and,
+ * if `msg` is not NULL, a one-line reason with the line number in
+ * msg[msglen]. The
  * limits are kvp_layout_build()'s and the builders': tp_size at most
  * KVP_MAX_TP_SIZE, layers + state_layers at most KVP_MAX_LAYERS. Time is
  * linear in len and in the layers. */
@@ -1190,7 +1191,7 @@ struct kvp_agent_attr {
 	 * More entries mean longer READs where a remote-contiguous run lands
 	 * in scattered local pieces (TP N -> M HND: one head page per block),
 	 * so fewer work requests; on soft-RoCE, 16 moved llama-3.1-70b TP
-	 * 8 -> 2 contiguous blocks 8-10% faster than 4 (README). */
+	 * 8 -> 2 contiguous blocks 8-10% faster than 4 (docs/benchmarks.md). */
 	uint32_t max_sge;
 	/* Optional shared secret, secret_len bytes (KVP_SECRET_MIN to
 	 * KVP_SECRET_MAX; use 32 random bytes), copied. When set, the
@@ -1332,8 +1333,8 @@ struct kvp_agent_attr {
 	 * RC recovers from any loss or reordering by going back N: every
 	 * READ in flight after the gap is sent again (soft-RoCE across two
 	 * devices: about 60 duplicate requests per retry at the device's
-	 * 128; README, "READs in flight"). 0: KVP_READ_WINDOW (16), at
-	 * most the device's max_qp_init_rd_atom. A value set is clamped to
+	 * 128; docs/benchmarks.md, "READs in flight"). 0: KVP_READ_WINDOW
+	 * (16), at most the device's max_qp_init_rd_atom. A value set is clamped to
 	 * sq_depth only (above max_qp_init_rd_atom the device queues READs
 	 * in its send queue: 65535 is no window); at most 65535 (more:
 	 * -EINVAL). Notifications, lease and credit READs are not held by
