@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* kvpull-plan --json: one document (schema in tools/README.md). */
+/* kvpull-plan --json: one document (docs/tools.md, "JSON schema"). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>

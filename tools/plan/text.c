@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* kvpull-plan: the summary (tools/README.md, "The summary"). */
+/* kvpull-plan: the summary (docs/tools.md, "The summary"). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
