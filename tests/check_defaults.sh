@@ -22,7 +22,8 @@
 #    unit or not, not a product "N x ..."),
 #    N is one of the row's values (the fourth column, ";" between them;
 #    "10 s" and "10000" are the same for an attribute in ms).
-# Each is one check. Prints "N passed, N failed"; exit status 0 when
+# Each row's statement in 1, each field in 2 and each file in 3 is one
+# check. Prints "N passed, N failed"; exit status 0 when
 # nothing failed.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -224,7 +225,9 @@ for p in sorted(glob.glob("man/man[37]/*.[37]")):
     texts += [(p, para, False) for para in re.split(r"\n\s*\n", out)]
 
 names_re = "|".join(re.escape(n) for n in sorted(named, key=len, reverse=True))
+bad = {}  # file -> its wrong statements (a file is one check)
 for where, para, md in texts:
+    bad.setdefault(where, [])
     if md and "<!-- defaults: begin -->" in para:
         continue
     flat = re.sub(r"\s+", " ", para)
@@ -244,12 +247,17 @@ for where, para, md in texts:
             if q[0] == 0:  # "default 0": the library's default, as 0 means
                 continue
             name = h.group(1)
-            if any(same(q, v, name) for v in vals.get(name, [])):
-                ok()
-            else:
-                ko("%s: \"%s ... default %s\": %s's table says %s"
+            if not any(same(q, v, name) for v in vals.get(name, [])):
+                bad[where].append("%s: \"%s ... default %s\": %s's table says %s"
                    % (where, name, dm.group(1), ops,
                       "; ".join(v for r in rows if r[0] == name for v in r[3]) or "no value"))
+for where in sorted(bad):
+    if not bad[where]:
+        ok()
+        continue
+    for msg in bad[where][1:]:
+        print("FAILED: " + msg)
+    ko(bad[where][0])
 
 print("%d passed, %d failed" % (passed, failed))
 sys.exit(1 if failed else 0)

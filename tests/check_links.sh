@@ -12,8 +12,9 @@
 # every character but letters, digits, spaces, "-" and "_" dropped, spaces
 # made "-", a repeated heading suffixed "-1", "-2"... Anchors into files
 # that are not markdown are not checked.
-# Each link is one check. Prints "N passed, N failed"; exit status 0 when
-# nothing failed.
+# Each file is one check (so that the count moves only when a file is
+# added, not with every link), every bad link printed. Prints "N passed, N
+# failed"; exit status 0 when nothing failed.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 [ $# -gt 0 ] || set -- README.md docs/*.md tests/README.md tools/README.md \
@@ -65,6 +66,7 @@ for md in "$@"; do
 	fi
 	dir=$(dirname "$md")
 	links "$md" >"$tmp/links"
+	bad=0
 	while IFS='	' read -r line target; do
 		case $target in
 		http:* | https:* | mailto:*) continue ;;
@@ -89,13 +91,16 @@ for md in "$@"; do
 				;;
 			esac
 		fi
-		if [ -z "$why" ]; then
-			pass=$((pass + 1))
-		else
-			fail=$((fail + 1))
+		if [ -n "$why" ]; then
+			bad=$((bad + 1))
 			echo "FAILED: $md:$line: ($target): $why"
 		fi
 	done <"$tmp/links"
+	if [ $bad -eq 0 ]; then
+		pass=$((pass + 1))
+	else
+		fail=$((fail + 1))
+	fi
 done
 
 echo "$pass passed, $fail failed"
