@@ -1170,7 +1170,8 @@ struct kvp_agent_attr {
 	 * (max_inflight x groups x 2 x max_ids x 4 bytes); the READs
 	 * themselves are emitted in windows of the send queue's free room
 	 * (kvp_plan_emit_window()), so nothing else grows with it. 0:
-	 * 256. */
+	 * 8192, a 128k-token prompt at 16-token blocks: 4 MiB per group at
+	 * the default max_inflight (64 x 2 x 8192 x 4 bytes). */
 	uint32_t max_ids;
 	/* Consumer: pulls in flight (pulled, not yet reported by poll).
 	 * Producer: requests tracked at once (expected and not yet reported).

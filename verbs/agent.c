@@ -12,7 +12,11 @@
 
 #include "internal.h"
 
-#define DEF_MAX_IDS 256
+/* 8192 ids: a 128k-token prompt at 16-token blocks in one pull. The cost
+ * is the request slots' copies of their ids, max_inflight x groups x 2 x
+ * max_ids x 4 bytes: 4 MiB per group at the default 64 in flight (was
+ * 128 KiB at 256, which refused any prompt past 4,096 tokens). */
+#define DEF_MAX_IDS 8192
 #define DEF_INFLIGHT 64
 #define DEF_PEERS_PROD 1024 /* consumer ranks on a producer */
 #define DEF_PEERS_CONS 64   /* producer ranks on a consumer */

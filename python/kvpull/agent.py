@@ -55,7 +55,7 @@ _U32_MAX = (1 << 32) - 1
 ATTR_DEFAULTS = {
     "device": "the device `addr` belongs to, else the first",
     "addr": "none (consumer: the route picks the source address)",
-    "max_ids": 256,
+    "max_ids": 8192,
     "max_inflight": 64,
     "max_peers": "1024 consumer ranks (producer), 64 producer ranks "
                  "(consumer)",
