@@ -4,9 +4,16 @@
 its VM (--files) for tests/python_rdma to run there: this interpreter and
 the ELF files it needs (rxe-vm.sh adds every ELF file's ldd closure), its
 standard library without what the tests never import (test suites, IDLE,
-tkinter, the static libpython of config-*), numpy and pytest with what they
-import, and from this tree the package, the library, the example and the
-tests.
+tkinter, the static libpython of config-*), numpy, pytest and torch (when
+installed: Debian's python3-torch, CPU) with what they import, and from this
+tree the package, the library, the example and the tests.
+
+torch is carried as import needs it, not whole: its Python files,
+bin/torch_shm_manager (import checks it exists) and lib/
+libtorch_global_deps.so (import dlopens it by that path); not its C++ test
+programs (bin/*Test*, test/), headers or the other links of lib/ (some do
+not resolve; copied, the rest would duplicate libtorch_cpu's 117 MB, which
+the ldd closure of torch/_C already carries).
 
     vm_files.py [LIB] [--du]
 
@@ -25,7 +32,12 @@ STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "turtle.py",
 # Imported by the tests, pytest or numpy (pytest 7.2 on Debian 12); more
 # are found by importing pytest and collecting the tests below.
 THIRD_PARTY = ("numpy", "pytest", "_pytest", "pluggy", "iniconfig",
-               "packaging", "attr", "py", "exceptiongroup", "tomli")
+               "packaging", "attr", "py", "exceptiongroup", "tomli",
+               "torch", "torch.distributed")
+# Parts of a package directory left out, and the files of those parts kept.
+PACKAGE_SKIP = {"torch": ({"bin", "lib", "include", "test"},
+                          ("bin/torch_shm_manager",
+                           "lib/libtorch_global_deps.so"))}
 
 
 def _top_path(mod):
@@ -36,6 +48,19 @@ def _top_path(mod):
     if os.path.basename(f).startswith("__init__."):
         return os.path.dirname(f)
     return f
+
+
+def package_paths(path):
+    """path itself, or for a package of PACKAGE_SKIP its entries without
+    the skipped parts, plus the files of those parts that are kept."""
+    name = os.path.basename(path)
+    if name not in PACKAGE_SKIP or not os.path.isdir(path):
+        return [path]
+    skip, keep = PACKAGE_SKIP[name]
+    out = [os.path.join(path, e) for e in sorted(os.listdir(path))
+           if e not in skip]
+    return out + [os.path.join(path, k) for k in keep
+                  if os.path.exists(os.path.join(path, k))]
 
 
 def third_party(stdlib):
@@ -85,7 +110,8 @@ def main(argv):
     finally:
         sys.stdout.close()
         sys.stdout = stdout
-    paths += sorted(extra)
+    for p in sorted(extra):
+        paths += package_paths(p)
     paths += [os.path.join(REPO, "python", "kvpull"),
               os.path.join(REPO, "python", "examples"),
               os.path.join(REPO, "tests", "python_rdma"), lib]
