@@ -790,13 +790,16 @@ static int cq_drain(kvp_agent *a)
 	int b = 0, i, n, total = 0;
 	uint32_t j, k;
 
+	a->in_drain = 1;
 	for (j = 0; j < a->ncq && b < CQ_BATCHES; j++) {
 		k = (a->cq_next + j) % a->ncq;
 		for (; a->cqs[k] && b < CQ_BATCHES; b++) {
 			n = kvp__poll_cq(a->cqs[k], 32, a->wc);
-			if (kvp_unlikely(n < 0))
+			if (kvp_unlikely(n < 0)) {
+				a->in_drain = 0;
 				return n; /* the CQ failed: overrun,
 					   * device error */
+			}
 			if (!n)
 				break;
 			for (i = 0; i < n; i++)
@@ -808,6 +811,7 @@ static int cq_drain(kvp_agent *a)
 			}
 		}
 	}
+	a->in_drain = 0;
 	if (a->ncq)
 		a->cq_next = (a->cq_next + 1) % a->ncq;
 	/* The credit given for the messages taken, published now: not
@@ -935,6 +939,8 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 	n = 0;
 	if (a->npending)
 		kvp__blob_check_one(a);
+	if (a->nauth_wait)
+		kvp__auth_step(a);
 	if (a->nfol_wait)
 		kvp__fol_register(a);
 	/* One rdma_cm event at least, more while the poll's time lasts. */
@@ -990,8 +996,9 @@ int kvp_agent_arm(kvp_agent *a, uint64_t *wake_ns)
 	 * end raises an event; the oldest's bound does not). */
 	if (a->wq_n && a->nhalf < a->max_half_open)
 		wake = now;
-	/* Follower records to register: a poll's costly step, at once. */
-	if (a->nfol_wait)
+	/* AUTHs and follower records to register: a poll's costly step, at
+	 * once. */
+	if (a->nfol_wait || a->nauth_wait)
 		wake = now;
 	if (a->wq_n && a->wq[a->wq_head].since + a->handshake_ns < wake)
 		wake = a->wq[a->wq_head].since + a->handshake_ns;

@@ -508,6 +508,8 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	kvp_layout_destroy(c->peer);
 	if (c->blob_pending)
 		a->npending--;
+	if (c->auth_wait)
+		a->nauth_wait--;
 	free(c->rreg);
 	free(c->rkeys);
 	free(c->chunks);
@@ -541,6 +543,9 @@ void kvp__conn_release(kvp_agent *a, struct kvp_conn *c)
 	c->bye = c->bye_sent = 0;
 	c->blob_got = 0;
 	c->blob_pending = 0;
+	c->auth_wait = 0;
+	c->auth_rkey = 0;
+	c->auth_addr = 0;
 	c->credits = 0;
 	c->peer_blob = 0;
 	c->peer_tp = 0;

@@ -660,6 +660,12 @@ struct kvp_conn {
 	int lastwqe_wait;	  /* ... draining: its last WQE event due */
 	int fol_wait;		  /* producer: its TABLE came, the slot's
 				   * follower records to register */
+	int auth_wait;		  /* producer: its AUTH checked out; its
+				   * blob's buffer to register, READ and GO
+				   * (kvp__auth_step()) */
+	uint32_t auth_rkey;	  /* ... the blob's key and address, as the
+				   * AUTH said */
+	uint64_t auth_addr;
 	uint64_t lastwqe_by;	  /* ... and when it is given up on */
 	uint32_t expected;	  /* notifications that free a request */
 	uint32_t peer_tp;	  /* the consumer engine's TP size */
@@ -1032,6 +1038,11 @@ struct kvp_agent {
 	uint32_t cq_next;	/* the CQ the next drain starts with */
 	uint32_t nfol_wait;	/* slots whose follower records wait to be
 				 * registered (kvp__fol_register()) */
+	uint32_t nauth_wait;	/* connections whose AUTH waits for its
+				 * costly step (kvp__auth_step()) */
+	uint32_t in_drain;	/* inside the completion drain, where
+				 * nothing registers memory (fuzz_inbox
+				 * checks) */
 	uint32_t srq_last_wqe;	/* SRQ_LAST_WQE_*: does the device report a
 				 * QP's last WQE (stats.srq_last_wqe) */
 	uint32_t *cr_dirty, ncr_dirty; /* connections given credit this
@@ -1143,6 +1154,10 @@ KVP_HIDDEN void kvp__srq_wc(kvp_agent *a, const struct ibv_wc *wc);
  * poll's costly steps allow (never in the completion drain); their
  * followers' progress goes out then. */
 KVP_HIDDEN void kvp__fol_register(kvp_agent *a);
+/* Producer, a costly step after the completion drain: the AUTHs that
+ * checked out, each its blob's buffer registered, its READ and GO posted
+ * (never inside the drain: a registration pins pages). */
+KVP_HIDDEN void kvp__auth_step(kvp_agent *a);
 /* Expires requests, forgets early and gone entries whose time is up. */
 KVP_HIDDEN void kvp__serve_timers(kvp_agent *a, uint64_t now);
 /* A consumer rank of engine `engine_id` with TP size tp_size and

@@ -328,14 +328,13 @@ static int notes_alloc(kvp_agent *a, struct kvp_conn *c)
 	return 0;
 }
 
-/* The consumer's AUTH arrived: with a secret, its MAC must prove it; then
- * the buffers for its blob and its notifications are set up, its blob
- * READ, and GO sent. */
+/* The consumer's AUTH arrived (inside the completion drain): with a
+ * secret, its MAC must prove it; then it waits for a costly step
+ * (kvp__auth_step()), which registers and READs. */
 static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 {
 	const uint8_t *m = kvp__ctl_rx(a, c);
 	uint8_t mac[KVP_MAC_LEN];
-	uint32_t i;
 	int ok = 1;
 
 	if (len != KVP_AUTH_LEN || kvp__get32(m) != KVP_AUTH_MAGIC ||
@@ -347,6 +346,21 @@ static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 	}
 	if (!ok)
 		return -EPERM;
+	if (!c->auth_wait) {
+		c->auth_addr = kvp__get64(m + KVP_AUTH_BLOB_OFF);
+		c->auth_rkey = kvp__get32(m + KVP_AUTH_BLOB_OFF + 8);
+		c->auth_wait = 1;
+		a->nauth_wait++;
+	}
+	return 0;
+}
+
+/* A proved AUTH's costly step: the buffers for its blob and its
+ * notifications are set up, its blob READ, and GO sent. */
+static int auth_finish(kvp_agent *a, struct kvp_conn *c)
+{
+	uint32_t i;
+
 	if (kvp__peer_blob_alloc(a, c) || (!a->srq && notes_alloc(a, c)))
 		return -EBUSY;
 	/* The consumer's blob, where its AUTH says: a READ of the length
@@ -355,8 +369,7 @@ static int producer_auth(kvp_agent *a, struct kvp_conn *c, uint32_t len)
 	 * and with it the connection. */
 	if (kvp__post_read1(c, kvp__wrid(WK_META_RECV, c->gen, c->idx, 0),
 			    c->blob, c->blob_len, c->blob_mr->lkey,
-			    kvp__get64(m + KVP_AUTH_BLOB_OFF),
-			    kvp__get32(m + KVP_AUTH_BLOB_OFF + 8)))
+			    c->auth_addr, c->auth_rkey))
 		return -EBUSY;
 	if (a->srq)
 		c->credits = kvp__srq_credits(a, c, c->q);
@@ -438,6 +451,27 @@ static int producer_meta(kvp_agent *a, struct kvp_conn *c)
 		a->idle_at = c->last_used + a->idle_ns;
 	a->st.connects += c->rank_head; /* ranks, as disconnects */
 	return 0;
+}
+
+void kvp__auth_step(kvp_agent *a)
+{
+	uint32_t i;
+	int err;
+
+	for (i = 0; i < a->prod_hw && a->nauth_wait && a->costly_left; i++) {
+		struct kvp_conn *c = &a->conns[i];
+
+		if (!c->auth_wait)
+			continue;
+		c->auth_wait = 0;
+		a->nauth_wait--;
+		if (c->refused || c->state != CS_CONNECTING)
+			continue; /* failed meanwhile */
+		a->costly_left--;
+		err = auth_finish(a, c);
+		if (err)
+			refuse(a, c, err);
+	}
 }
 
 void kvp__auth_in(kvp_agent *a, struct kvp_conn *c, const uint8_t *m,

@@ -303,6 +303,9 @@ static struct {
 	int n_pd, n_cch, n_ech, n_devlist, n_cq, n_srq, n_qp, n_mr, n_id;
 	uint32_t srq_lost;	/* SRQ buffers a failed post lost */
 	int srq_fault;		/* an SRQ post failed: the queue may be short */
+	/* inside kvp_agent_poll(): completions handed out */
+	int in_poll;
+	uint32_t poll_wcs;
 } fk;
 
 static kvp_agent *A; /* the agent under test */
@@ -677,6 +680,8 @@ static int op_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 		}
 		k++;
 	}
+	if (fk.in_poll)
+		fk.poll_wcs += (uint32_t)k;
 	return k;
 }
 
@@ -960,6 +965,9 @@ static struct ibv_mr *mr_make(struct ibv_pd *pd, void *addr, size_t len,
 struct ibv_mr *__wrap_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len,
 				 int access)
 {
+	/* A poll registers memory in its costly steps, never inside its
+	 * completion drain (a registration pins pages). */
+	CHECK(!A || !A->in_drain, fk.poll_wcs);
 	return mr_make(pd, addr, len, access);
 }
 
@@ -967,6 +975,7 @@ struct ibv_mr *__wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr,
 				       size_t len, uint64_t iova,
 				       unsigned int access)
 {
+	CHECK(!A || !A->in_drain, fk.poll_wcs);
 	return mr_make(pd, addr, len, (int)access);
 }
 
@@ -1998,13 +2007,24 @@ static void check_agent(void)
 
 /* ---- the operations ------------------------------------------------------- */
 
+/* Work per poll is bounded (kvpull.h): at most POLL_WCS completions over
+ * all CQs, at most POLL_IDLE ranks closed for idleness. */
+#define POLL_WCS 256
+#define POLL_IDLE 8
+
 static void do_poll(uint32_t max)
 {
 	struct kvp_event ev[16];
+	uint64_t idle = A->st.idle_closes;
 	int n;
 
+	fk.in_poll = 1;
+	fk.poll_wcs = 0;
 	n = kvp_agent_poll(A, ev, (int)(max % 16) + 1);
+	fk.in_poll = 0;
 	CHECK(n >= 0, n);
+	CHECK(fk.poll_wcs <= POLL_WCS, fk.poll_wcs);
+	CHECK(A->st.idle_closes - idle <= POLL_IDLE, A->st.idle_closes - idle);
 	check_agent();
 }
 
