@@ -131,7 +131,7 @@ $(BUILD)/tests/test_%: tests/test_%.c $(VERBS_PURE) $(BUILD)/config $(TESTLIB_OB
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Iplan -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libkvpull_plan.a -lcmocka
 
-$(BUILD)/tests/rdma_%: tests/rdma_%.c tests/rdma/harness.h tools/lib/defaults.h $(BUILD)/config $(TESTLIB_OBJ) $(BUILD)/libkvpull.a
+$(BUILD)/tests/rdma_%: tests/rdma_%.c tests/rdma/harness.h tests/rdma/vrules.h tools/lib/defaults.h $(BUILD)/config $(TESTLIB_OBJ) $(BUILD)/libkvpull.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libkvpull.a $(VERBS_LIBS)
 

@@ -39,6 +39,7 @@
 
 #include "kvpull.h"
 #include "kvtest.h"
+#include "vrules.h"
 
 #define RT_MAX_RANKS 8
 #define RT_MAX_REQ 16
@@ -709,6 +710,9 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 	at.max_mr = tc->max_mr;
 	at.read_window = tc->read_window;
 	at.read_window_bytes = tc->read_window_bytes;
+	/* What soft-RoCE forgives, checked under the agent (vrules.h). */
+	if (vr_install())
+		RT_FAIL("verbs rules: no RDMA device");
 	err = kvp_agent_open(&at, &a);
 	if (err)
 		RT_FAIL("open: %s", kvp_strerror(err));
@@ -899,6 +903,8 @@ static int rt_consumer(const struct rt_case *tc, const struct rt_env *env,
 			(unsigned long long)st.read_bytes,
 			(unsigned long long)st.doorbells,
 			(unsigned long long)st.queued, t2 - t1);
+	if (vr_report(who))
+		goto out;
 	ret = 0;
 out:
 	kvp_agent_close(a);
