@@ -127,6 +127,8 @@ $(BUILD)/kvpull.pc: $(BUILD)/pc.vars Makefile
 VERBS_PURE := verbs/hmac.c verbs/hmac.h verbs/limits.c verbs/limits.h \
 	verbs/hello.c verbs/hello.h \
 	verbs/credit.c verbs/credit.h verbs/lease.c verbs/lease.h
+# test_metrics.c: the histograms and the metrics exposition writer
+VERBS_PURE += verbs/expo.c verbs/expo.h verbs/hist.h
 $(BUILD)/tests/test_%: tests/test_%.c $(VERBS_PURE) $(BUILD)/config $(TESTLIB_OBJ) $(BUILD)/libkvpull_plan.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Iplan -Itests/lib $(LDFLAGS) -o $@ $< $(TESTLIB_OBJ) $(BUILD)/libkvpull_plan.a -lcmocka
@@ -195,7 +197,7 @@ $(BUILD)/tools/libkvpull_pullbench.so: python/bench_pull.c include/kvpull.h $(BU
 FLOORS_DIRS ?= plan tools/plan verbs
 FLOORS_CONSUMER := connect,engine,plans,req,post,pull
 FLOORS_PRODUCER := admit,listen,inbox,serve
-FLOORS_BASE := conn,srq,reg,event,wrap,limits,hmac,lease,why,hello
+FLOORS_BASE := conn,srq,reg,event,wrap,limits,hmac,lease,why,hello,log,expo
 FLOORS_RULES := --never 'verbs:$(FLOORS_CONSUMER)>$(FLOORS_PRODUCER)' \
 	--never 'verbs:$(FLOORS_PRODUCER)>$(FLOORS_CONSUMER)' \
 	--never 'verbs:$(FLOORS_BASE)>$(FLOORS_CONSUMER),$(FLOORS_PRODUCER),agent'
@@ -348,9 +350,14 @@ fuzz-replay: $(REPLAY_BIN)
 RDMA_VM_TIMEOUT ?= 600
 RDMA_VM_FLAGS ?=
 
+# rdma_metrics checks its expositions with promtool (Debian's prometheus
+# package): carried into the VM when the host has it.
+PROMTOOL_FILES := $(if $(wildcard /usr/bin/promtool),--files /usr/bin/promtool)
+
 check-rdma: $(RDMA_BIN)
 	scripts/rxe-vm.sh --devices 2 --timeout $(RDMA_VM_TIMEOUT) \
 		$(RDMA_VM_FLAGS) --files "$(addprefix $(CURDIR)/,$(RDMA_BIN))" \
+		$(if $(filter %/rdma_metrics,$(RDMA_BIN)),$(PROMTOOL_FILES)) \
 		-- $(RDMA_BIN)
 
 .PHONY: check-rdma

@@ -1089,8 +1089,9 @@ KVP_API KVP_MUST_CHECK int kvp_notify_expected(const kvp_layout *producer_layout
  *
  * Threads: an agent is not thread-safe. All calls on one agent must be
  * serialised by the caller (typically: the engine's loop thread). Distinct
- * agents are independent. Nothing is called back; everything is reported
- * through kvp_agent_poll().
+ * agents are independent. Nothing is called back but the log callback
+ * (kvp_agent_attr.log_fn), from inside the agent's own calls; everything
+ * is reported through kvp_agent_poll().
  *
  * Liveness: nothing waits without a bound. A producer rank gives each
  * consumer rank credit for its notifications at the handshake, and
@@ -1142,6 +1143,93 @@ enum kvp_role {
 	KVP_ROLE_COUNT
 };
 
+/* ---- Events and logs ----
+ *
+ * What an operator can act on, as records handed to a callback registered
+ * at open (kvp_agent_attr.log_fn, with comp_mask KVP_AGENT_ATTR_LOG): a
+ * producer's refusals of consumers (connect requests and handshakes,
+ * with the reason and the consumer's address), its evictions and idle
+ * closes, each request's life on a consumer (started, completed with its
+ * bytes and READs, failed with its reason), engines up and down,
+ * disconnections, releases and expiries. The library itself never prints
+ * (no stderr, no stdout): this callback and kvp_agent_poll()'s events are
+ * all it says.
+ *
+ * The callback runs on the thread that made the call that made the
+ * record (kvp_agent_poll() mostly; kvp_agent_pull*() for STARTED), inside
+ * that call, before the call returns and before kvp_agent_poll() hands
+ * out any event of the same happening. It must not call the agent (any
+ * kvp_agent_* call on it; other agents are fine) and should return
+ * quickly: the agent's loop waits for it. The record and its strings are
+ * the agent's, valid during the callback only. Records above the level
+ * filter are not made at all (no formatting, no clock read): without a
+ * callback, a test of one field per event and per pull is all they
+ * cost. */
+enum kvp_log_level {
+	KVP_LOG_ERROR = 1,   /* failures of the device: -EIO, -ENETDOWN,
+			      * -ENODEV */
+	KVP_LOG_WARNING,     /* refusals, failed pulls, engines down,
+			      * disconnections, expiries */
+	KVP_LOG_INFO,	     /* evictions, idle closes, engines up */
+	KVP_LOG_DEBUG,	     /* per request: started, completed, released,
+			      * arrived */
+};
+
+enum kvp_log_kind {
+	KVP_LOG_REFUSED = 1,	 /* producer: a consumer's connect request or
+				  * handshake refused (reason, status, its
+				  * address; engine_id and rank once its
+				  * hello was read, else 0 and UINT32_MAX) */
+	KVP_LOG_EVICTED,	 /* producer: a consumer rank disconnected to
+				  * make room for a newcomer */
+	KVP_LOG_IDLE_CLOSED,	 /* producer: a consumer rank disconnected
+				  * after idle_ms */
+	KVP_LOG_PULL_STARTED,	 /* consumer: a pull accepted (req_id,
+				  * engine; reads 0; stream 1 for
+				  * kvp_agent_pull_stream()) */
+	KVP_LOG_PULL_COMPLETED,	 /* consumer: DONE, with bytes, reads,
+				  * elapsed_ns */
+	KVP_LOG_PULL_FAILED,	 /* consumer: FAILED, with status, reason,
+				  * elapsed_ns */
+	KVP_LOG_PULL_ARRIVED,	 /* consumer: ARRIVED (layers in reads) */
+	KVP_LOG_ENGINE_UP,	 /* consumer: an engine can be pulled from */
+	KVP_LOG_ENGINE_DOWN,	 /* consumer: an engine down (status,
+				  * reason, peer_reason) */
+	KVP_LOG_DISCONNECTED,	 /* a peer rank is gone */
+	KVP_LOG_RELEASED,	 /* producer: a request released */
+	KVP_LOG_EXPIRED,	 /* producer: a request expired (reason) */
+};
+
+struct kvp_log_record {
+	uint32_t kind;	      /* enum kvp_log_kind */
+	uint32_t level;	      /* enum kvp_log_level */
+	uint64_t time_ns;     /* CLOCK_MONOTONIC, when it was made */
+	int32_t status;	      /* 0, or -errno */
+	uint32_t reason;      /* enum kvp_reason, 0: none */
+	uint32_t peer_reason; /* with KVP_REASON_PEER_REFUSED */
+	uint32_t rank;	      /* the peer rank, UINT32_MAX: not known */
+	uint64_t req_id;      /* request records */
+	uint64_t engine_id;   /* the peer engine's id, 0: not known */
+	uint32_t engine;      /* consumer: the engine handle, 0: none */
+	uint32_t stream;      /* request records: 1 for a streamed pull */
+	uint64_t bytes;	      /* COMPLETED: bytes the READs moved */
+	uint32_t reads;	      /* COMPLETED: READs; ARRIVED: layers */
+	uint32_t pad;
+	uint64_t elapsed_ns;  /* COMPLETED, FAILED: since the pull */
+	const char *peer_addr; /* the peer's numeric IP address, "" when
+				* not known */
+	const char *line;      /* one line for an operator, e.g. "refused
+				* 10.77.1.2 engine 7 rank 0: shared secrets
+				* differ (auth, -EPERM)" */
+};
+
+/* The callback: user is kvp_agent_attr.log_user. */
+typedef void (*kvp_log_fn)(void *user, const struct kvp_log_record *rec);
+
+/* A static name of kind k ("refused", "pull_completed"...; "unknown" past
+ * the list). Never NULL; thread-safe. */
+KVP_API const char *kvp_log_kind_str(uint32_t k);
+
 /* What a consumer agent with default attributes plans with, before the
  * device's clamps; kvpull-plan with default options dumps that plan.
  * KVP_DEFAULT_MAX_SGE: kvp_agent_attr.max_sge 0, local SGEs per READ.
@@ -1154,7 +1242,7 @@ enum kvp_role {
 
 struct kvp_agent_attr {
 	uint32_t role;	    /* enum kvp_role */
-	uint32_t comp_mask; /* must be 0 */
+	uint32_t comp_mask; /* 0, or KVP_AGENT_ATTR_LOG */
 	/* RDMA device name as ibv_devices prints it; NULL: the device that
 	 * `addr` belongs to, else the first device. */
 	const char *device;
@@ -1351,7 +1439,18 @@ struct kvp_agent_attr {
 	 * packets of the port's active MTU (64 KiB at MTU 4096); at least
 	 * KVP_READ_WINDOW_BYTES_MIN (4096; less: -EINVAL). */
 	uint32_t read_window_bytes;
+	/* Read only when comp_mask has KVP_AGENT_ATTR_LOG (so that a caller
+	 * built against an older header, whose struct ends above, is never
+	 * read past its end): the event and log callback, its argument and
+	 * its level filter (see "Events and logs" below). log_fn NULL: no
+	 * records; log_level 0: KVP_LOG_INFO; above KVP_LOG_DEBUG: -EINVAL. */
+	kvp_log_fn log_fn;
+	void *log_user;
+	uint32_t log_level;
 };
+
+/* kvp_agent_attr.comp_mask: the log fields are set. */
+#define KVP_AGENT_ATTR_LOG (1u << 0)
 
 #define KVP_READ_WINDOW 16
 #define KVP_READ_WINDOW_PKTS 16
@@ -2118,6 +2217,49 @@ struct kvp_agent_stats {
 /* Copies the agent's counters into *st. */
 KVP_API void kvp_agent_get_stats(const kvp_agent *agent,
 				 struct kvp_agent_stats *st);
+
+/* ---- Metrics ----
+ *
+ * Formats of kvp_agent_metrics(): the Prometheus text exposition format
+ * (version 0.0.4, what a /metrics endpoint serves:
+ * "text/plain; version=0.0.4"), or one JSON object that keeps counters,
+ * gauges and histograms apart. */
+#define KVP_METRICS_TEXT 0
+#define KVP_METRICS_JSON 1
+
+/* Writes the agent's metrics into buf[cap], as snprintf() does: at most
+ * cap - 1 bytes of the exposition and a NUL (nothing when cap is 0; buf
+ * may then be NULL), and returns the length of the whole exposition, NUL
+ * excluded: a return >= cap means it was cut, call again with a buffer of
+ * at least the return + 1 bytes. Names, units and types follow
+ * Prometheus' conventions (kvpull_read_bytes_total,
+ * kvpull_pull_duration_seconds): counters since open (_total), gauges
+ * (state now), and latency histograms of fixed buckets (2^8 ns to 2^35 ns,
+ * a power of two each) kept by the agent at constant cost per event: a
+ * consumer's pulls, from the pull to DONE or FAILED (labels mode="bulk" or
+ * "stream", outcome="done" or "failed": every pull is counted once, when
+ * its event is queued), its engines' handshakes, the exposed time of
+ * streamed pulls (from the moment the last producer rank's final
+ * progress was seen to DONE), a producer's consumer handshakes and the
+ * time of its kvp_agent_poll() calls that took completions or returned
+ * events. Series about a peer engine carry peer_engine (its id) and
+ * handle (a consumer's engine handle); a consumer's per producer rank
+ * series carry peer_rank; refusals carry reason (kvp_reason_str()'s
+ * short name). docs/metrics.md lists every family. One agent's
+ * exposition is one scrape's worth: to serve several agents from one
+ * endpoint, merge their families (the Python binding's
+ * kvpull.metrics.prometheus_text() does).
+ *
+ * Allocation-free and without system calls; reads only the agent's
+ * memory (a walk of its engines and connection slots, as
+ * kvp_agent_get_stats() does): cheap enough for a scrape every second,
+ * not for the per-request path. Not thread-safe against the agent's
+ * other calls (no call of an agent is). Returns the length (>= 0);
+ * -EINVAL (agent NULL, an unknown format, buf NULL with cap > 0);
+ * -EMSGSIZE when the exposition would pass INT_MAX bytes. */
+KVP_API KVP_MUST_CHECK int kvp_agent_metrics(const kvp_agent *agent,
+					     uint32_t format, char *buf,
+					     size_t cap);
 /* ---- end of transport ---- */
 
 #ifdef __cplusplus

@@ -109,6 +109,19 @@
 # says what each field is); one line per case and round:
 #   path: tool=T devices=D size=S inflight=I MBps=X cpu_proc_s_per_GB=P
 #     cpu_guest_s_per_GB=G dup_per_1k=U retry_per_1k=R
+#
+# --metrics: issue 39's operator's window, in one VM boot (2 devices):
+# tests/rdma_metrics --dump (a producer and a consumer agent; three bulk
+# pulls, one streamed, one FAILED, two consumers refused) prints both
+# agents' expositions, written here to build/metrics/ (producer.prom,
+# consumer.prom: Prometheus text; producer.json, consumer.json), the text
+# ones checked with the host's promtool (nothing to say: ok) and the JSON
+# parsed; the last line:
+#   metrics: producer_series=N consumer_series=M promtool=ok pulls=P
+#     counted=C refusals=R refusal_events=E
+# (series: sample lines; counted: the pull histogram's _count lines
+# summed; refusal_events: the producer's log records of kind "refused"
+# with a reason and the consumer's address).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -429,7 +442,54 @@ path_bench() {
 		-- "bash $PWD/scripts/rdma-path-inner.sh $PWD/build/tools/kvpull-rdma-bench $devices $rounds"
 }
 
+# ---------------------------------------------------------- metrics
+# scripts/rdma-bench.sh --metrics: see the top.
+metrics_bench() {
+	local bin=$PWD/build/tests/rdma_metrics out=build/metrics log rc=0
+	local f n tool=ok run ps cs
+	bash scripts/install-deps.sh
+	make -s BUILD=build build/tests/rdma_metrics
+	command -v promtool >/dev/null || {
+		echo "metrics: promtool is not installed (scripts/install-deps.sh)" >&2
+		return 1
+	}
+	mkdir -p "$out"
+	log=$(mktemp "${TMPDIR:-/tmp}/kvp-metrics.XXXXXX")
+	scripts/rxe-vm.sh -q --devices 2 --timeout 300 \
+		--files "$bin /usr/bin/promtool" -- "$bin --dump" >"$log" || rc=$?
+	# the test's own lines, then each exposition into its file
+	awk '/^== end$/ { on = 0; next } /^== / { on = 1; next } !on' "$log"
+	for f in producer.prom consumer.prom producer.json consumer.json; do
+		awk -v n="$f" '$0 == "== " n { on = 1; next } /^== end$/ { on = 0 }
+			on' "$log" >"$out/$f"
+		[[ -s $out/$f ]] || {
+			echo "metrics: no $f in the VM's output" >&2
+			rm -f "$log"
+			return 1
+		}
+	done
+	run=$(grep '^metrics-run: ' "$log" | tail -n 1) || true
+	rm -f "$log"
+	for f in producer consumer; do
+		promtool check metrics <"$out/$f.prom" >"$out/$f.promtool" 2>&1 &&
+			! [[ -s $out/$f.promtool ]] || {
+			tool=failed
+			echo "metrics: promtool check metrics $out/$f.prom:" >&2
+			cat "$out/$f.promtool" >&2
+		}
+		python3 -c 'import json, sys; json.load(open(sys.argv[1]))' \
+			"$out/$f.json" || tool=failed
+	done
+	ps=$(grep -cv -e '^#' -e '^$' "$out/producer.prom") || true
+	cs=$(grep -cv -e '^#' -e '^$' "$out/consumer.prom") || true
+	[[ -n $run ]] || { echo "metrics: the run printed no summary" >&2; return 1; }
+	echo "metrics: producer_series=$ps consumer_series=$cs promtool=$tool ${run#metrics-run: }"
+	[[ $tool == ok ]] || return 1
+	return "$rc"
+}
+
 case ${1:-} in
+--metrics) metrics_bench; exit ;;
 --path) path_bench "$@"; exit ;;
 --side-by-side|--smoke) side_by_side "$@"; exit ;;
 --stream) stream "$@"; exit ;;
@@ -449,6 +509,7 @@ requests=${2:-32}
 	echo "       scripts/rdma-bench.sh --storm [N [kvpull-storm options]]" >&2
 	echo "       scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W] [--read-window R]" >&2
 	echo "       scripts/rdma-bench.sh --path [--devices 1|2] [--rounds N]" >&2
+	echo "       scripts/rdma-bench.sh --metrics" >&2
 	exit 2
 }
 reads=$((requests * 128 * 2))

@@ -25,6 +25,7 @@ void kvp__reject_req(kvp_agent *a, struct rdma_cm_id *id, int err,
 	uint8_t r[KVP_REFUSE_VER_LEN];
 
 	(void)kvp__reject(id, r, kvp__refusal_put(r, &rf));
+	kvp__obs_refused(a, id, NULL, err, reason, retry_ms);
 	kvp__destroy_id(id);
 	a->st.refused++;
 }
@@ -173,6 +174,7 @@ int kvp__evict_idle(kvp_agent *a, const uint8_t *src)
 	if (!lru)
 		return 0;
 	a->st.evictions++;
+	kvp__obs_closed(a, lru, KVP_LOG_EVICTED);
 	rank_drop(a, lru, 1, -ECONNRESET);
 	return 1;
 }
@@ -205,6 +207,7 @@ void kvp__idle_sweep(kvp_agent *a, uint64_t now)
 		}
 		left--;
 		a->st.idle_closes++;
+		kvp__obs_closed(a, c, KVP_LOG_IDLE_CLOSED);
 		rank_drop(a, c, 0, -ETIMEDOUT);
 	}
 	a->idle_at = next;

@@ -301,7 +301,9 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	int err;
 
 	if (!attr || !out || !attr->layout || attr->role >= KVP_ROLE_COUNT ||
-	    attr->comp_mask)
+	    (attr->comp_mask & ~KVP_AGENT_ATTR_LOG) ||
+	    ((attr->comp_mask & KVP_AGENT_ATTR_LOG) &&
+	     attr->log_level > KVP_LOG_DEBUG))
 		return -EINVAL;
 	a = calloc(1, sizeof(*a));
 	if (!a)
@@ -349,6 +351,13 @@ int kvp_agent_open(const struct kvp_agent_attr *attr, kvp_agent **out)
 	a->rd_win_bytes = attr->read_window_bytes;
 	a->stall_ns = (uint64_t)(attr->stall_ms ? attr->stall_ms :
 				 DEF_STALL_MS) * 1000000ull;
+	/* Past the older struct's end: only when comp_mask says so. */
+	if ((attr->comp_mask & KVP_AGENT_ATTR_LOG) && attr->log_fn) {
+		a->obs.log_fn = attr->log_fn;
+		a->obs.log_user = attr->log_user;
+		a->obs.log_level = attr->log_level ? attr->log_level :
+						     KVP_LOG_INFO;
+	}
 	/* wr_ids carry a connection index in 16 bits. */
 	if (a->max_inflight > (1u << 20) ||
 	    a->max_peers > qp_max || attr->max_qps > qp_max ||
@@ -914,7 +923,7 @@ static void cm_events(kvp_agent *a, int budget, uint64_t until_ns)
 int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 {
 	uint64_t now;
-	int n = 0;
+	int n = 0, worked;
 
 	if (!a || max < 0 || (max && !ev))
 		return -EINVAL;
@@ -932,6 +941,7 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 	n = cq_drain(a);
 	if (kvp_unlikely(n < 0))
 		return n;
+	worked = n;
 	if (a->nsreq)
 		kvp__stream_scan(a, now);
 	if (n && a->consumer)
@@ -977,6 +987,9 @@ int kvp_agent_poll(kvp_agent *a, struct kvp_event *ev, int max)
 			a->nheld--;
 		n++;
 	}
+	/* A producer's polls that took completions or hand out events. */
+	if (a->producer && (worked || n))
+		kvp__hist_add(&a->obs.poll, kvp__now_ns() - now);
 	return n;
 }
 

@@ -626,6 +626,7 @@ static int eng_up(kvp_agent *a, struct kvp_eng *e)
 	}
 	e->last_used = kvp__now_ns();
 	e->st.add_ns = e->last_used - e->t0;
+	kvp__hist_add(&a->obs.handshake[OBS_HS_CONSUMER], e->st.add_ns);
 	e->st.plan_cached = e->plan_cached;
 	a->st.connects += conns;
 	eng_event(a, e, KVP_EV_ENGINE_UP);

@@ -21,4 +21,6 @@ void kvp__ev_push(kvp_agent *a, const struct kvp_event *ev)
 		return; /* unreachable: see above */
 	a->evq[a->ev_tail % a->ev_cap] = *ev;
 	a->ev_tail++;
+	if (kvp_unlikely(a->obs.log_level))
+		kvp__log_event(a, ev);
 }

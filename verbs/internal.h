@@ -17,6 +17,7 @@
 #include "credit.h"
 #include "lease.h"
 #include "limits.h"
+#include "hist.h"
 #include "../plan/le.h"
 
 #define kvp_likely(x) __builtin_expect(!!(x), 1)
@@ -725,6 +726,8 @@ struct kvp_req {
 	uint32_t reason;   /* FAILED: enum kvp_reason when the request
 			    * failed alone (a streamed pull's stall) */
 	uint32_t arrived;  /* ARRIVED: layers reported */
+	uint64_t t_end;	   /* streamed: when the last source's final
+			    * progress was seen (0: not yet) */
 	uint32_t *ids;		/* ngroups * max_ids local, then remote ids */
 	struct kvp_ids *gids;	/* per group, lists into ids */
 };
@@ -849,6 +852,23 @@ struct kvp_peng {
 /* Producer: a GONE entry's key, in the FIFO that forgets them. */
 struct kvp_gone {
 	uint64_t engine_id, req_id, deadline;
+};
+
+/* Metrics and the log (log.c, metrics.c): what the agent keeps for
+ * kvp_agent_metrics() beyond its stats, at constant cost per event, and
+ * the user's log callback. */
+enum { OBS_BULK, OBS_STREAM };
+enum { OBS_DONE, OBS_FAILED };
+enum { OBS_HS_PRODUCER, OBS_HS_CONSUMER };
+struct kvp_obs {
+	kvp_log_fn log_fn;
+	void *log_user;
+	uint32_t log_level;	/* records at most this level; 0: none */
+	struct kvp_hist pull[2][2];	/* [OBS_BULK/STREAM][OBS_DONE/FAILED] */
+	struct kvp_hist handshake[2];	/* [OBS_HS_*] */
+	struct kvp_hist exposed;	/* streamed: last progress seen to DONE */
+	struct kvp_hist poll;		/* producer polls that did work */
+	uint64_t refusals[KVP_REASON_COUNT]; /* producer, by reason */
 };
 
 /* ---- the agent ---------------------------------------------------------- */
@@ -1063,6 +1083,7 @@ struct kvp_agent {
 	int armed;
 	struct ibv_wc wc[32];
 	struct kvp_agent_stats st;
+	struct kvp_obs obs;
 };
 
 /* The READ window of engine e for READs of about `avg` bytes (0:
@@ -1091,6 +1112,30 @@ static inline void kvp__eng_window(const kvp_agent *a, struct kvp_eng *e,
  *   event.c, wrap.c, limits.c, hmac.c, why.c
  *                           the event queue, rdma-core, device limits,
  *                           HMAC, reasons: they call nothing of verbs/ */
+
+/* log.c: the log callback's records, and the counts metrics keep of
+ * what they report (a floor of its own: it calls nothing above it) */
+static inline int kvp__log_on(const kvp_agent *a, uint32_t level)
+{
+	return kvp_unlikely(a->obs.log_level >= level);
+}
+/* Every event queued (kvp__ev_push()): its record, when the level allows. */
+KVP_HIDDEN void kvp__log_event(kvp_agent *a, const struct kvp_event *ev);
+/* Consumer: request q accepted from engine `engine` (KVP_LOG_DEBUG). */
+KVP_HIDDEN void kvp__log_pull(kvp_agent *a, const struct kvp_req *q,
+			      uint64_t engine_id, uint32_t engine);
+/* A reason's short name ("auth", "peer_full"...; "other" past the
+ * list): metric labels. */
+KVP_HIDDEN const char *kvp__reason_name(uint32_t r);
+/* Producer: a connect request refused (id, before it is destroyed) or a
+ * connection's handshake (c): counted by reason, and its record. */
+KVP_HIDDEN void kvp__obs_refused(kvp_agent *a, struct rdma_cm_id *id,
+				 const struct kvp_conn *c, int err,
+				 uint32_t reason, uint32_t retry_ms);
+/* Producer: consumer rank c disconnected to make room (kind
+ * KVP_LOG_EVICTED) or for idleness (KVP_LOG_IDLE_CLOSED). */
+KVP_HIDDEN void kvp__obs_closed(kvp_agent *a, const struct kvp_conn *c,
+				uint32_t kind);
 
 /* event.c: events waiting for kvp_agent_poll() */
 KVP_HIDDEN int kvp__ev_room(const kvp_agent *a);

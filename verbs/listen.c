@@ -272,6 +272,7 @@ err_conn:
 	/* kvp__conn_release() destroys the id with the rest. */
 	(void)kvp__reject(id, NULL, 0);
 	a->st.refused++;
+	kvp__obs_refused(a, NULL, c, -EBUSY, KVP_REASON_PEER_FULL, 0);
 	kvp__conn_release(a, c);
 	return 1;
 }
@@ -297,6 +298,7 @@ static void refuse(kvp_agent *a, struct kvp_conn *c, int err)
 	c->refused = 1;
 	kvp__set_state(a, c, CS_HANDSHAKE);
 	a->st.refused++;
+	kvp__obs_refused(a, NULL, c, err, c->reason, 0);
 	if (kvp__post_send1(c, kvp__wrid(WK_CTL_SEND, c->gen, c->idx, 0), m,
 			    KVP_REFUSE_LEN, a->ctl_mr->lkey))
 		kvp__conn_fail(a, c, err);
@@ -445,6 +447,9 @@ static int producer_meta(kvp_agent *a, struct kvp_conn *c)
 		return -EBUSY;
 	kvp__set_state(a, c, CS_READY);
 	c->last_used = kvp__now_ns();
+	/* From its accept: the handshake's bound was set then. */
+	kvp__hist_add(&a->obs.handshake[OBS_HS_PRODUCER],
+		      c->last_used + a->handshake_ns - c->drain_deadline);
 	c->probe_at = c->last_used + KVP_PROBE_NS;
 	/* Its idle bound; the others' come earlier or at the same time. */
 	if (a->idle_ns != UINT64_MAX && a->idle_at == UINT64_MAX)

@@ -218,6 +218,7 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 	r->uses++;
 	r->reason = 0;
 	r->arrived = 0;
+	r->t_end = 0;
 	if (kvp_likely(!stream)) {
 		/* the stall FIFO: a streamed pull's bound is its progress */
 		a->pq[a->pq_tail & a->pq_mask] = slot;
@@ -284,6 +285,8 @@ static int pull(kvp_agent *a, struct kvp_eng *e, uint64_t req_id,
 	}
 	a->st.pulls++;
 	e->st.pulls++;
+	if (kvp__log_on(a, KVP_LOG_DEBUG))
+		kvp__log_pull(a, r, e->engine_id, kvp__engine_handle(a, e));
 	for (k = 0; k < nc; k++)
 		if (e->note_conn[k] != NO_CONN)
 			kvp__conn_flush(a, &a->conns[e->note_conn[k]]);
@@ -506,6 +509,9 @@ void kvp__stream_scan(kvp_agent *a, uint64_t now)
 			if (k > 0) {
 				sp->t_last = now;
 				a->st.progress_seen++;
+				if (sp->seen.tokens_all == KVP_TOKENS_END)
+					r->t_end = now; /* the exposed time's
+							 * start */
 				stream_flush_src(a, e, s);
 			} else if (k == -ESTALE) {
 				stream_stop(a, e, r, slot, -ESTALE,

@@ -83,9 +83,14 @@ static void req_maybe_free(kvp_agent *a, struct kvp_req *r)
 static void req_finish(kvp_agent *a, struct kvp_req *r)
 {
 	struct kvp_eng *e = &a->engs[r->eng];
+	const uint64_t now = kvp__now_ns();
 	struct kvp_event ev;
 
 	r->state = RQ_FINISHED;
+	/* Every pull once, when its event is queued (kvp_agent_metrics()). */
+	kvp__hist_add(&a->obs.pull[r->stream ? OBS_STREAM : OBS_BULK]
+				  [r->status ? OBS_FAILED : OBS_DONE],
+		      now - r->t0);
 	memset(&ev, 0, sizeof(ev));
 	ev.type = r->status ? KVP_EV_FAILED : KVP_EV_DONE;
 	ev.status = r->status;
@@ -96,7 +101,9 @@ static void req_finish(kvp_agent *a, struct kvp_req *r)
 	if (!r->status) {
 		ev.reads = r->reads;
 		ev.bytes = r->bytes;
-		ev.elapsed_ns = kvp__now_ns() - r->t0;
+		ev.elapsed_ns = now - r->t0;
+		if (r->stream && r->t_end)
+			kvp__hist_add(&a->obs.exposed, now - r->t_end);
 		a->st.done++;
 		e->st.done++;
 	} else {

@@ -46,6 +46,11 @@ still "computing": the decode worker calls pull_stream() when the request
 arrives, the prefill publishes each layer as it finishes it
 (agent.publish()), ARRIVED events report the layers that landed.
 KVPULL_SECRET, if set (16 to 256 bytes), is the shared secret of both.
+--metrics-port P serves each worker's agents' metrics at
+http://CTRL-ADDR:P/metrics (the prefill worker, its two ranks merged) and
+P + 1 (the decode worker), with the standard library's HTTP server
+(kvpull.metrics.serve()); each worker reads its own endpoint once its
+requests are done and checks that it counted them.
 
 Exit status: 0 when every byte checked and every request was released, 1
 on failure, 2 for bad usage, 77 without an RDMA device (a skip for
@@ -63,6 +68,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import numpy as np
 
@@ -72,6 +78,7 @@ except ImportError:                      # run from the source tree
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(
         __file__)), ".."))
     import kvpull
+import kvpull.metrics                   # noqa: E402
 
 MODEL = "llama-3.1-8b"
 LAYERS = 4                # cut from 32 to keep the caches small
@@ -277,6 +284,38 @@ class Loop:
 # ---- the prefill worker (TP 2) ----------------------------------------------
 
 
+def serve_metrics(who, agents, args, offset):
+    """The agents' /metrics on --metrics-port + offset (None without
+    it)."""
+    port = getattr(args, "metrics_port", 0)
+    if not port:
+        return None
+    port += offset
+    srv = kvpull.metrics.serve(agents, (args.ctrl_addr, port))
+    log(who, "metrics at http://%s:%d/metrics" % (args.ctrl_addr, port))
+    return srv
+
+
+def check_metrics(who, srv, family, want, label=None):
+    """Reads srv's /metrics (what a Prometheus scrape gets) and checks
+    that `family`'s samples (those with `label`, a (name, value) pair)
+    sum to `want`; closes srv."""
+    if srv is None:
+        return True
+    url = "http://%s:%d/metrics" % srv.server_address[:2]
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    srv.shutdown()
+    srv.server_close()
+    samples = kvpull.metrics.parse_text(text)
+    got = sum(v for lab, v in samples.get(family, [])
+              if label is None or lab.get(label[0]) == label[1])
+    log(who, "/metrics: %d series, %s%s %d (want %d)" % (
+        sum(len(v) for v in samples.values()), family,
+        "{%s=%r}" % label if label else "", got, want))
+    return got == want
+
+
 def run_prefill(args):
     who = "prefill"
     ranks = []
@@ -291,6 +330,7 @@ def run_prefill(args):
             "%s port %d" % (r, cache.head0, cache.head0 + cache.heads - 1,
                             len(cache.regions), args.addr, args.port + r))
     agents = [a for _, _, a in ranks]
+    msrv = serve_metrics(who, agents, args, 0)
     loop = Loop(agents, args.timeout)
     srv = socket.create_server((args.ctrl_addr, args.ctrl_port))
     srv.setblocking(False)
@@ -363,13 +403,16 @@ def run_prefill(args):
                 result = m
         if ch.eof and result is None:
             raise RuntimeError("the decode worker left without a result")
+    # every rank released every request
+    mok = check_metrics(who, msrv, "kvpull_requests_reported_total",
+                        len(REQUESTS) * len(agents), ("outcome", "released"))
     for r, a in enumerate(agents):
         st = a.stats()
         log(who, "rank %d: %d released, %d notifications, %d connects, "
             "%d progress writes" % (r, st.released, st.notes_recv,
                                     st.connects, st.progress_writes))
         a.close()
-    ok = result["result"] == "ok"
+    ok = result["result"] == "ok" and mok
     log(who, "every request released by both ranks; decode says %s"
         % result["result"])
     return 0 if ok else 1
@@ -399,6 +442,7 @@ def run_decode(args):
                        max_ids=64, max_inflight=16,
                        stream_events=1 if args.stream else 0)
     agent.register_all(cache.regions)
+    msrv = serve_metrics(who, [agent], args, 1)
     loop = Loop([agent], args.timeout)
 
     end = time.monotonic() + 30
@@ -490,6 +534,10 @@ def run_decode(args):
     if ok:
         log(who, "every byte checked: %d bytes in %d layers x K,V, TP %d "
             "-> TP %d" % (total, LAYERS, PREFILL_TP, DECODE_TP))
+    # every pull counted once in the pull histogram
+    if not check_metrics(who, msrv, "kvpull_pull_duration_seconds_count",
+                         len(REQUESTS)):
+        ok = False
     ch.send({"result": "ok" if ok else "%d bad bytes" % bad})
     plan.close()
     agent.close()                       # sends the notifications it owes
@@ -518,7 +566,9 @@ def run_pair(args):
     common = ["--addr", args.addr, "--decode-addr", args.decode_addr,
               "--port", str(args.port), "--ctrl-addr", args.ctrl_addr,
               "--ctrl-port", str(args.ctrl_port), "--timeout",
-              str(args.timeout)] + (["--stream"] if args.stream else [])
+              str(args.timeout)] + (["--stream"] if args.stream else []) + \
+        (["--metrics-port", str(args.metrics_port)]
+         if args.metrics_port else [])
     prod = subprocess.Popen(me + ["prefill"] + common, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -585,6 +635,9 @@ def main():
                    help="seconds each worker may take [120]")
     p.add_argument("--stream", action="store_true",
                    help="pull each request while it is being prefilled")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve /metrics on this port (prefill) and the "
+                   "next (decode) [0: none]")
     args = p.parse_args()
     if not args.addr:
         p.error("no address: give --addr or set KVP_ADDR0")

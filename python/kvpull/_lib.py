@@ -146,6 +146,8 @@ _PROTOS = [
     ("kvp_agent_fds", c_int, _p, POINTER(c_int), c_int),
     ("kvp_agent_arm", c_int, _p, _pu64),
     ("kvp_agent_get_stats", None, _p, POINTER(S.AgentStats)),
+    ("kvp_agent_metrics", c_int, _p, _u32, _p, c_size_t),  # char *buf
+    ("kvp_log_kind_str", c_char_p, _u32),
 ]
 
 for _entry in _PROTOS:

@@ -405,6 +405,10 @@ class AgentAttr(Struct):
         ("stream_events", c_uint32), ("max_qps", c_uint32),
         ("idle_ms", c_uint32), ("srq", c_uint32),
         ("read_window", c_uint32), ("read_window_bytes", c_uint32),
+        # read only with comp_mask KVP_AGENT_ATTR_LOG (the binding sets
+        # neither: no log callback from Python)
+        ("log_fn", c_void_p), ("log_user", c_void_p),
+        ("log_level", c_uint32),
     ]
 
 
@@ -521,6 +525,20 @@ STREAM_DTYPE = _dtype(PlanStream)
 PIECE_DTYPE = _dtype(PlanPiece)
 
 #: The C name of each mirrored struct.
+class LogRecord(Struct):
+    """``struct kvp_log_record``: what the C log callback
+    (``kvp_agent_attr.log_fn``) is handed; mirrored for the ABI check."""
+    _fields_ = [
+        ("kind", c_uint32), ("level", c_uint32), ("time_ns", c_uint64),
+        ("status", c_int32), ("reason", c_uint32),
+        ("peer_reason", c_uint32), ("rank", c_uint32),
+        ("req_id", c_uint64), ("engine_id", c_uint64),
+        ("engine", c_uint32), ("stream", c_uint32), ("bytes", c_uint64),
+        ("reads", c_uint32), ("pad", c_uint32), ("elapsed_ns", c_uint64),
+        ("peer_addr", c_char_p), ("line", c_char_p),
+    ]
+
+
 STRUCTS = {
     Dim: "struct kvp_dim", FieldDesc: "struct kvp_field_desc",
     GroupDesc: "struct kvp_group_desc", ViewDesc: "struct kvp_view_desc",
@@ -536,5 +554,6 @@ STRUCTS = {
     AgentAttr: "struct kvp_agent_attr", Peer: "struct kvp_peer",
     EngineInfo: "struct kvp_engine_info", EventStruct: "struct kvp_event",
     AgentStats: "struct kvp_agent_stats",
+    LogRecord: "struct kvp_log_record",
 }
 

@@ -1288,6 +1288,25 @@ class Agent(Handle):
             self._lib.kvp_agent_get_stats(h, byref(st))
         return st
 
+    def metrics(self, format="dict"):
+        """The agent's metrics (``kvp_agent_metrics()``; docs/metrics.md
+        lists every family).  ``"dict"`` (the default): ``{"counters":
+        {name: [{"labels": {...}, "value": n}, ...]}, "gauges": {...},
+        "histograms": {name: [{"labels": {...}, "count": n, "sum":
+        seconds, "buckets": [[le_seconds, cumulative_count], ...]}]}}``;
+        ``"text"``: the Prometheus text format (what ``/metrics`` serves:
+        :func:`kvpull.metrics.serve`); ``"json"``: the JSON, unparsed."""
+        from . import metrics as M
+        from .enums import METRICS_JSON, METRICS_TEXT
+        if format not in ("dict", "text", "json"):
+            raise ValueError("metrics: format %r (want dict, text or "
+                             "json)" % (format,))
+        fmt = METRICS_TEXT if format == "text" else METRICS_JSON
+        with self._lock:
+            h = self._live()
+            text = M._expose(self._lib, h, fmt)
+        return M.json.loads(text) if format == "dict" else text
+
     def last_error(self):
         """``(reason, why)``: why the agent's most recent connect,
         add/reconnect/remove engine or pull call failed

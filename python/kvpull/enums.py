@@ -178,6 +178,32 @@ class EngineState(_Named):
     DOWN = 4
 
 
+class LogLevel(_Named):
+    """``enum kvp_log_level``: a log record's level (the C log callback's
+    filter)."""
+    ERROR = 1
+    WARNING = 2
+    INFO = 3
+    DEBUG = 4
+
+
+class LogKind(_Named):
+    """``enum kvp_log_kind``: what a log record reports
+    (``kvp_log_kind_str()`` names it)."""
+    REFUSED = 1
+    EVICTED = 2
+    IDLE_CLOSED = 3
+    PULL_STARTED = 4
+    PULL_COMPLETED = 5
+    PULL_FAILED = 6
+    PULL_ARRIVED = 7
+    ENGINE_UP = 8
+    ENGINE_DOWN = 9
+    DISCONNECTED = 10
+    RELEASED = 11
+    EXPIRED = 12
+
+
 #: ``enum kvp_*_COUNT`` values, by enum class (checked against the header;
 #: ``enum kvp_event_type`` and ``enum kvp_engine_state`` have none).
 COUNTS = {Axis: 6, FieldKind: 10, GroupKind: 4, KvLayout: 4, StateKind: 3,
@@ -218,6 +244,11 @@ IDLE_NEVER = 0xFFFFFFFF
 SRQ_OFF = 1
 #: ``KVP_AGENT_FDS``: the file descriptors an agent has to sleep on.
 AGENT_FDS = 3
+#: ``kvp_agent_attr.comp_mask``: the log fields are set.
+AGENT_ATTR_LOG = 1 << 0
+#: ``kvp_agent_metrics()``'s formats.
+METRICS_TEXT = 0
+METRICS_JSON = 1
 #: The header's version (KVP_VERSION_MAJOR, _MINOR, _PATCH).
 VERSION = (0, 2, 0)
 

@@ -47,6 +47,7 @@ class FakeLib:
         self.ready = 0
         self.ngroups = 1
         self.stats = {}
+        self.exposition = {0: "", 1: "{}"}   # metrics: text, JSON
         self.info = {}
         self.next_engine = 5
         self._failed_mem = []    # what the FAILED ids of the last poll use
@@ -115,6 +116,15 @@ class FakeLib:
     def c_listen(self, h, ip, port):
         self.seen["listen"] = (_str(ip), port)
         return 0
+
+    def c_metrics(self, h, fmt, buf, cap):
+        # kvp_agent_metrics(): self.exposition[fmt] as snprintf() writes
+        data = self.exposition[fmt].encode()
+        self.seen.setdefault("metrics", []).append((fmt, cap))
+        if cap:
+            n = min(len(data), cap - 1)
+            ctypes.memmove(buf, data[:n] + b"\0", n + 1)
+        return len(data)
 
     def c_get_meta(self, h, buf, cap, length):
         length[0] = len(self.meta_blob)

@@ -31,9 +31,11 @@ ENUM_PREFIX = {
     E.ConvLayout: ("KVP_CONV_", "KVP_CONV_LAYOUT_COUNT"),
     E.Reason: ("KVP_REASON_", "KVP_REASON_COUNT"),
     E.Role: ("KVP_ROLE_", "KVP_ROLE_COUNT"),
-    # no _COUNT in the header for these two
+    # no _COUNT in the header for these
     E.EventType: ("KVP_EV_", None),
     E.EngineState: ("KVP_ENGINE_", None),
+    E.LogLevel: ("KVP_LOG_", None),
+    E.LogKind: ("KVP_LOG_", None),
 }
 
 CONSTANTS = {
@@ -55,6 +57,8 @@ CONSTANTS = {
     "KVP_MR_MIN": E.MR_MIN, "KVP_SECRET_MIN": E.SECRET_MIN,
     "KVP_SECRET_MAX": E.SECRET_MAX, "KVP_AGENT_FDS": E.AGENT_FDS,
     "KVP_IDLE_NEVER": E.IDLE_NEVER,
+    "KVP_AGENT_ATTR_LOG": E.AGENT_ATTR_LOG,
+    "KVP_METRICS_TEXT": E.METRICS_TEXT, "KVP_METRICS_JSON": E.METRICS_JSON,
 }
 
 
@@ -133,7 +137,7 @@ def test_every_struct_is_mirrored():
     assert declared == mirrored
     transport = text[text.index("---- Transport (verbs/) ----"):]
     assert {"kvp_agent_attr", "kvp_peer", "kvp_engine_info", "kvp_event",
-            "kvp_agent_stats"} == set(re.findall(r"^struct (kvp_\w+) \{",
+            "kvp_agent_stats", "kvp_log_record"} == set(re.findall(r"^struct (kvp_\w+) \{",
                                                  transport, re.M))
 
 
@@ -143,7 +147,7 @@ def test_every_enum_of_the_header_is_mirrored():
     assert named == {"kvp_reason", "kvp_axis", "kvp_field_kind",
                      "kvp_group_kind", "kvp_kv_layout", "kvp_state_kind",
                      "kvp_conv_layout", "kvp_role", "kvp_engine_state",
-                     "kvp_event_type"}
+                     "kvp_event_type", "kvp_log_level", "kvp_log_kind"}
     assert len(ENUM_PREFIX) == len(named)
 
 
@@ -193,7 +197,7 @@ def test_every_function_is_declared_and_used():
     funcs = _header_functions()
     assert "kvp_plan_emit" in funcs and "kvp_agent_open" in funcs
     agent_calls = {f for f in funcs if f.startswith("kvp_agent_")}
-    assert len(agent_calls) == 23
+    assert len(agent_calls) == 24
     declared = {p[0] for p in _lib._PROTOS}
     assert funcs == declared
     pkg = os.path.dirname(kvpull.__file__)

@@ -289,9 +289,12 @@ def test_attr_defaults_are_zero(layout):
     assert d.pop("layout") == layout.handle
     assert set(d.values()) <= {0, None, ""}, d
     assert a.device is None and a.addr is None and a.secret is None
+    # the log callback's members: the binding sets none (no callback
+    # from Python; comp_mask's KVP_AGENT_ATTR_LOG stays clear)
     assert set(kvpull.ATTR_DEFAULTS) == \
         {n for n, _ in S.AgentAttr._fields_} - {"role", "layout",
-                                               "secret_len"}
+                                               "secret_len", "log_fn",
+                                               "log_user", "log_level"}
 
 
 def test_attr_defaults_match_the_c_source():

@@ -439,9 +439,10 @@ def test_dmabuf_fallback():
 
 @pytest.mark.parametrize("mode", ["bulk", "stream"])
 def test_connector_example(port, mode):
+    # each worker serves /metrics and checks its own counts there
     args = [sys.executable, CONNECTOR, "pair", "--addr", ADDR,
             "--port", str(port), "--ctrl-port", str(port + 4),
-            "--timeout", "150"]
+            "--timeout", "150", "--metrics-port", str(port + 6)]
     if os.environ.get("KVP_ADDR1"):
         args += ["--decode-addr", os.environ["KVP_ADDR1"]]
     if mode == "stream":
@@ -454,4 +455,5 @@ def test_connector_example(port, mode):
     assert r.returncode == 0, out
     assert "decode: every byte checked" in out
     assert "every request released by both ranks" in out
+    assert "prefill: /metrics: " in out and "decode: /metrics: " in out
     assert out.rstrip().endswith("1 passed, 0 failed")
