@@ -21,6 +21,7 @@
 #   scripts/rdma-bench.sh --python
 #   scripts/rdma-bench.sh --storm [N [kvpull-storm options]]
 #   scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W] [--read-window R]
+#   scripts/rdma-bench.sh --model [model.py size options]
 #
 # Side by side on KV-shaped workloads of real model pairs (kvpull-rdma-bench
 # --pair; default: llama-3.1-70b-tp8to2-hnd, llama-3.1-70b-tp4to8-nhd,
@@ -413,6 +414,36 @@ python_bench() {
 	echo "python: pull_extra_us=$(echo "$h" | sed -n 's/^pull_extra_us=\([^ ]*\).*/\1/p') emit_ratio=$(echo "$e" | sed -n 's/^emit_ratio=\([^ ]*\).*/\1/p')"
 }
 
+# ---------------------------------------------------------- model
+# scripts/rdma-bench.sh --model [model.py size options]: issue 36's model
+# demo (python/examples/model.py, scripts/rdma-model-inner.sh) in one VM
+# boot with two devices (prefill on rxe0, decode on rxe1; Debian's python3,
+# numpy, torch and the package carried in as tests/python_rdma/run-vm.sh
+# carries them): a prefill process with a TP 2 and a TP 1 engine, a TP 1
+# decode process pulling from each a request after its whole prefill
+# (bulk), one while it is computed (streamed) and one streamed with a
+# prefix-cache hit, every logit checked bit for bit against the same
+# prefills and decodes in one process. Prints a model-request: line per
+# request and, per prefill engine,
+#   model: layers=L prompt_tokens=T decode_tokens=N tp=2->1 match=bitwise
+#     prefill_ms=P ttft_bulk_ms=A ttft_stream_ms=B exposed_bulk_ms=X
+#     exposed_stream_ms=Y layer_xfer_ms=Z
+# (model.py's header says what each figure is).
+model_bench() {
+	shift
+	local py=${PYTHON:-/usr/bin/python3} lib files
+	bash scripts/install-deps.sh
+	make -s BUILD=build all
+	lib=$PWD/build/libkvpull.so.0
+	files=$(PYTHONDONTWRITEBYTECODE=1 "$py" tests/python_rdma/vm_files.py "$lib")
+	KVP_VM_MEM=${KVP_VM_MEM:-4096} scripts/rxe-vm.sh -q --devices 2 \
+		--timeout "${KVP_MODEL_TIMEOUT:-3600}" \
+		--files "$files $PWD/scripts/rdma-model-inner.sh" \
+		--env "KVPULL_LIB=$lib" --env PYTHONDONTWRITEBYTECODE=1 \
+		--env "PYTHONPATH=$PWD/python" -- \
+		"sh $PWD/scripts/rdma-model-inner.sh $*"
+}
+
 # ---------------------------------------------------------- path
 # scripts/rdma-bench.sh --path [--devices 1|2] [--rounds N]: see the top.
 path_bench() {
@@ -494,6 +525,7 @@ case ${1:-} in
 --side-by-side|--smoke) side_by_side "$@"; exit ;;
 --stream) stream "$@"; exit ;;
 --python) python_bench "$@"; exit ;;
+--model) model_bench "$@"; exit ;;
 --storm) storm "$@"; exit ;;
 --races) races "$@"; exit ;;
 esac
@@ -505,6 +537,7 @@ requests=${2:-32}
 	echo "                             [--blocks N] [--pair NAME]... [--ids MODE]..." >&2
 	echo "       scripts/rdma-bench.sh --smoke" >&2
 	echo "       scripts/rdma-bench.sh --python" >&2
+	echo "       scripts/rdma-bench.sh --model [model.py size options]" >&2
 	echo "       scripts/rdma-bench.sh --stream [CASE]" >&2
 	echo "       scripts/rdma-bench.sh --storm [N [kvpull-storm options]]" >&2
 	echo "       scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W] [--read-window R]" >&2

@@ -3,9 +3,11 @@
 """model.py: a small decoder-only transformer served disaggregated through
 kvpull.connector, whose decode continues bit for bit (issue 36).
 
-The model: torch on the CPU, random weights from a fixed seed (8 layers,
-d_model 512, 8 query heads, 2 KV heads of 64, RoPE, RMSNorm, SwiGLU, fp32
-by default), one thread (deterministic kernels), a paged KV cache in
+The model: torch on the CPU, random weights from a fixed seed (by default
+8 layers, d_model 256, 8 query heads, 2 KV heads of 32, RoPE, RMSNorm,
+SwiGLU, fp32; a 256-token prompt, 16 decode steps; --d-model, --prompt
+and the other size options change them), one thread (deterministic
+kernels), a paged KV cache in
 vLLM's FlashAttention shape ``(2, num_blocks, 16, kv_heads, 64)`` per
 layer, allocated in the HND stride order vLLM uses for disaggregated
 serving.  Attention always reads K and V back from the paged cache
@@ -21,13 +23,13 @@ Two processes, as two serving instances:
    heads' slice (a GEMM over a slice of the heads may round differently
    from the whole), writes each layer's K and V into its paged cache and
    publishes it as it finishes (``save_kv_layer``);
- - decode: TP 1, its own block ids; per prefill engine three requests: A
-   pulled after the whole prefill (bulk), B pulled while it is computed
+ - decode: TP 1, its own block ids; per prefill engine, requests A pulled
+   after the whole prefill (bulk), B pulled while it is computed
    (streamed: ``start_load_kv`` when the request arrives,
-   ``wait_for_layer_load`` per layer), C streamed with a prefix-cache hit
-   (its first blocks are B's, already held on both sides: the prefill
-   computes only the tail, the decode side pulls only the tail); each then
-   generates N tokens greedily.
+   ``wait_for_layer_load`` per layer), and C streamed with a prefix-cache
+   hit (its first blocks are the last B's, already held on both sides:
+   the prefill computes only the tail, the decode side pulls only the
+   tail); each then generates N tokens greedily.
 
 Then the decode process runs the reference itself, a fresh model and cache
 without kvpull: the same requests' prefills and decodes in one process.
@@ -37,13 +39,18 @@ step) must equal the reference's bit for bit.
     model.py pair [--addr A] [--decode-addr B] [size options]
     model.py prefill / decode ...         # one side each (pair runs both)
 
-Prints, per prefill engine,
+Prints a ``model-request:`` line per request (its figures, the prefill's
+per-layer times and the decode side's per-layer arrivals) and per prefill
+engine
 ``model: layers=L prompt_tokens=T decode_tokens=N tp=2->1 match=bitwise
 prefill_ms=P ttft_bulk_ms=A ttft_stream_ms=B exposed_bulk_ms=X
-exposed_stream_ms=Y layer_xfer_ms=Z``: TTFT from the prompt's arrival at
-the prefill to the decode's first token (same machine: one monotonic
-clock); exposed: from the prefill's end to the decode side's DONE;
-layer_xfer: the bulk pull's time (its DONE's elapsed_ns) over the layers.
+exposed_stream_ms=Y layer_xfer_ms=Z``, medians over ``--rounds`` pairs of
+fresh prompts (A bulk, B streamed, after a warm-up request W): prefill,
+the prefill's forward pass; TTFT, from the prompt's arrival at the
+prefill to the decode's first token (same machine: one monotonic clock);
+exposed, from the end of the prefill's last layer (its K and V written)
+to the decode side's DONE; layer_xfer, the bulk pull's time (its DONE's
+elapsed_ns) over the layers; match, over every request of the engine.
 Exit 0 when every logit matched, 1 otherwise, 77 without an RDMA device.
 """
 import argparse
@@ -81,9 +88,13 @@ DECODE_ENGINE = 0x4D44
 class Config:
     """The model's and the run's sizes (passed to both processes)."""
 
-    FIELDS = dict(layers=8, d_model=512, heads=8, kv_heads=2, ffn=1024,
+    # The defaults fit scripts/rdma-bench.sh --model in one VM boot on a
+    # shared 2-core machine (a forward pass of the prompt takes seconds
+    # under TCG); --d-model 512 --ffn 1024 --prompt 512 is the larger form.
+    FIELDS = dict(layers=8, d_model=256, heads=8, kv_heads=2, ffn=512,
                   vocab=2048, block=16, seed=36, dtype="float32",
-                  prompt=512, decode=16, hit_blocks=2, num_blocks=0)
+                  prompt=256, decode=16, hit_blocks=2, rounds=2,
+                  num_blocks=0)
 
     def __init__(self, **kw):
         for k, v in self.FIELDS.items():
@@ -91,9 +102,9 @@ class Config:
         if kw:
             raise TypeError("unknown sizes %s" % sorted(kw))
         self.head_dim = self.d_model // self.heads
-        if not self.num_blocks:         # 3 requests + their decodes, x2
+        if not self.num_blocks:     # every request of both engines, kept
             per = -(-(self.prompt + self.decode) // self.block) + 1
-            self.num_blocks = 8 * per
+            self.num_blocks = (4 * self.rounds + 6) * per
         self.torch_dtype = getattr(torch, self.dtype)
 
     def to_dict(self):
@@ -220,19 +231,26 @@ class Paged:
 
 
 def requests(cfg, tp):
-    """The three requests for the prefill engine of TP ``tp``: (name,
-    tokens, mode, prefix) -- prefix ``(name, blocks)`` shares that
-    request's first blocks."""
+    """The requests for the prefill engine of TP ``tp``, in order: (name,
+    tokens, mode, prefix), prefix ``(name, blocks)`` sharing that
+    request's first blocks.  W warms up (a 2-block bulk pull: the first
+    pull and the first forward pay one-time costs), then ``rounds`` pairs
+    of fresh prompts, A pulled in bulk and B streamed, then C streamed
+    with a prefix-cache hit of the last B's first ``hit_blocks`` blocks."""
     g = torch.Generator().manual_seed(cfg.seed * 1000 + tp)
 
     def t(n):
         return torch.randint(0, cfg.vocab, (n,), generator=g).tolist()
-    a, b = t(cfg.prompt), t(cfg.prompt)
-    hit = cfg.hit_blocks * cfg.block
-    c = b[:hit] + t(cfg.prompt - hit)
     base = "tp%d-" % tp
-    return [(base + "A", a, "bulk", None), (base + "B", b, "stream", None),
-            (base + "C", c, "stream", (base + "B", cfg.hit_blocks))]
+    out = [(base + "W", t(2 * cfg.block), "bulk", None)]
+    for r in range(1, cfg.rounds + 1):
+        out += [(base + "A%d" % r, t(cfg.prompt), "bulk", None),
+                (base + "B%d" % r, t(cfg.prompt), "stream", None)]
+    hit = cfg.hit_blocks * cfg.block
+    b = out[-1]
+    out.append((base + "C", b[1][:hit] + t(cfg.prompt - hit), "stream",
+                (b[0], cfg.hit_blocks)))
+    return out
 
 
 class Blocks:
@@ -420,11 +438,12 @@ def _prefill_one(cfg, model, full, blocks, engines, ch, m):
     layer_ns = []
 
     def after(layer):
+        layer_ns.append(time.monotonic_ns())     # computed, not published
         for w in workers:
             w.save_kv_layer(layer)
-        layer_ns.append(time.monotonic_ns())
     logits = model.forward(toks[done:], done, kv, after_layer=after)
-    t_end = time.monotonic_ns()
+    t_fwd = time.monotonic_ns()
+    t_end = layer_ns[-1]                # the last layer's K and V written
     first = int(logits.argmax())
     for w in workers:
         w.wait_for_save()
@@ -432,7 +451,7 @@ def _prefill_one(cfg, model, full, blocks, engines, ch, m):
     _delay, params = sched.request_finished(req)
     ch.send({"req": name, "params": params, "first_token": first,
              "t_arrive": t_arrive, "t_end": t_end,
-             "prefill_ns": t_end - t0,
+             "prefill_ns": t_fwd - t0,
              "layer_ns": [t - t0 for t in layer_ns],
              "logits": _tensor_bytes(logits)})
 
@@ -441,6 +460,14 @@ def _prefill_one(cfg, model, full, blocks, engines, ch, m):
 
 
 def run_decode(args, cfg):
+    res = decode_result(args, cfg)
+    print("model-result: " + json.dumps(res), flush=True)
+    return 0
+
+
+def decode_result(args, cfg):
+    """The decode side's run: {"figures": {request: ...}, "errors": [load
+    errors], "match": {request: [logits compared, bitwise equal]}}."""
     who = "decode"
     torch.set_num_threads(1)
     model = Model(cfg)
@@ -486,8 +513,7 @@ def run_decode(args, cfg):
         same = [a.numpy().tobytes() == b.numpy().tobytes()
                 for a, b in zip(logits, ref[name])]
         result["match"][name] = [len(same), sum(same)]
-    print("model-result: " + json.dumps(result), flush=True)
-    return 0
+    return result
 
 
 def _wait_msg(w, ch, pred, timeout):
@@ -563,7 +589,7 @@ def _decode_one(cfg, model, cache, w, sched, ch, blocks, name, toks, mode,
     fig = {"mode": mode, "tp": tp, "tokens": T, "hit_blocks": hit,
            "prefill_ms": done["prefill_ns"] * ms,
            "ttft_ms": (t_first - done["t_arrive"]) * ms,
-           "exposed_ms": max(t_kv - done["t_end"], 0) * ms,
+           "exposed_ms": (t_kv - done["t_end"]) * ms,
            "pull_ms": ev.elapsed_ns * ms, "bytes": ev.bytes,
            "reads": ev.reads,
            "publish_ms": [round(x * ms, 2) for x in done["layer_ns"]],
@@ -577,20 +603,33 @@ def _decode_one(cfg, model, cache, w, sched, ch, blocks, name, toks, mode,
 # ---- both, and the figures ---------------------------------------------------
 
 
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else \
+        (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
 def summary(cfg, tp, res):
-    """The model: line of engine TP ``tp`` from the decode's result."""
+    """The model: line of engine TP ``tp`` from the decode's result:
+    medians over the rounds' A (bulk) and B (streamed) requests; match
+    over every request of the engine (W and C included); ``(line, ok)``."""
     figs = res["figures"]
-    a, b = figs["tp%d-A" % tp], figs["tp%d-B" % tp]
+    pre = "tp%d-" % tp
+    a = [f for n, f in figs.items() if n.startswith(pre + "A")]
+    b = [f for n, f in figs.items() if n.startswith(pre + "B")]
+
+    def med(fs, k):
+        return _median([f[k] for f in fs])
     ok = all(n == m and n == cfg.decode + 1 for k, (n, m) in
-             res["match"].items() if k.startswith("tp%d-" % tp)) and \
+             res["match"].items() if k.startswith(pre)) and \
         not res["errors"]
     return ("model: layers=%d prompt_tokens=%d decode_tokens=%d tp=%d->1 "
             "match=%s prefill_ms=%.1f ttft_bulk_ms=%.1f ttft_stream_ms=%.1f "
             "exposed_bulk_ms=%.1f exposed_stream_ms=%.1f layer_xfer_ms=%.2f"
             % (cfg.layers, cfg.prompt, cfg.decode, tp,
-               "bitwise" if ok else "DIFFERENT", a["prefill_ms"],
-               a["ttft_ms"], b["ttft_ms"], a["exposed_ms"], b["exposed_ms"],
-               a["pull_ms"] / cfg.layers)), ok
+               "bitwise" if ok else "DIFFERENT", med(a, "prefill_ms"),
+               med(a, "ttft_ms"), med(b, "ttft_ms"), med(a, "exposed_ms"),
+               med(b, "exposed_ms"), med(a, "pull_ms") / cfg.layers)), ok
 
 
 def run_pair(args, cfg):
