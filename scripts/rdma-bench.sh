@@ -130,19 +130,22 @@ cd "$(dirname "$0")/.."
 side_usage() {
 	echo "usage: scripts/rdma-bench.sh --side-by-side [--rounds N] [--requests N]" >&2
 	echo "                             [--blocks N] [--pair NAME]... [--ids MODE]..." >&2
+	echo "       scripts/rdma-bench.sh --side-by-side --devices 1|2 [--rounds N]" >&2
 	echo "       scripts/rdma-bench.sh --smoke" >&2
 	exit 2
 }
 
 side_by_side() {
 	local rounds=3 requests=16 blocks=128 smoke=0 pairs=() idss=() cmd="$*"
+	local devices=
 	while [[ $# -gt 0 ]]; do
 		case $1 in
 		--side-by-side) shift ;;
 		--smoke) smoke=1 rounds=1 requests=2 blocks=16; shift ;;
-		--rounds|--requests|--blocks|--pair|--ids)
+		--rounds|--requests|--blocks|--pair|--ids|--devices)
 			[[ $# -ge 2 ]] || side_usage
 			case $1 in
+			--devices) devices=$2 ;;
 			--rounds) rounds=$2 ;;
 			--requests) requests=$2 ;;
 			--blocks) blocks=$2 ;;
@@ -153,6 +156,12 @@ side_by_side() {
 		*) side_usage ;;
 		esac
 	done
+	# --devices 1|2: issue 35's cases (the path benchmark), one path:
+	# line per case and round.
+	if [[ -n $devices ]]; then
+		path_bench --path --devices "$devices" --rounds "$rounds"
+		return
+	fi
 	[[ $rounds =~ ^[1-9][0-9]?$ && $requests =~ ^[1-9][0-9]{0,3}$ &&
 		$blocks =~ ^[1-9][0-9]{0,3}$ ]] || side_usage
 	((${#pairs[@]})) || pairs=(llama-3.1-70b-tp8to2-hnd
@@ -467,9 +476,16 @@ path_bench() {
 	ucxmods=
 	[[ -n $ucx ]] && ucxmods=$(dirname "$(ldd "$ucx" | awk '$1 ~ /^libucs\.so/ { print $3 }')")/ucx
 	[[ -d $ucxmods ]] || ucxmods=
+	# rdma-path-inner.sh's knobs, when set (its header): sizes, cases,
+	# READs per run, perf profiles.
+	local envs=() v perf=
+	for v in KVP_PATH_SIZES KVP_PATH_CASES KVP_PATH_READS KVP_PATH_PERF; do
+		[[ -n ${!v:-} ]] && envs+=(--env "$v=${!v}")
+	done
+	[[ ${KVP_PATH_PERF:-0} == 1 ]] && perf=$(command -v perf || true)
 	KVP_VM_MEM=${KVP_VM_MEM:-1024} scripts/rxe-vm.sh -q --devices "$devices" \
-		--timeout $((300 + rounds * 600)) \
-		--files "$PWD/build/tools/kvpull-rdma-bench $PWD/scripts/rdma-path-inner.sh $ucx $ucxmods" \
+		--timeout $((300 + rounds * 900)) "${envs[@]}" \
+		--files "$PWD/build/tools/kvpull-rdma-bench $PWD/scripts/rdma-path-inner.sh $ucx $ucxmods $perf" \
 		-- "bash $PWD/scripts/rdma-path-inner.sh $PWD/build/tools/kvpull-rdma-bench $devices $rounds"
 }
 

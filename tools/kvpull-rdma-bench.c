@@ -83,6 +83,7 @@ struct opts {
 	const struct pair *pair;
 	uint32_t page_kib, block, blocks, nreq, inflight, layers, sq, spin;
 	uint32_t qps, max_sge, no_coalesce, max_peers;
+	uint32_t sleep; /* the consumer sleeps on the agent's fds */
 	uint32_t window, window_bytes; /* kvp_agent_attr.read_window... */
 	uint32_t nblocks; /* blocks per region, from plan_ids() */
 	uint16_t port;
@@ -168,6 +169,10 @@ static void usage(FILE *f)
 		"                    (coalesced) [random]\n"
 		"  --producer-spin 0|1  1: the producers busy-poll; 0: they sleep\n"
 		"                    on the agent's fds (kvp_agent_arm) [0]\n"
+		"  --consumer-sleep 0|1  1: the consumer sleeps on the agent's\n"
+		"                    fds when a poll found nothing and nothing\n"
+		"                    more can be pulled; 0: it busy-polls, as\n"
+		"                    ib_read_bw without -e [0]\n"
 		"  --version         print the version and exit\n"
 		"The last line: result: bytes=N secs=S mbps=X reads=R avg_read=B\n"
 		"(MB/s = 10^6 bytes/s; avg_read: bytes per READ).\n"
@@ -413,6 +418,7 @@ static int consumer(const struct opts *o, const struct req_ids *r)
 	uint64_t next, done = 0, t0, t1, pull_ns = 0, pull_user = 0;
 	uint64_t pull_sys = 0, pull_cpu = 0;
 	uint64_t emit_ns, emit_wrs = 0, poll_ns = 0, wrs, bytes, page;
+	uint64_t polls = 0, empty = 0, sleeps = 0;
 	struct kvp_wr *wr = NULL;
 	struct kvp_sge *sge = NULL;
 	double secs;
@@ -488,6 +494,18 @@ static int consumer(const struct opts *o, const struct req_ids *r)
 		}
 		if (n < 0)
 			goto out;
+		polls++;
+		/* Nothing came and nothing more can be pulled (all asked, or
+		 * -EBUSY): with --consumer-sleep, sleep until a completion
+		 * (kvp_agent_arm: the CQs' channel) instead of spinning. */
+		if (!n) {
+			empty++;
+			if (o->sleep) {
+				sleeps++;
+				if (tool_agent_sleep(a, -1, 100) < 0)
+					goto out;
+			}
+		}
 		for (i = 0; i < (uint32_t)n; i++) {
 			if (ev[i].type == KVP_EV_FAILED) {
 				fprintf(stderr, "request failed: %s\n",
@@ -549,6 +567,9 @@ static int consumer(const struct opts *o, const struct req_ids *r)
 	       (unsigned long long)(s1.doorbells - s0.doorbells),
 	       (unsigned long long)(s1.notes_sent - s0.notes_sent),
 	       (unsigned long long)(s1.queued - s0.queued));
+	printf("  warm-up request (not timed): READs %llu, %llu bytes\n",
+	       (unsigned long long)s0.reads,
+	       (unsigned long long)s0.read_bytes);
 	printf("  throughput: %llu bytes in %.3f s = %.2f MB/s (%.3f Gb/s), "
 	       "%.0f READs/s\n",
 	       (unsigned long long)bytes, secs, bytes / secs / 1e6,
@@ -564,6 +585,13 @@ static int consumer(const struct opts *o, const struct req_ids *r)
 	printf("    emission alone: %.1f ns per WR; poll: %.1f us per request\n",
 	       emit_wrs ? (double)emit_ns / emit_wrs : 0,
 	       poll_ns / 1e3 / o->nreq);
+	printf("  consumer loop (%s): polls %.3f per READ, %.3f found "
+	       "nothing, sleeps %.3f; doorbells %.3f per READ\n",
+	       o->sleep ? "--consumer-sleep 1: sleeps on the agent's fds when "
+			  "a poll found nothing" : "busy polling",
+	       wrs ? (double)polls / wrs : 0, wrs ? (double)empty / wrs : 0,
+	       wrs ? (double)sleeps / wrs : 0,
+	       wrs ? (double)(s1.doorbells - s0.doorbells) / wrs : 0);
 	printf("    (rxe runs its transmit path inside ibv_post_send, so on "
 	       "soft-RoCE kernel time dominates; a hardware doorbell is a "
 	       "store)\n");
@@ -625,6 +653,7 @@ int main(int argc, char **argv)
 		{ "--window-bytes", TOOL_U32, &o.window_bytes, 0 },
 		{ "--no-coalesce", TOOL_FLAG, &o.no_coalesce, 0 },
 		{ "--producer-spin", TOOL_U32, &o.spin, 0 },
+		{ "--consumer-sleep", TOOL_U32, &o.sleep, 0 },
 		{ NULL, TOOL_STR, NULL, 0 },
 	};
 	struct bench b = { .o = &o };
