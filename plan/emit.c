@@ -10,128 +10,6 @@
 
 #include "internal.h"
 
-#define MAX_GROUPS 64 /* compile.c's limit; struct needs holds one bit each */
-
-/* What a request needs of one group, in the group's block numbering. */
-struct need {
-	uint32_t skip;	/* first local block of the sequence that is read */
-	uint32_t lend;	/* one past the last local block */
-	uint32_t rend;	/* remote blocks that hold tokens */
-	uint32_t k0, k1; /* periods to walk */
-	/* A range's periods (kvp_plan_emit_range_*()): k in [ka, kb) of the
-	 * walk above; 0 and UINT32_MAX for the whole request. */
-	uint32_t ka, kb;
-	uint64_t tokens; /* the sequence's, for a range's clip; 0: STATE */
-};
-
-static int check_ids(const uint32_t *ids, uint32_t n, uint32_t bound)
-{
-	uint32_t i, bad = 0;
-
-	for (i = 0; i < n; i++)
-		bad |= ids[i] >= bound;
-	return bad ? -ERANGE : 0;
-}
-
-/* The need of one group: O(1), no id read. -EINVAL for lists that do not
- * fit the group (NULL with a length, unequal STATE lists, more local blocks
- * than the sequence spans, tokens past the remote blocks). */
-static int group_need(const struct kvp_pgroup *pg, const struct kvp_ids *id,
-		      struct need *n)
-{
-	uint64_t tokens, nl;
-
-	if ((id->nlocal && !id->local) || (id->nremote && !id->remote))
-		return -EINVAL;
-	if (pg->kind == KVP_GROUP_STATE) {
-		if (id->nlocal != id->nremote)
-			return -EINVAL;
-		n->skip = 0;
-		n->lend = n->rend = id->nlocal;
-		n->tokens = 0;
-	} else {
-		tokens = id->tokens ? id->tokens :
-				      (uint64_t)id->nremote * pg->rtok;
-		if (tokens > (uint64_t)id->nremote * pg->rtok)
-			return -EINVAL;
-		nl = (tokens + pg->ltok - 1) / pg->ltok;
-		if (id->nlocal > nl)
-			return -EINVAL;
-		n->skip = (uint32_t)(nl - id->nlocal);
-		n->lend = (uint32_t)nl;
-		n->rend = (uint32_t)((tokens + pg->rtok - 1) / pg->rtok);
-		n->tokens = tokens;
-	}
-	n->k0 = n->skip / pg->lper;
-	n->k1 = id->nlocal ? (n->lend + pg->lper - 1) / pg->lper : n->k0;
-	n->ka = 0;
-	n->kb = UINT32_MAX;
-	return 0;
-}
-
-/* Clips a group's need to the periods of range r: those whose last token,
- * min((k + 1) * period, tokens), lies in (tok0, tok1]; a STATE group's
- * blocks all in the range that reaches KVP_TOKENS_END, none in others. */
-static void need_clip(const struct kvp_pgroup *pg, struct need *n,
-		      const struct kvp_emit_range *r)
-{
-	uint64_t ka, kb;
-
-	if (pg->kind == KVP_GROUP_STATE) {
-		if (r->tok1 != KVP_TOKENS_END || r->tok0 == KVP_TOKENS_END)
-			n->ka = n->kb = 0;
-		return;
-	}
-	ka = !r->tok0 ? 0 : r->tok0 >= n->tokens ? UINT32_MAX :
-						    r->tok0 / pg->period;
-	kb = r->tok1 >= n->tokens ? UINT32_MAX : r->tok1 / pg->period;
-	n->ka = ka > UINT32_MAX ? UINT32_MAX : (uint32_t)ka;
-	n->kb = kb > UINT32_MAX ? UINT32_MAX : (uint32_t)kb;
-}
-
-/* Every group's need, then every id against its bound: all -EINVAL cases
- * before any -ERANGE one. */
-static int prepare(const kvp_plan *p, const struct kvp_ids *ids,
-		   struct need *nd)
-{
-	uint32_t g;
-	int err;
-
-	for (g = 0; g < p->ngroups; g++) {
-		err = group_need(&p->groups[g], &ids[g], &nd[g]);
-		if (err)
-			return err;
-	}
-	for (g = 0; g < p->ngroups; g++) {
-		const struct kvp_pgroup *pg = &p->groups[g];
-
-		if (check_ids(ids[g].local, ids[g].nlocal, pg->lblocks) ||
-		    check_ids(ids[g].remote, ids[g].nremote, pg->rblocks))
-			return -ERANGE;
-	}
-	return 0;
-}
-
-void kvp_plan_emit_bound(const kvp_plan *p, uint32_t max_ids,
-			 uint32_t *max_wrs, uint32_t *max_sges)
-{
-	uint64_t n = 0;
-	uint32_t i;
-
-	for (i = 0; p && i < p->nstreams; i++) {
-		const struct kvp_pset *s = &p->sets[p->streams[i].set];
-		uint32_t lper = p->groups[s->group].lper;
-		uint64_t periods = (uint64_t)max_ids / lper + 2;
-
-		n += periods * s->count;
-	}
-	if (n > UINT32_MAX)
-		n = UINT32_MAX;
-	if (max_wrs)
-		*max_wrs = (uint32_t)n;
-	if (max_sges)
-		*max_sges = (uint32_t)n;
-}
 
 /* The WR being built. Records are kvp_wr and kvp_sge, or (`into`, a
  * constant the emission functions take like `bounded`) a sink's: its WR
@@ -702,7 +580,7 @@ int kvp_plan_emit(const kvp_plan *p, const struct kvp_ids *ids,
 
 	if (!p || !ids || (wr_cap && !wr) || (sge_cap && !sge))
 		return -EINVAL;
-	err = prepare(p, ids, need);
+	err = kvp__plan_prepare(p, ids, need);
 	if (err)
 		return err;
 	/* Each piece adds at most one WR and one SGE: check room for all of
@@ -744,7 +622,7 @@ int kvp_plan_emit_check(const kvp_plan *p, const struct kvp_ids *ids)
 
 	if (!p || !ids)
 		return -EINVAL;
-	return prepare(p, ids, need);
+	return kvp__plan_prepare(p, ids, need);
 }
 
 /*
@@ -766,11 +644,11 @@ static inline int needs_get(struct needs *ns, const kvp_plan *p,
 	int err;
 
 	if (kvp_unlikely(!(ns->have & bit))) {
-		err = group_need(&p->groups[g], &ids[g], &ns->n[g]);
+		err = kvp__group_need(&p->groups[g], &ids[g], &ns->n[g]);
 		if (err)
 			return err;
 		if (r)
-			need_clip(&p->groups[g], &ns->n[g], r);
+			kvp__need_clip(&p->groups[g], &ns->n[g], r);
 		ns->have |= bit;
 	}
 	*out = &ns->n[g];
@@ -1096,104 +974,4 @@ int kvp_plan_emit_done(const struct kvp_emit_pos *pos)
 	if (!pos)
 		return -EINVAL;
 	return pos->stream >= pos->end;
-}
-
-void kvp_plan_get_info(const kvp_plan *p, struct kvp_plan_info *info)
-{
-	if (!info)
-		return;
-	if (!p) {
-		memset(info, 0, sizeof(*info));
-		return;
-	}
-	info->ngroups = p->ngroups;
-	info->nsrc = p->nsrc;
-	info->nnotify = p->nnotify;
-	info->nstreams = p->nstreams;
-	info->npieces = p->npieces;
-	info->local_tp = p->local_tp;
-	info->local_rank = p->local_rank;
-	info->remote_tp = p->remote_tp;
-	info->max_sge = p->max_sge;
-	info->max_len = p->max_len;
-	info->bytes = p->bytes;
-}
-
-int kvp_plan_source(const kvp_plan *p, uint32_t i)
-{
-	return p && i < p->nsrc ? p->src[i] : -EINVAL;
-}
-
-int kvp_plan_notify(const kvp_plan *p, uint32_t i)
-{
-	return p && i < p->nnotify ? p->notify[i] : -EINVAL;
-}
-
-int kvp_plan_get_group(const kvp_plan *p, uint32_t g, struct kvp_plan_group *o)
-{
-	const struct kvp_pgroup *pg;
-
-	if (!p || !o || g >= p->ngroups)
-		return -EINVAL;
-	pg = &p->groups[g];
-	o->kind = pg->kind;
-	o->local_tokens = pg->ltok;
-	o->remote_tokens = pg->rtok;
-	o->period_tokens = pg->period;
-	o->local_per_period = pg->lper;
-	o->remote_per_period = pg->rper;
-	o->local_blocks = pg->lblocks;
-	o->remote_blocks = pg->rblocks;
-	o->src_mask = p->nsrc > 64 ? ~0ull : pg->src_mask;
-	return 0;
-}
-
-int kvp_plan_get_stream(const kvp_plan *p, uint32_t i,
-			struct kvp_plan_stream *o)
-{
-	const struct kvp_pstream *s;
-
-	if (!p || !o || i >= p->nstreams)
-		return -EINVAL;
-	s = &p->streams[i];
-	o->src = s->src;
-	o->group = p->sets[s->set].group;
-	o->local_view = s->lview;
-	o->remote_view = s->rview;
-	o->local_region = p->lviews[s->lview].region;
-	o->remote_region = p->rviews[s->rview].region;
-	o->piece_first = p->sets[s->set].first;
-	o->npieces = p->sets[s->set].count;
-	o->bytes_per_period = p->sets[s->set].bytes;
-	o->layer = p->rlayer[s->rview];
-	o->pad = 0;
-	return 0;
-}
-
-int kvp_plan_stream_gather(const kvp_plan *p, uint32_t i)
-{
-	uint32_t g;
-
-	if (!p || i >= p->nstreams)
-		return -EINVAL;
-	g = p->streams[i].gather;
-	if (g == GATHER_MEMBER)
-		return 0;
-	return g ? (int)p->gathers[g - 1].n : 1;
-}
-
-int kvp_plan_get_piece(const kvp_plan *p, uint32_t i,
-		       struct kvp_plan_piece *o)
-{
-	const struct kvp_piece *q;
-
-	if (!p || !o || i >= p->npieces)
-		return -EINVAL;
-	q = &p->pieces[i];
-	o->remote_offset = q->roff;
-	o->local_offset = q->loff;
-	o->len = q->len;
-	o->remote_block = q->rbi;
-	o->local_block = q->lbi;
-	return 0;
 }

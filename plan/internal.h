@@ -182,4 +182,31 @@ static inline uint64_t kvp__gcd(uint64_t a, uint64_t b)
 	return a;
 }
 
+/* need.c: what a request needs of one group, in the group's block
+ * numbering. */
+#define MAX_GROUPS 64 /* compile.c's limit; emit.c's needs hold one bit each */
+struct need {
+	uint32_t skip;	/* first local block of the sequence that is read */
+	uint32_t lend;	/* one past the last local block */
+	uint32_t rend;	/* remote blocks that hold tokens */
+	uint32_t k0, k1; /* periods to walk */
+	/* A range's periods (kvp_plan_emit_range_*()): k in [ka, kb) of the
+	 * walk above; 0 and UINT32_MAX for the whole request. */
+	uint32_t ka, kb;
+	uint64_t tokens; /* the sequence's, for a range's clip; 0: STATE */
+};
+
+/* The need of one group: O(1), no id read. -EINVAL for lists that do not
+ * fit the group (NULL with a length, unequal STATE lists, more local
+ * blocks than the sequence spans, tokens past the remote blocks). */
+KVP_HIDDEN int kvp__group_need(const struct kvp_pgroup *pg,
+			       const struct kvp_ids *id, struct need *n);
+/* Clips a group's need to the periods of range r. */
+KVP_HIDDEN void kvp__need_clip(const struct kvp_pgroup *pg, struct need *n,
+			       const struct kvp_emit_range *r);
+/* Every group's need, then every id against its bound: all -EINVAL cases
+ * before any -ERANGE one. */
+KVP_HIDDEN int kvp__plan_prepare(const kvp_plan *p, const struct kvp_ids *ids,
+				 struct need *nd);
+
 #endif
