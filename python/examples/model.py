@@ -343,7 +343,8 @@ def run_prefill(args, cfg):
                                 stride_order=HND_STRIDE_ORDER,
                                 consumer_engine=DECODE_ENGINE,
                                 expect_timeout=args.timeout,
-                                agent=dict(max_peers=8))
+                                agent=dict(max_peers=8),
+                                progress_thread=True)
             port += 1
             w = KVPullWorker(c)
             try:

@@ -52,6 +52,8 @@ their string ids.
 import base64
 import errno
 import hashlib
+import queue
+import threading
 import time
 
 import numpy as np
@@ -85,12 +87,17 @@ class ConnectorConfig:
     one), ``expect_timeout`` (seconds a producer holds blocks unread;
     NIXL's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``), ``load_timeout`` (the
     bound of ``wait_for_layer_load``), ``agent`` (more
-    :class:`~kvpull.Agent` attributes)."""
+    :class:`~kvpull.Agent` attributes), ``progress_thread`` (a thread
+    polls the agent, so that handshakes, a consumer's request to follow a
+    streamed pull and progress records are served while the engine
+    computes a layer; the worker's methods take the events it queued;
+    NIXL's UCX backend has its progress thread too)."""
 
     def __init__(self, engine_id, role, tp_size=1, tp_rank=0, addr=None,
                  port=0, backend="flash", num_kv_heads=None,
                  stride_order=None, stream=True, consumer_engine=None,
-                 expect_timeout=480.0, load_timeout=60.0, agent=None):
+                 expect_timeout=480.0, load_timeout=60.0, agent=None,
+                 progress_thread=False):
         if role not in ("producer", "consumer"):
             raise ValueError("role must be 'producer' or 'consumer', not %r"
                              % (role,))
@@ -108,6 +115,7 @@ class ConnectorConfig:
         self.expect_timeout = float(expect_timeout)
         self.load_timeout = float(load_timeout)
         self.agent = dict(agent or {})
+        self.progress_thread = bool(progress_thread)
 
 
 class Request:
@@ -353,6 +361,9 @@ class KVPullWorker:
         self._done_recving = set()
         self._errors = set()
         self.events = []          # every event seen, for the caller
+        self._thread = None       # the progress thread, if any
+        self._stop = False
+        self._queue = queue.SimpleQueue()
         #: request id -> time.monotonic_ns() when its load ended (DONE,
         #: FAILED or cancelled), for the engine's own figures
         self.finished_ns = {}
@@ -379,6 +390,11 @@ class KVPullWorker:
         if c.role == "producer":
             self.agent.listen(c.addr, c.port)
         self._layer = {n: i for i, n in enumerate(self.kv.layer_names)}
+        if c.progress_thread:
+            self._thread = threading.Thread(target=self._progress,
+                                            name="kvpull-progress",
+                                            daemon=True)
+            self._thread.start()
 
     def get_handshake_metadata(self):
         """This rank's handshake metadata (NIXL: its agent metadata and
@@ -454,7 +470,7 @@ class KVPullWorker:
             self.add_remote_engine(eid, r.params["remote_ranks"])
             self._engines[eid].waiting.append(rid)
         self._start_waiting()
-        self._drain(self.agent.poll(64))
+        self.poll()
 
     def _start_waiting(self):
         for eng in self._engines.values():
@@ -537,10 +553,29 @@ class KVPullWorker:
 
     def poll(self, timeout=0):
         """Drive the agent once (handshakes, completions, progress), up to
-        ``timeout`` seconds if nothing comes; return its events."""
-        evs = self.agent.poll(64, timeout=timeout)
+        ``timeout`` seconds if nothing comes; apply its events and return
+        them.  With ``config.progress_thread`` the thread polls and this
+        takes what it queued."""
+        if self._thread is None:
+            evs = self.agent.poll(64, timeout=timeout)
+        else:
+            evs = []
+            try:
+                evs.append(self._queue.get(timeout=timeout or None)
+                           if timeout else self._queue.get_nowait())
+                while True:
+                    evs.append(self._queue.get_nowait())
+            except queue.Empty:
+                pass
         self._drain(evs)
         return evs
+
+    def _progress(self):
+        """The progress thread: polls the agent (sleeping on its file
+        descriptors, the GIL released) and queues the events."""
+        while not self._stop:
+            for e in self.agent.poll(64, timeout=0.05):
+                self._queue.put(e)
 
     def wait_for_layer_load(self, layer_name):
         """Block until layer ``layer_name`` (a name of ``kv_caches``, or
@@ -590,10 +625,11 @@ class KVPullWorker:
         index) of this step's requests.  NIXL does nothing here (the
         decode side reads after ``request_finished``).  Here each request
         the step computes is published (``publish``): its tokens
-        ``[start, end)`` in layers ``[0, layer + 1)``; after the last
-        layer, ``[0, end)`` in every layer (``TOKENS_END`` when the
-        prompt ended), so that a streamed pull reads each layer as soon
-        as it is written.  The KV bytes themselves are already in the
+        ``[start, end)`` in layers ``[0, layer + 1)`` (``[start,
+        TOKENS_END)`` in the prompt's last step: a layer is whole, and
+        ARRIVED reports it, only then); after the last layer, ``[0,
+        end)`` in every layer (``TOKENS_END`` when the prompt ended), so
+        that a streamed pull reads each layer as soon as it is written.  The KV bytes themselves are already in the
         registered tensors (``kv_layer`` is not read)."""
         if self.meta is None:
             return
@@ -604,19 +640,21 @@ class KVPullWorker:
             if rid not in self._send or rid in self._cancelled_send:
                 continue            # cancelled, or released already
             if layer + 1 < nlayers:
-                prog = (s.start, s.end, layer + 1)
+                # the prompt's last chunk goes "to the end": only then are
+                # the layers whole, and ARRIVED reports them
+                prog = (s.start, TOKENS_END if s.last else s.end, layer + 1)
             elif s.last:
                 prog = (TOKENS_END, TOKENS_END, nlayers)
             else:
                 prog = (s.end, s.end, nlayers)
             self.agent.publish(s.consumer_engine, s.key, prog)
-        self._drain(self.agent.poll(64))
+        self.poll()
 
     def wait_for_save(self):
         """After the forward pass.  NIXL: nothing (or a copy to host
         buffers).  Here one poll: the progress records go out, the
         handshakes of new consumers run."""
-        self._drain(self.agent.poll(64))
+        self.poll()
 
     # ---- results -----------------------------------------------------------
 
@@ -627,7 +665,7 @@ class KVPullWorker:
         cancelled).  NIXL: notifications counted per producer, its own
         expiry timer, and transfers polled.  Here the agent's events; each
         id is reported once."""
-        self._drain(self.agent.poll(64))
+        self.poll()
         s, r = self._done_sending, self._done_recving
         self._done_sending, self._done_recving = set(), set()
         return s, r
@@ -662,8 +700,12 @@ class KVPullWorker:
             self._cancelled_send.add(request_id)
 
     def shutdown(self):
-        """Close the agent (a consumer first sends the notifications it
-        owes) and free the layout."""
+        """Stop the progress thread, close the agent (a consumer first
+        sends the notifications it owes) and free the layout."""
+        if self._thread is not None:
+            self._stop = True
+            self._thread.join()
+            self._thread = None
         if self.agent is not None:
             self.agent.close()
             self.agent = None

@@ -111,7 +111,7 @@ def test_prefill_side_lifecycle(fake):
     assert [(p["tokens_all"], p["tokens_cur"], p["layers_cur"])
             for p in pubs] == [
         (0, 32, 1), (0, 32, 2), (32, 32, 3),
-        (32, 40, 1), (32, 40, 2), (end, end, 3)]
+        (32, end, 1), (32, end, 2), (end, end, 3)]
     # finished: blocks held, the params for the decode side
     delay, p2 = sched.request_finished(req, [5, 9, 2])
     assert delay is True and p2 == dict(params, kvpull_stream=False)
@@ -277,3 +277,26 @@ def test_config_and_registration_refusals(fake):
     with pytest.raises(ValueError, match="no consumer engine"):
         sched.update_state_after_alloc(
             Request("z", [1], {"do_remote_decode": True}), [0], 0)
+
+
+def test_progress_thread_queues_the_events(fake):
+    cfg = ConnectorConfig(PREFILL, "producer", addr="10.0.0.1", port=18500,
+                          consumer_engine=DECODE, progress_thread=True)
+    sched, w = KVPullScheduler(cfg), KVPullWorker(cfg)
+    w.register_kv_caches(caches())
+    assert w._thread.is_alive()
+    req = Request("t1", range(16), {"do_remote_decode": True})
+    sched.update_state_after_alloc(req, Blocks([3]), 0)
+    w.bind_connector_metadata(sched.build_connector_meta(SchedOut(t1=16)))
+    w.start_load_kv()
+    # the thread's poll takes the event; get_finished applies it
+    fake.events.append([ev(ET.RELEASED, request_key("t1"))])
+    got = set()
+    for _ in range(200):
+        got |= w.get_finished()[0]
+        if got:
+            break
+        w.poll(timeout=0.05)
+    assert got == {"t1"}
+    w.shutdown()
+    assert w._thread is None
