@@ -16,6 +16,7 @@
 #
 #   scripts/rdma-bench.sh --side-by-side [--rounds N] [--requests N]
 #                         [--blocks N] [--pair NAME]... [--ids MODE]...
+#   scripts/rdma-bench.sh --side-by-side --devices 1|2 [--rounds N]
 #   scripts/rdma-bench.sh --smoke
 #   scripts/rdma-bench.sh --stream [CASE]
 #   scripts/rdma-bench.sh --python
@@ -101,13 +102,18 @@
 #   races: trials=N raced=R done_stale=S failed_stale=F done_clean=D
 #     failed_clean=C p50_done_us=X p50_done_us_unchecked=Y
 #
-# --path [--devices 1|2] [--rounds N]: issue 35's READs in flight, in one
+# --path [--devices 1|2] [--rounds N] (also --side-by-side --devices 1|2
+# [--rounds N]): issue 35's READs in flight, in one
 # VM boot (default 2 devices: producer on rxe0, consumer on rxe1, over a
 # veth pair; 1 round): READs of 4 KiB and 64 KiB by kvpull-rdma-bench
 # (the library's READ window, and none: --window 65535),
-# ib_read_bw (-o 16, -o 128) and ucx_perftest (rc_verbs get zcopy), the
-# rxe hardware counters read around each run (scripts/rdma-path-inner.sh
-# says what each field is); one line per case and round:
+# ib_read_bw (-o 16, -o 128, -o 16 -e, -q 2 -o W: kvpull's shape) and
+# ucx_perftest (rc_verbs get zcopy), each run twice (an eighth of the
+# READs, then all: CPU per GB is the difference, the tools' start
+# cancelled out), the rxe hardware counters read around each run
+# (scripts/rdma-path-inner.sh says what each field is and its KVP_PATH_*
+# knobs); one line per case and round, and a path-goal: line per round
+# and size (issue 35's second goal):
 #   path: tool=T devices=D size=S inflight=I MBps=X cpu_proc_s_per_GB=P
 #     cpu_guest_s_per_GB=G dup_per_1k=U retry_per_1k=R
 #
