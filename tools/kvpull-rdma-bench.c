@@ -403,6 +403,18 @@ out:
 	return ret;
 }
 
+/* Why engine `eng` is not up, on stderr (a pull refused or FAILED). */
+static void say_why(const kvp_agent *a, uint32_t eng)
+{
+	struct kvp_engine_info ei;
+
+	if (!kvp_agent_engine_info(a, eng, &ei))
+		fprintf(stderr, "  engine state %u, status %s, reason %s%s%s\n",
+			ei.state, kvp_strerror(ei.status),
+			kvp_reason_str(ei.reason), ei.why[0] ? ": " : "",
+			ei.why);
+}
+
 static int consumer(const struct opts *o, const struct req_ids *r)
 {
 	struct kvp_agent_attr at;
@@ -455,10 +467,14 @@ static int consumer(const struct opts *o, const struct req_ids *r)
 		if (n < 0)
 			goto out;
 		for (i = 0; i < (uint32_t)n; i++)
-			if (ev[i].type == KVP_EV_FAILED)
+			if (ev[i].type == KVP_EV_FAILED) {
+				fprintf(stderr, "warm-up request failed: %s\n",
+					kvp_strerror(ev[i].status));
+				say_why(a, eng);
 				goto out;
-			else if (ev[i].type == KVP_EV_DONE)
+			} else if (ev[i].type == KVP_EV_DONE) {
 				done = 1;
+			}
 	}
 	kvp_agent_get_stats(a, &s0);
 	done = 0;
@@ -478,6 +494,7 @@ static int consumer(const struct opts *o, const struct req_ids *r)
 				break;
 			if (err) {
 				fprintf(stderr, "pull: %s\n", kvp_strerror(err));
+				say_why(a, eng);
 				goto out;
 			}
 			pull_ns += tool_now_ns() - a0;
@@ -510,6 +527,7 @@ static int consumer(const struct opts *o, const struct req_ids *r)
 			if (ev[i].type == KVP_EV_FAILED) {
 				fprintf(stderr, "request failed: %s\n",
 					kvp_strerror(ev[i].status));
+				say_why(a, eng);
 				goto out;
 			}
 			if (ev[i].type == KVP_EV_DONE)
