@@ -123,7 +123,8 @@
 # agents' expositions, written here to build/metrics/ (producer.prom,
 # consumer.prom: Prometheus text; producer.json, consumer.json), the text
 # ones checked with the host's promtool (nothing to say: ok) and the JSON
-# parsed; the last line:
+# parsed; producer.log, consumer.log: the records their log callbacks got
+# (kind, level, line); the last line:
 #   metrics: producer_series=N consumer_series=M promtool=ok pulls=P
 #     counted=C refusals=R refusal_events=E
 # (series: sample lines; counted: the pull histogram's _count lines
@@ -512,7 +513,8 @@ metrics_bench() {
 		--files "$bin /usr/bin/promtool" -- "$bin --dump" >"$log" || rc=$?
 	# the test's own lines, then each exposition into its file
 	awk '/^== end$/ { on = 0; next } /^== / { on = 1; next } !on' "$log"
-	for f in producer.prom consumer.prom producer.json consumer.json; do
+	for f in producer.prom consumer.prom producer.json consumer.json \
+		producer.log consumer.log; do
 		awk -v n="$f" '$0 == "== " n { on = 1; next } /^== end$/ { on = 0 }
 			on' "$log" >"$out/$f"
 		[[ -s $out/$f ]] || {

@@ -83,6 +83,23 @@ static void on_log(void *user, const struct kvp_log_record *r)
 	b->n++;
 }
 
+/* --dump: the records, one a line: kind, level, line. */
+static void dump_log(const char *name, const struct logbook *b)
+{
+	static const char *const level[] = { "?", "error", "warning", "info",
+					     "debug" };
+	uint32_t i;
+
+	printf("== %s\n", name);
+	for (i = 0; i < b->n; i++)
+		printf("%s %s %s\n", kvp_log_kind_str(b->rec[i].r.kind),
+		       level[b->rec[i].r.level <= KVP_LOG_DEBUG ?
+				     b->rec[i].r.level :
+				     0],
+		       b->rec[i].line);
+	printf("== end\n");
+}
+
 static uint32_t count_kind(const struct logbook *b, uint32_t kind)
 {
 	uint32_t i, n = 0;
@@ -455,6 +472,8 @@ static int check(struct run *x, int dump)
 		       x->ptext, x->ctext);
 		printf("== producer.json\n%s\n== end\n== consumer.json\n%s\n== end\n",
 		       x->pjson, x->cjson);
+		dump_log("producer.log", &x->plog);
+		dump_log("consumer.log", &x->clog);
 		printf("metrics-run: pulls=%llu counted=%llu refusals=%llu refusal_events=%llu\n",
 		       (unsigned long long)cs.pulls,
 		       (unsigned long long)counted,
