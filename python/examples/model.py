@@ -324,7 +324,9 @@ def reference(cfg, tps):
 # ---- the prefill process -----------------------------------------------------
 
 
-def run_prefill(args, cfg):
+def run_prefill(args, cfg, ready=None):
+    """The prefill process (``ready``: a threading.Event set once the side
+    channel listens, for a caller that runs this in a thread)."""
     who = "prefill"
     torch.set_num_threads(1)
     model = Model(cfg)
@@ -365,6 +367,8 @@ def run_prefill(args, cfg):
     srv = socket.create_server((args.ctrl_addr, args.ctrl_port))
     log(who, "ready: engines %s, side channel on port %d"
         % (", ".join("TP %d" % t for t in args.tps), args.ctrl_port))
+    if ready is not None:
+        ready.set()
     srv.settimeout(0.05)
     conn = None
     end = time.monotonic() + args.timeout
