@@ -481,8 +481,10 @@ def decode_result(args, cfg):
                         num_kv_heads=cfg.kv_heads,
                         stride_order=HND_STRIDE_ORDER,
                         load_timeout=args.timeout,
-                        agent=dict(max_ids=max(256, cfg.num_blocks),
-                                   max_peers=8))
+                        # a streamed pull fails when its prefill publishes
+                        # nothing for stall_ms: more than a layer's compute
+                        # (seconds under TCG, on a shared machine)
+                        agent=dict(max_peers=8, stall_ms=args.stall_ms))
     sched, w = KVPullScheduler(c), KVPullWorker(c)
     try:
         w.register_kv_caches(cache)
@@ -642,7 +644,8 @@ def run_pair(args, cfg):
     common = ["--addr", args.addr, "--decode-addr", args.decode_addr,
               "--port", str(args.port), "--ctrl-addr", args.ctrl_addr,
               "--ctrl-port", str(args.ctrl_port), "--timeout",
-              str(args.timeout), "--tps", ",".join(map(str, args.tps)),
+              str(args.timeout), "--stall-ms", str(args.stall_ms),
+              "--tps", ",".join(map(str, args.tps)),
               "--cfg", json.dumps(cfg.to_dict())]
     # the prefill first, until it says it listens; its few lines wait in
     # its pipe until it exits
@@ -702,6 +705,8 @@ def main():
     p.add_argument("--ctrl-addr", default="127.0.0.1")
     p.add_argument("--ctrl-port", type=int, default=18990)
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--stall-ms", type=int, default=300000,
+                   help="the decode agent's stall_ms [300000]")
     p.add_argument("--tps", default="2,1",
                    help="prefill engines' TP sizes [2,1]")
     p.add_argument("--cfg", default=None, help="sizes, JSON (pair passes "

@@ -647,7 +647,15 @@ class KVPullWorker:
                 prog = (TOKENS_END, TOKENS_END, nlayers)
             else:
                 prog = (s.end, s.end, nlayers)
-            self.agent.publish(s.consumer_engine, s.key, prog)
+            try:
+                self.agent.publish(s.consumer_engine, s.key, prog)
+            except Error as e:
+                if e.code != -errno.ENOENT:
+                    raise
+                # no longer held: every consumer rank released it early
+                # (its pull failed or was cancelled) or it expired; the
+                # event says which, and get_finished reports it
+                self._cancelled_send.add(rid)
         self.poll()
 
     def wait_for_save(self):

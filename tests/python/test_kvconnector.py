@@ -300,3 +300,23 @@ def test_progress_thread_queues_the_events(fake):
     assert got == {"t1"}
     w.shutdown()
     assert w._thread is None
+
+
+def test_publish_after_an_early_release_is_not_an_error(fake):
+    sched, w = prefill_pair()
+    w.register_kv_caches(caches())
+    req = Request("e1", range(16), {"do_remote_decode": True})
+    sched.update_state_after_alloc(req, Blocks([3]), 0)
+    w.bind_connector_metadata(sched.build_connector_meta(SchedOut(e1=16)))
+    w.start_load_kv()
+    # the consumer's pull failed (say its stall_ms passed): the agent
+    # released the request, its next publish is -ENOENT
+    fake.ret["publish"] = -errno.ENOENT
+    w.save_kv_layer(0)
+    calls = len([c for c in fake.calls if c[0] == "publish"])
+    w.save_kv_layer(1)
+    w.save_kv_layer(2)
+    assert len([c for c in fake.calls if c[0] == "publish"]) == calls
+    fake.events.append([ev(ET.RELEASED, request_key("e1"))])
+    assert w.get_finished() == ({"e1"}, set())
+    w.shutdown()

@@ -34,7 +34,7 @@ def test_model_decodes_bitwise(port):
     args = argparse.Namespace(
         addr=ADDR, decode_addr=os.environ.get("KVP_ADDR1") or ADDR,
         port=port, ctrl_addr="127.0.0.1", ctrl_port=port + 5, timeout=120,
-        tps=[2, 1])
+        stall_ms=60000, tps=[2, 1])
     rc, ready = [], threading.Event()
     t = threading.Thread(target=lambda: rc.append(M.run_prefill(args, cfg,
                                                                 ready)))
