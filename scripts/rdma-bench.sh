@@ -23,6 +23,7 @@
 #   scripts/rdma-bench.sh --storm [N [kvpull-storm options]]
 #   scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W] [--read-window R]
 #   scripts/rdma-bench.sh --model [model.py size options]
+#   scripts/rdma-bench.sh --inferencex [run_kv.py options]
 #
 # Side by side on KV-shaped workloads of real model pairs (kvpull-rdma-bench
 # --pair; default: llama-3.1-70b-tp8to2-hnd, llama-3.1-70b-tp4to8-nhd,
@@ -460,6 +461,62 @@ model_bench() {
 		"sh $PWD/scripts/rdma-model-inner.sh $*"
 }
 
+# ---------------------------------------------------------- InferenceX
+# scripts/rdma-bench.sh --inferencex [run_kv.py options]: issue 37, the
+# kvpull backend in InferenceX's kv-transfer suite (docs/inferencex.md), in
+# one VM boot (KVP_IX_DEVICES devices, default 2: target on rxe0,
+# initiator on rxe1, over a veth pair, where the READ window bounds the
+# READs in flight; 1: both on rxe0, a loopback queue pair with no window,
+# where a burst of 8 x 9,786 READs once held the producer's liveness probe
+# past its 5 s; KVP_VM_MEM 7168 unless set: two ranks' pools of 1.8 GiB at
+# 32k tokens, batch 8). The suite's bench/run_kv.py runs unchanged ($INFERENCEX_KV, else
+# ../shared/third_party/inferencex-kv) through
+# python/kvpull/integrations/inferencex_run.py (scripts/rdma-inferencex-
+# inner.sh in the guest): kv-dsv4 fp8, ISL 8192 and 32768, pages 16 and 64,
+# bursts 1, 4 and 8, op pull, 1 warm-up and 2 timed bursts per row, plus the
+# bulk rows; options given are appended (the last of an option wins). The
+# suite's result file is kept as build/inferencex/result-<time>.json, the
+# run's output as build/inferencex/run-<time>.log; one line per row:
+#   inferencex: isl=I page=P batch=B descs=D reads=R prep_ms=X p50_ms=Y
+#     gbps=Z verify=ok
+# (descs: the suite's descriptors for the burst; reads: kvpull's READs for
+# it, from the DONE events; prep_ms: per request; bulk rows: page=bulk,
+# verify=none, the suite verifying none).
+inferencex_bench() {
+	shift
+	local py=${PYTHON:-/usr/bin/python3} lib files suite out stamp log
+	local rc=0 cmd
+	suite=${INFERENCEX_KV:-$(cd .. && pwd)/shared/third_party/inferencex-kv}
+	[[ -f $suite/bench/run_kv.py ]] || {
+		echo "rdma-bench: the suite is not at $suite (INFERENCEX_KV)" >&2
+		exit 2
+	}
+	bash scripts/install-deps.sh
+	make -s BUILD=build all
+	lib=$PWD/build/libkvpull.so.0
+	files=$(PYTHONDONTWRITEBYTECODE=1 "$py" tests/python_rdma/vm_files.py "$lib")
+	out=build/inferencex
+	stamp=$(date -u +%Y%m%dT%H%M%SZ)
+	log=$out/run-$stamp.log
+	mkdir -p "$out"
+	cmd=$(printf ' %q' --workload-name kv-dsv4 --precision fp8 \
+		--isl-ladder "8192 32768" --page-tokens "16 64" \
+		--batch-sizes "1 4 8" --ops pull --warmup 1 --reps 2 --trials 1 \
+		--runner rxe-vm "$@")
+	KVP_VM_MEM=${KVP_VM_MEM:-7168} scripts/rxe-vm.sh -q \
+		--devices "${KVP_IX_DEVICES:-2}" --timeout "${KVP_IX_TIMEOUT:-7200}" \
+		--files "$files $suite/bench $suite/configs $PWD/scripts/rdma-inferencex-inner.sh" \
+		--env "KVPULL_LIB=$lib" --env PYTHONDONTWRITEBYTECODE=1 \
+		--env "PYTHONPATH=$PWD/python" --env "INFERENCEX_KV=$suite" -- \
+		"sh $PWD/scripts/rdma-inferencex-inner.sh$cmd" >"$log" || rc=$?
+	awk '$0 == "== result.json" { on = 1; next } $0 == "== end" { on = 0 }
+		on' "$log" >"$out/result-$stamp.json"
+	sed -n '/^== result.json$/,/^== end$/!p' "$log" | grep -v '^inferencex: '
+	grep '^inferencex: ' "$log" || rc=1
+	echo "# kept: $out/result-$stamp.json (the suite's result file), $log"
+	return "$rc"
+}
+
 # ---------------------------------------------------------- path
 # scripts/rdma-bench.sh --path [--devices 1|2] [--rounds N]: see the top.
 path_bench() {
@@ -550,6 +607,7 @@ case ${1:-} in
 --stream) stream "$@"; exit ;;
 --python) python_bench "$@"; exit ;;
 --model) model_bench "$@"; exit ;;
+--inferencex) inferencex_bench "$@"; exit ;;
 --storm) storm "$@"; exit ;;
 --races) races "$@"; exit ;;
 esac
@@ -562,6 +620,7 @@ requests=${2:-32}
 	echo "       scripts/rdma-bench.sh --smoke" >&2
 	echo "       scripts/rdma-bench.sh --python" >&2
 	echo "       scripts/rdma-bench.sh --model [model.py size options]" >&2
+	echo "       scripts/rdma-bench.sh --inferencex [run_kv.py options]" >&2
 	echo "       scripts/rdma-bench.sh --stream [CASE]" >&2
 	echo "       scripts/rdma-bench.sh --storm [N [kvpull-storm options]]" >&2
 	echo "       scripts/rdma-bench.sh --races [--trials N] [--seed S] [--window W] [--read-window R]" >&2

@@ -10,7 +10,9 @@
 # into the VM, at the same paths, Debian's /usr/bin/python3, its standard
 # library, numpy, pytest and torch (python3-torch, what import needs;
 # tests/python_rdma/vm_files.py lists them; rxe-vm.sh adds every ELF file's
-# ldd closure), the package, the library, python/examples and these tests;
+# ldd closure), the package, the library, python/examples and these tests,
+# and InferenceX's kv-transfer suite when present ($INFERENCEX_KV, else
+# ../shared/third_party/inferencex-kv beside the repository);
 # gives the guest 4 GiB (KVP_VM_MEM; torch's closure is ~500 MB unpacked in
 # RAM, and a test may run two torch processes); links /dev/fd (the guest has
 # none; the InferenceX lane's torch runs need it); runs pytest there
@@ -32,6 +34,7 @@ out=$(KVP_VM_MEM=${KVP_VM_MEM:-4096} scripts/rxe-vm.sh --devices 2 \
 	--timeout "${PY_VM_TIMEOUT:-900}" --files "$files" \
 	--env "KVPULL_LIB=$lib" --env PYTHONDONTWRITEBYTECODE=1 \
 	--env "PYTHONPATH=$PWD/python" \
+	${INFERENCEX_KV:+--env "INFERENCEX_KV=$INFERENCEX_KV"} \
 	-- "{ [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd; } &&
 	    $py -m pytest -q --color=no -p no:cacheprovider -rs tests/python_rdma" 2>&1)
 st=$?

@@ -6,7 +6,10 @@ the ELF files it needs (rxe-vm.sh adds every ELF file's ldd closure), its
 standard library without what the tests never import (test suites, IDLE,
 tkinter, the static libpython of config-*), numpy, pytest and torch (when
 installed: Debian's python3-torch, CPU) with what they import, and from this
-tree the package, the library, the example and the tests.
+tree the package, the library, the example and the tests; and, when
+present, InferenceX's kv-transfer suite (its bench/ and configs/:
+$INFERENCEX_KV, else ../shared/third_party/inferencex-kv beside the
+repository), for test_inferencex.py.
 
 torch is carried as import needs it, not whole: its Python files,
 bin/torch_shm_manager (import checks it exists) and lib/
@@ -92,6 +95,18 @@ def third_party(stdlib):
     return found
 
 
+def suite_paths():
+    """InferenceX's kv-transfer suite's bench/ and configs/, or []."""
+    for d in (os.environ.get("INFERENCEX_KV"),
+              os.path.join(REPO, "..", "shared", "third_party",
+                           "inferencex-kv"),
+              "/work/shared/third_party/inferencex-kv"):  # a clone elsewhere
+        if d and os.path.isfile(os.path.join(d, "bench", "run_kv.py")):
+            d = os.path.abspath(d)
+            return [os.path.join(d, "bench"), os.path.join(d, "configs")]
+    return []
+
+
 def main(argv):
     du = "--du" in argv
     args = [a for a in argv if a != "--du"]
@@ -115,6 +130,7 @@ def main(argv):
     paths += [os.path.join(REPO, "python", "kvpull"),
               os.path.join(REPO, "python", "examples"),
               os.path.join(REPO, "tests", "python_rdma"), lib]
+    paths += suite_paths()
     paths = list(dict.fromkeys(paths))
     for p in paths:
         if any(c.isspace() for c in p):

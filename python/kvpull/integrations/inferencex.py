@@ -122,12 +122,13 @@ class KvpullBackend(KVBackend):
         super().__init__(args, role, device)
         if "push" in args.ops.split():
             raise ValueError(PUSH)
-        self.library_version = kvpull.version()
+        self.library_version = "%d.%d.%d" % kvpull.version()
         self._agent = self._thread = self._error = None
         self._stop, self._next, self._events = threading.Event(), 1, {}
         #: READs of each transfer's first DONE by (isl, page, request index)
-        #: or ("bulk", bytes, 0); request indexes by (isl, page) and ids.
-        self.reads, self._seen = {}, {}
+        #: or ("bulk", bytes, 0); request indexes by (isl, page) and ids;
+        #: requests by geometry and ids.
+        self.reads, self._seen, self._reqs = {}, {}, {}
 
     # -- lifecycle ------------------------------------------------------
     def register(self, pool, bulk) -> None:
@@ -218,16 +219,20 @@ class KvpullBackend(KVBackend):
     # -- transfers (initiator) ----------------------------------------------
     def make_paged(self, cfg, op, local_tables, remote_tables):
         start = time.perf_counter()
-        groups = self._groups.get(geometry(cfg)) if op == "pull" else None
-        ids = [(_EMPTY, _EMPTY)] * self._ngroups
-        for r, g in zip(cfg["regions"], self._check(groups, op, cfg["isl"])):
-            ids[g] = (local_tables[r["name"]].astype(np.uint32),
-                      remote_tables[r["name"]].astype(np.uint32))
-        req = kvpull.Request(ids)
+        geo = geometry(cfg)
+        groups = self._check(self._groups.get(geo), op, cfg["isl"])
+        name = cfg["regions"][0]["name"]
+        ck = (geo, local_tables[name].tobytes(), remote_tables[name].tobytes())
+        req = self._reqs.get(ck)  # a request of an earlier burst: as it was
+        if req is None:
+            ids = [(_EMPTY, _EMPTY)] * self._ngroups
+            for r, g in zip(cfg["regions"], groups):
+                ids[g] = (local_tables[r["name"]].astype(np.uint32),
+                          remote_tables[r["name"]].astype(np.uint32))
+            req = self._reqs[ck] = kvpull.Request(ids)
         prep = time.perf_counter() - start
         seen = self._seen.setdefault((cfg["isl"], cfg["page_tokens"]), {})
-        n = seen.setdefault(ids[groups[0]][0].tobytes(), len(seen))
-        key = (cfg["isl"], cfg["page_tokens"], n)
+        key = (cfg["isl"], cfg["page_tokens"], seen.setdefault(ck, len(seen)))
         return self._transfer(req, key, "isl=%d page=%d request=%d descs=%d"
                               % (key + (cfg["descs"],))) + (prep,)
 
@@ -243,6 +248,7 @@ class KvpullBackend(KVBackend):
 
     @staticmethod
     def _check(groups, op, what):
+        """groups, after refusing push and what the layout does not hold."""
         if op != "pull":
             raise ValueError(PUSH)
         if groups is None:

@@ -5,6 +5,8 @@ the barriers, its pattern fill and verification), unchanged, with its pools
 in CPU memory (docs/inferencex.md).
 
     python3 -m kvpull.integrations.inferencex_run [options] -- RUN_KV_ARGS
+    python3 -m kvpull.integrations.inferencex_run --one-rank [--gpu] \
+        [--suite DIR] -- RUN_KV_ARGS
     python3 -m kvpull.integrations.inferencex_run --summary LOG JSON
 
 Launches rank 0 (target) and rank 1 (initiator) on this host, each
@@ -15,7 +17,8 @@ tensors), and the backend choice (``--backend kvpull`` loads
 :class:`kvpull.integrations.inferencex.KvpullBackend`).  Options:
 
   --suite DIR     the suite (its bench/ and configs/) [$INFERENCEX_KV, else
-                  ../shared/third_party/inferencex-kv beside the repository]
+                  ../shared/third_party/inferencex-kv beside the repository,
+                  else /work/shared/third_party/inferencex-kv]
   --addr0/--addr1 the ranks' RDMA addresses (KVPULL_ADDR) [$KVP_ADDR0,
                   $KVP_ADDR1 or $KVP_ADDR0]
   --timeout S     bound on the run; both ranks are killed after it [3600]
@@ -23,6 +26,12 @@ tensors), and the backend choice (``--backend kvpull`` loads
                   every byte the request pulled, after painting those
                   destination pages with the complement of what they must
                   receive (prints "[kvpull] verify-all ... ok")
+  --one-rank      run this process as the one rank its launcher's RANK,
+                  WORLD_SIZE, MASTER_ADDR, MASTER_PORT and KVPULL_ADDR say
+                  (torchrun, srun: one per node), instead of both here
+  --gpu           with --one-rank: leave torch.cuda and the pools as the
+                  suite has them (GPU memory, registered through dma-buf);
+                  only the backend choice is added
 
 ``--summary LOG JSON`` prints, from a run's output and its result file, one
 line per row: ``inferencex: isl=I page=P batch=B descs=D reads=R
@@ -53,7 +62,8 @@ def suite_dir(path=None):
     """The suite's directory (the one holding bench/run_kv.py)."""
     for d in (path, os.environ.get("INFERENCEX_KV"),
               os.path.join(REPO, "..", "shared", "third_party",
-                           "inferencex-kv")):
+                           "inferencex-kv"),
+              "/work/shared/third_party/inferencex-kv"):  # a clone elsewhere
         if d and os.path.isfile(os.path.join(d, "bench", "run_kv.py")):
             return os.path.abspath(d)
     raise SystemExit("inferencex_run: the suite is not at %r: give --suite "
@@ -100,26 +110,27 @@ def verify_every_byte(arr, cfg, dst_tables, src_tables):
     return True, "", n
 
 
-def cpu_lane(verify_all=False):
-    """Patch the suite (imported from sys.path) for CPU memory and the
-    kvpull backend."""
+def cpu_lane(verify_all=False, gpu=False):
+    """Patch the suite (imported from sys.path) for CPU memory (unless
+    ``gpu``) and the kvpull backend."""
     import argparse as ap
-    import torch
-    import kv_pool
     import kv_workload
     from kvpull.integrations.inferencex import KvpullBackend
 
-    torch.cuda.set_device = lambda device: None
-    torch.cuda.synchronize = lambda device=None: None
-    torch.cuda.get_device_name = lambda device=None: "cpu"
+    if not gpu:
+        import torch
+        import kv_pool
+        torch.cuda.set_device = lambda device: None
+        torch.cuda.synchronize = lambda device=None: None
+        torch.cuda.get_device_name = lambda device=None: "cpu"
 
-    class CpuPool(kv_pool.TorchPool):
-        def __init__(self, nbytes, device):  # noqa: D401 (the suite's)
-            self._t = torch.empty(nbytes, dtype=torch.uint8)
-            self._torch = torch
-            self.ptr, self.nbytes, self.device = (self._t.data_ptr(), nbytes,
-                                                  device)
-    kv_pool.TorchPool = CpuPool
+        class CpuPool(kv_pool.TorchPool):
+            def __init__(self, nbytes, device):  # the suite's, on the CPU
+                self._t = torch.empty(nbytes, dtype=torch.uint8)
+                self._torch = torch
+                self.ptr, self.nbytes, self.device = (
+                    self._t.data_ptr(), nbytes, device)
+        kv_pool.TorchPool = CpuPool
 
     backend = KvpullBackend
     if verify_all:
@@ -162,7 +173,7 @@ def rank(opts, run_args):
     """One rank: patch, then run run_kv.py as its own __main__."""
     suite = suite_dir(opts.suite)
     sys.path[:0] = [os.path.join(suite, "bench"), suite]
-    cpu_lane(opts.verify_all)
+    cpu_lane(opts.verify_all, opts.gpu)
     path = os.path.join(suite, "bench", "run_kv.py")
     sys.argv = [path, "--backend", "kvpull"] + run_args
     runpy.run_path(path, run_name="__main__")
@@ -190,7 +201,7 @@ def launch(opts, run_args):
                    [p for p in [os.environ.get("PYTHONPATH")] if p]))
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     cmd = [sys.executable, "-m", "kvpull.integrations.inferencex_run",
-           "--rank"] + (["--suite", opts.suite] if opts.suite else []) + \
+           "--one-rank"] + (["--suite", opts.suite] if opts.suite else []) + \
         (["--verify-all"] if opts.verify_all else []) + ["--"] + run_args
     procs = [subprocess.Popen(cmd, start_new_session=True, env=dict(
         env, RANK=str(r), KVPULL_ADDR=a)) for r, a in ((0, addr0),
@@ -244,7 +255,8 @@ def main(argv=None):
     p.add_argument("--addr1")
     p.add_argument("--timeout", type=int, default=3600)
     p.add_argument("--verify-all", action="store_true")
-    p.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--one-rank", action="store_true")
+    p.add_argument("--gpu", action="store_true")
     p.add_argument("--summary", nargs=2, metavar=("LOG", "JSON"))
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -253,7 +265,9 @@ def main(argv=None):
         lines = summary(*opts.summary)
         print("\n".join(lines))
         return 0 if lines else 1
-    if opts.rank:
+    if opts.gpu and opts.verify_all:
+        p.error("--verify-all reads the pools as CPU memory: not with --gpu")
+    if opts.one_rank:
         return rank(opts, run_args)
     return launch(opts, run_args)
 
