@@ -1442,7 +1442,8 @@ struct kvp_agent_attr {
 	/* Read only when comp_mask has KVP_AGENT_ATTR_LOG (so that a caller
 	 * built against an older header, whose struct ends above, is never
 	 * read past its end): the event and log callback, its argument and
-	 * its level filter (see "Events and logs" below). log_fn NULL: no
+	 * its level filter (see "Events and logs" above); the callback must
+	 * stay callable until kvp_agent_close() returns. log_fn NULL: no
 	 * records; log_level 0: KVP_LOG_INFO; above KVP_LOG_DEBUG: -EINVAL. */
 	kvp_log_fn log_fn;
 	void *log_user;

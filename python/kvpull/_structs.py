@@ -405,8 +405,8 @@ class AgentAttr(Struct):
         ("stream_events", c_uint32), ("max_qps", c_uint32),
         ("idle_ms", c_uint32), ("srq", c_uint32),
         ("read_window", c_uint32), ("read_window_bytes", c_uint32),
-        # read only with comp_mask KVP_AGENT_ATTR_LOG (the binding sets
-        # neither: no log callback from Python)
+        # read only with comp_mask KVP_AGENT_ATTR_LOG (agent_attr()'s
+        # log_fn sets it)
         ("log_fn", c_void_p), ("log_user", c_void_p),
         ("log_level", c_uint32),
     ]

@@ -35,7 +35,8 @@ from . import _torch
 from ._buf import byte_view, check_u32, check_u64, u32_array
 from ._handle import Handle
 from ._lib import lib
-from .enums import AGENT_FDS, WHY_LEN, EventType, Reason, Role
+from .enums import (AGENT_ATTR_LOG, AGENT_FDS, WHY_LEN, EventType,
+                    LogKind, LogLevel, Reason, Role)
 from .errors import Error
 from .layout import Layout
 from .plan import Plan, Request, _progress
@@ -78,6 +79,8 @@ ATTR_DEFAULTS = {
     "srq": 0,
     "read_window": 16,
     "read_window_bytes": "16 packets of the port's active MTU",
+    "log_fn": "none (no log records)",
+    "log_level": "KVP_LOG_INFO",
     "comp_mask": 0,
 }
 
@@ -115,6 +118,38 @@ def _cstr(s, func, what):
 
 # ---- attributes -------------------------------------------------------------
 
+#: ``kvp_log_fn``: ``void (*)(void *user, const struct kvp_log_record *)``.
+_LOG_FN = ctypes.CFUNCTYPE(None, c_void_p, ctypes.POINTER(S.LogRecord))
+
+
+def _log_callback(fn):
+    """The C log callback (``kvp_log_fn``) that hands ``fn`` each record as
+    a dict: ``kind`` (:class:`LogKind`), ``level`` (:class:`LogLevel`),
+    ``time_ns``, ``status``, ``reason`` and ``peer_reason``
+    (:class:`Reason`), ``rank`` (None when not known), ``req_id``,
+    ``engine_id``, ``engine``, ``stream``, ``bytes``, ``reads``,
+    ``elapsed_ns``, ``peer_addr`` and ``line`` (str)."""
+    def enum(cls, v):
+        try:
+            return cls(v)
+        except ValueError:
+            return v
+
+    def call(_user, rec):
+        r = rec.contents
+        fn({"kind": enum(LogKind, r.kind), "level": enum(LogLevel, r.level),
+            "time_ns": r.time_ns, "status": r.status,
+            "reason": _REASONS.get(r.reason, r.reason),
+            "peer_reason": _REASONS.get(r.peer_reason, r.peer_reason),
+            "rank": None if r.rank == 0xFFFFFFFF else r.rank,
+            "req_id": r.req_id, "engine_id": r.engine_id,
+            "engine": r.engine, "stream": bool(r.stream),
+            "bytes": r.bytes, "reads": r.reads, "elapsed_ns": r.elapsed_ns,
+            "peer_addr": (r.peer_addr or b"").decode("utf-8", "replace"),
+            "line": (r.line or b"").decode("utf-8", "replace")})
+    return _LOG_FN(call)
+
+
 
 def agent_attr(layout, role="consumer", **attrs):
     """The ``struct kvp_agent_attr`` (an :class:`AgentAttr`) that
@@ -124,7 +159,15 @@ def agent_attr(layout, role="consumer", **attrs):
 
     ``role`` is a :class:`Role` or its name; ``device`` and ``addr`` are
     strings; ``secret`` is bytes-like (or str), its length becoming
-    ``secret_len``; the others are ints (``stream_events`` also a bool).
+    ``secret_len``; ``log_fn`` a callable that gets each log record as a
+    dict (the C callback's records: refusals with their reason and the
+    peer's address, evictions, each request's start, completion or
+    failure...; docs/metrics.md), at most ``log_level`` (a
+    :class:`LogLevel` or its name), which sets ``comp_mask``'s
+    ``KVP_AGENT_ATTR_LOG``: it runs inside the agent's calls (poll, pull)
+    on their thread, with the agent's lock held, so it must not call the
+    agent; an exception it raises goes to ``sys.unraisablehook``, never
+    into C; the others are ints (``stream_events`` also a bool).
     :class:`TypeError` for an unknown member, :class:`ValueError` for an
     unknown role, :class:`Error` -EINVAL for a number the C member cannot
     hold (ctypes would truncate it).  The struct keeps what its pointers
@@ -155,9 +198,21 @@ def agent_attr(layout, role="consumer", **attrs):
                 keep.append(buf)
                 a.secret = _addressof(buf)
                 a.secret_len = check_u32(len(raw), f, "secret length")
+        elif k == "log_fn":
+            if v is not None:
+                if not callable(v):
+                    raise TypeError("%s: log_fn must be callable, not %s"
+                                    % (f, type(v).__name__))
+                cb = _log_callback(v)
+                keep.append(cb)
+                a.log_fn = ctypes.cast(cb, c_void_p).value
+        elif k == "log_level":
+            a.log_level = int(LogLevel.parse(v)) if v else 0
         else:
             raise TypeError("%s: struct kvp_agent_attr has no member %r"
                             % (f, k))
+    if a.log_fn:
+        a.comp_mask |= AGENT_ATTR_LOG
     a._keep = keep
     return a
 
@@ -569,7 +624,7 @@ class Agent(Handle):
     ``stall_ms``, ``rq_depth``, ``max_read``, ``qps_per_peer``, ``tos``,
     ``plan_flags``, ``max_mr``, ``stream_events``, ``max_qps``,
     ``idle_ms``, ``srq``, ``read_window``, ``read_window_bytes``,
-    ``comp_mask``.
+    ``comp_mask``, ``log_fn`` and ``log_level`` (:func:`agent_attr`).
 
     :class:`Error` -ENODEV without an RDMA device (or none of that name or
     address), -EINVAL for a bad attribute (as the C call refuses it), and
@@ -593,7 +648,8 @@ class Agent(Handle):
 
     __slots__ = ("_handle", "_lib", "_lock", "role", "layout", "_ngroups",
                  "_regions", "_ev", "_ev_addr", "_ev_buf", "_ev_cap", "_ids",
-                 "_ids_addr", "_ep", "_borrowed", "_why", "__weakref__")
+                 "_ids_addr", "_ep", "_borrowed", "_why", "_log_cb",
+                 "__weakref__")
 
     _what = "agent"
 
@@ -607,6 +663,8 @@ class Agent(Handle):
         self.layout = None
         self._lib = lib
         attr = agent_attr(layout, role, **attrs)
+        # the log callback lives as long as the C agent that calls it
+        self._log_cb = attr._keep
         #: The agent's :class:`Role`.
         self.role = Role(attr.role)
         clone = layout.clone()
@@ -666,6 +724,7 @@ class Agent(Handle):
             if h:
                 self._lib.kvp_agent_close(h)
             self._regions = {}
+            self._log_cb = None
         lay, self.layout = self.layout, None
         if lay is not None:
             lay.close()

@@ -289,12 +289,10 @@ def test_attr_defaults_are_zero(layout):
     assert d.pop("layout") == layout.handle
     assert set(d.values()) <= {0, None, ""}, d
     assert a.device is None and a.addr is None and a.secret is None
-    # the log callback's members: the binding sets none (no callback
-    # from Python; comp_mask's KVP_AGENT_ATTR_LOG stays clear)
+    # log_user: the binding's own (its callback needs none)
     assert set(kvpull.ATTR_DEFAULTS) == \
         {n for n, _ in S.AgentAttr._fields_} - {"role", "layout",
-                                               "secret_len", "log_fn",
-                                               "log_user", "log_level"}
+                                               "secret_len", "log_user"}
 
 
 def test_attr_defaults_match_the_c_source():

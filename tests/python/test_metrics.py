@@ -172,3 +172,40 @@ def test_log_kind_names():
         assert M.log_kind_str(k) == str(k)
     assert M.log_kind_str(0) == "unknown"
     assert M.log_kind_str(len(LogKind) + 1) == "unknown"
+
+
+def test_log_callback(fake, agent):
+    import ctypes
+    import gc
+    from kvpull import _structs as S
+    from kvpull import agent as A
+    from kvpull.enums import AGENT_ATTR_LOG, LogLevel, Reason
+    assert fake.seen["open"]["comp_mask"] == 0      # no log_fn: no bit
+    assert not fake.seen["open"]["log_fn"]
+    got = []
+    lay = agent.layout.clone()
+    a = kvpull.Agent(lay, "producer", log_fn=got.append, log_level="debug")
+    d = fake.seen["open"]
+    assert d["comp_mask"] == AGENT_ATTR_LOG and d["log_level"] == 4
+    fn = ctypes.cast(ctypes.c_void_p(d["log_fn"]), A._LOG_FN)
+    gc.collect()            # the attr struct is gone; the agent keeps it
+    rec = S.LogRecord(kind=1, level=2, time_ns=5, status=-1,
+                      reason=int(Reason.AUTH), rank=0xFFFFFFFF,
+                      peer_addr=b"10.77.1.2",
+                      line=b"refused 10.77.1.2: auth")
+    fn(None, ctypes.byref(rec))     # as the C library calls it
+    assert got == [{
+        "kind": LogKind.REFUSED, "level": LogLevel.WARNING, "time_ns": 5,
+        "status": -1, "reason": Reason.AUTH, "peer_reason": Reason.NONE,
+        "rank": None, "req_id": 0, "engine_id": 0, "engine": 0,
+        "stream": False, "bytes": 0, "reads": 0, "elapsed_ns": 0,
+        "peer_addr": "10.77.1.2", "line": "refused 10.77.1.2: auth"}]
+    a.close()
+    lay.close()
+    n = len(fake.calls)
+    with pytest.raises(TypeError, match="log_fn must be callable"):
+        kvpull.Agent(agent.layout, "consumer", log_fn=42)
+    with pytest.raises(ValueError, match="unknown LogLevel"):
+        kvpull.Agent(agent.layout, "consumer", log_fn=print,
+                     log_level="loud")
+    assert len(fake.calls) == n

@@ -170,6 +170,16 @@ def test_pull_tp1_every_byte(port):
         assert cs.reads == done.reads and cs.read_bytes == done.bytes
         assert (ps.released, ps.expired) == (1, 0) and ps.notes_recv >= 1
         assert c.engine_info(e).done == 1
+        # the metrics say the same (Agent.metrics(), kvp_agent_metrics())
+        cm, pm = c.metrics(), p.metrics()
+        assert sum(h["count"] for h in
+                   cm["histograms"]["kvpull_pull_duration_seconds"]) == 1
+        assert cm["counters"]["kvpull_read_bytes_total"][0]["value"] == \
+            done.bytes
+        assert {s["labels"]["outcome"]: s["value"] for s in pm["counters"][
+            "kvpull_requests_reported_total"]} == {"released": 1,
+                                                   "expired": 0}
+        assert "kvpull_pulls_total 1\n" in c.metrics("text")
     finally:
         c.close()
         p.close()
@@ -274,8 +284,10 @@ def test_expired_then_already():
 
 
 def test_secret_mismatch_is_engine_down(port):
-    p, _ = producer(layout(), port, secret=b"a" * 32)
-    c, _ = consumer(layout(engine_id=CONS_ENGINE), secret=b"b" * 32)
+    plog, clog = [], []
+    p, _ = producer(layout(), port, secret=b"a" * 32, log_fn=plog.append)
+    c, _ = consumer(layout(engine_id=CONS_ENGINE), secret=b"b" * 32,
+                    log_fn=clog.append)
     try:
         e = c.add_engine([(ADDR, port)], timeout_ms=20000)
         evs = drive([p, c], lambda ev: has(ev[1], EV.ENGINE_DOWN), 40)[1]
@@ -285,6 +297,15 @@ def test_secret_mismatch_is_engine_down(port):
         info = c.engine_info(e)
         assert info.state == kvpull.EngineState.DOWN
         assert info.status == -errno.EPERM
+        # the log callbacks: the producer's refusal with its reason and
+        # the consumer's address, the consumer's engine down
+        kind = kvpull.enums.LogKind
+        refused = [r for r in plog if r["kind"] == kind.REFUSED]
+        assert refused and all(r["reason"] == kvpull.Reason.AUTH and
+                               r["peer_addr"] == ADDR for r in refused)
+        assert len(refused) == p.stats().refused
+        assert [r["status"] for r in clog
+                if r["kind"] == kind.ENGINE_DOWN] == [-errno.EPERM]
     finally:
         c.close()
         p.close()
