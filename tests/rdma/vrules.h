@@ -152,7 +152,8 @@ static inline int vr_install(void)
 		ctx->ops.post_send = vr_post_send;
 		ctx->ops.poll_cq = vr_poll_cq;
 	}
-	/* The list stays: the contexts in it must outlive our wrappers. */
+	/* Only the array goes: librdmacm keeps the contexts open. */
+	rdma_free_devices(list);
 	return 0;
 }
 
