@@ -95,6 +95,7 @@ kv() {
 	shift 2
 	((s == 65536)) && blocks=128
 	req=$((n / blocks / 2))
+	((req > 0)) || req=1 # a short run of few READs: one request
 	timeout 300 "$bench" --addr "$KVP_ADDR0" "${src[@]}" \
 		--port $((19500 + 10 * port++)) --page-kib "$kib" \
 		--blocks "$blocks" --inflight 8 --requests "$req" "$@" \
