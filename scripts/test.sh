@@ -16,8 +16,8 @@
 # run here), the RDMA loopback tests on soft-RoCE in a VM
 # (scripts/rxe-vm.sh; directly on a machine with an RDMA device), and the
 # Python binding's transport tests (pytest) in another VM boot
-# (tests/python_rdma/run-vm.sh: Debian's python3, numpy and pytest, which
-# install-deps.sh installs, carried into the initramfs). Last, the
+# (tests/python_rdma/run-vm.sh: Debian's python3, numpy, pytest and torch,
+# which install-deps.sh installs, carried into the initramfs). Last, the
 # test counts tests/README.md states are checked against this run's logs
 # (tests/check_doc_counts.sh).
 #
@@ -234,8 +234,9 @@ if [[ ${KVP_SKIP_RDMA:-0} != 1 ]] && grep -q '^check-rdma:' Makefile; then
 			RDMA_SKIP="$gcc_rdma" check-rdma
 	fi
 	# the Python binding over real verbs (tests/python_rdma): its own VM
-	# boot, the interpreter and numpy carried in (a larger initramfs)
-	stage --long "a VM boot, about 2 min" "Python binding in the VM (soft-RoCE)" \
+	# boot, the interpreter, numpy and torch carried in (a 235 MB
+	# initramfs), one point of InferenceX's kv-transfer suite among them
+	stage --long "a VM boot, about 4 min" "Python binding in the VM (soft-RoCE)" \
 		sh tests/python_rdma/run-vm.sh
 fi
 
