@@ -371,11 +371,11 @@ def test_summary_lines(tmp_path):
     res.write_text(json.dumps({"measurement": {"rows": rows}}))
     assert ixr.summary(str(log), str(res)) == [
         "inferencex: isl=8192 page=64 batch=2 descs=19572 reads=19421 "
-        "prep_ms=0.250 p50_ms=826.0 gbps=0.119 verify=ok",
+        "prep_ms=0.250 p50_ms=826.0 gbps=0.1190 verify=ok",
         "inferencex: isl=8192 page=64 batch=4 descs=39144 reads=-1 "
-        "prep_ms=0.125 p50_ms=826.0 gbps=0.119 verify=FAILED",
+        "prep_ms=0.125 p50_ms=826.0 gbps=0.2380 verify=FAILED",
         "inferencex: isl=8192 page=bulk batch=1 descs=1 reads=6 "
-        "prep_ms=0.500 p50_ms=826.0 gbps=0.119 verify=none"]
+        "prep_ms=0.500 p50_ms=826.0 gbps=0.0595 verify=none"]
 
 
 def test_every_byte_check_finds_one_wrong_byte():

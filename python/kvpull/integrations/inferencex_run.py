@@ -36,8 +36,8 @@ tensors), and the backend choice (``--backend kvpull`` loads
 ``--summary LOG JSON`` prints, from a run's output and its result file, one
 line per row: ``inferencex: isl=I page=P batch=B descs=D reads=R
 prep_ms=X p50_ms=Y gbps=Z verify=ok`` (descs and reads for the whole burst,
-prep_ms per request; the bulk rows say page=bulk and, the suite verifying
-none, verify=none).
+prep_ms per request, gbps as the suite's gbps_p50 but to 4 decimals; the
+bulk rows say page=bulk and, the suite verifying none, verify=none).
 """
 import argparse
 import json
@@ -238,10 +238,11 @@ def summary(log, result):
             else -1
         ok = row["verify"]["passed"]
         out.append("inferencex: isl=%d page=%s batch=%d descs=%d reads=%d "
-                   "prep_ms=%.3f p50_ms=%.1f gbps=%.3f verify=%s" % (
+                   "prep_ms=%.3f p50_ms=%.1f gbps=%.4f verify=%s" % (
                        row["isl"], "bulk" if bulk else row["page_tokens"], b,
                        row["descs"] * b, r, row["prep_ms"] / b,
-                       row["latency_ms"]["p50"], row["gbps_p50"],
+                       row["latency_ms"]["p50"], row["req_bytes"] * b /
+                       row["latency_ms"]["p50"] / 1e6,
                        "none" if bulk else "ok" if ok else "FAILED"))
     return out
 
