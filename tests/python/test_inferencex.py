@@ -12,6 +12,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -415,3 +416,14 @@ def test_suite_files_are_unchanged():
 
 SUITE_SHA256 = \
     "0ed70224219968de28dece0938ec1f0eb424017b9a4c6ad6de6a2616019a3609"
+
+
+def test_prep_lines(capsys):
+    """--prep: one line per point of the grid, make_paged timed on this
+    CPU with a stand-in agent (no figure asserted: a benchmark's)."""
+    assert ixr.main(["--prep", "--"] + ARGS + ["--isl-ladder", "1024"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [re.sub(r"=[0-9.]+$", "", re.sub(r"_ms=[0-9.]+", "_ms", x))
+            for x in lines] == [
+        "prep: isl=1024 page=%d first_ms new_ms seen_ms" % p
+        for p in (16, 64)]

@@ -8,6 +8,7 @@ in CPU memory (docs/inferencex.md).
     python3 -m kvpull.integrations.inferencex_run --one-rank [--gpu] \
         [--suite DIR] -- RUN_KV_ARGS
     python3 -m kvpull.integrations.inferencex_run --summary LOG JSON
+    python3 -m kvpull.integrations.inferencex_run --prep -- RUN_KV_ARGS
 
 Launches rank 0 (target) and rank 1 (initiator) on this host, each
 ``run_kv.py --backend kvpull RUN_KV_ARGS`` after patching, at run time, the
@@ -32,6 +33,11 @@ tensors), and the backend choice (``--backend kvpull`` loads
   --gpu           with --one-rank: leave torch.cuda and the pools as the
                   suite has them (GPU memory, registered through dma-buf);
                   only the backend choice is added
+
+``--prep`` times the backend's ``make_paged`` on this host's CPU, with a
+stand-in agent (no device), for every point of the grid and the requests
+of its largest burst, new and seen before (a request of an earlier burst),
+one line a point: ``prep: isl=I page=P first_ms=F new_ms=N seen_ms=S`` (medians).
 
 ``--summary LOG JSON`` prints, from a run's output and its result file, one
 line per row: ``inferencex: isl=I page=P batch=B descs=D reads=R
@@ -220,6 +226,44 @@ def launch(opts, run_args):
     return rc
 
 
+def prep(opts, run_args):
+    """--prep (see the module)."""
+    import statistics
+    suite = suite_dir(opts.suite)
+    sys.path[:0] = [os.path.join(suite, "bench"), suite]
+    import kv_workload
+    import run_kv
+    from kvpull.integrations import inferencex as ix
+
+    class Mem:
+        ptr, nbytes = 0, 0
+
+    ap = argparse.ArgumentParser()
+    run_kv.add_kv_args(ap)
+    args = ap.parse_args(["--runner", "host"] + run_args)
+    points = run_kv._grid(args)[0]
+    pool, bulk = Mem(), Mem()
+    pool.nbytes = max(c["pool_bytes"] for c, _ in points)
+    bulk.nbytes = min(max(c["req_bytes"] for c, _ in points), run_kv.BULK_CAP)
+    os.environ.setdefault("KVPULL_ADDR", "127.0.0.1")
+    be = ix.KvpullBackend(args, "initiator", None)
+    be.agent_class = lambda *a, **kw: types.SimpleNamespace(
+        register=lambda *a, **kw: None)
+    be.register(pool, bulk)
+    for cfg, allowed in points:
+        ms = {"new": [], "seen": []}
+        for r in range(allowed[-1]):
+            t = [kv_workload.block_table(cfg, kv_workload.table_seed(cfg, s),
+                                         r) for s in ("local", "remote")]
+            for k in ms:
+                ms[k].append(be.make_paged(cfg, "pull", *t)[2] * 1e3)
+        print("prep: isl=%d page=%d first_ms=%.3f new_ms=%.3f seen_ms=%.4f"
+              % (cfg["isl"], cfg["page_tokens"], ms["new"][0],
+                 statistics.median(ms["new"][1:] or ms["new"]),
+                 statistics.median(ms["seen"])))
+    return 0
+
+
 def summary(log, result):
     """The run's lines (see the module), from its output and result file."""
     reads = {}
@@ -259,6 +303,7 @@ def main(argv=None):
     p.add_argument("--one-rank", action="store_true")
     p.add_argument("--gpu", action="store_true")
     p.add_argument("--summary", nargs=2, metavar=("LOG", "JSON"))
+    p.add_argument("--prep", action="store_true")
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)
     opts, run_args = p.parse_args(argv[:cut]), argv[cut + 1:]
@@ -268,6 +313,8 @@ def main(argv=None):
         return 0 if lines else 1
     if opts.gpu and opts.verify_all:
         p.error("--verify-all reads the pools as CPU memory: not with --gpu")
+    if opts.prep:
+        return prep(opts, run_args)
     if opts.one_rank:
         return rank(opts, run_args)
     return launch(opts, run_args)
