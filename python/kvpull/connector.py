@@ -331,11 +331,12 @@ class KVPullScheduler:
 
 
 class _Engine:
-    __slots__ = ("handle", "up", "waiting")
+    __slots__ = ("handle", "up", "down", "waiting")
 
     def __init__(self, handle):
         self.handle = handle
         self.up = False
+        self.down = False        # went down: the next pull reconnects it
         self.waiting = []        # request ids to pull once up
 
 
@@ -474,7 +475,7 @@ class KVPullWorker:
 
     def _start_waiting(self):
         for eng in self._engines.values():
-            if not eng.up:
+            if not eng.up and not (eng.down and eng.waiting):
                 continue
             left = []
             for rid in eng.waiting:
@@ -493,7 +494,13 @@ class KVPullWorker:
                 try:
                     fn(eng.handle, r.key, ids)
                 except Error as e:
-                    if e.code in (-errno.EBUSY, -errno.EAGAIN):
+                    if e.code == -errno.EAGAIN:
+                        # down (idle, evicted, lost): this pull started its
+                        # reconnect; the requests start at ENGINE_UP
+                        eng.up = eng.down = False
+                        left.append(rid)
+                        continue
+                    if e.code == -errno.EBUSY:
                         left.append(rid)     # retried at the next poll
                         continue
                     self._finish_recv(rid, failed=True)
@@ -532,6 +539,7 @@ class KVPullWorker:
                             self._finish_recv(rid, failed=True)
                         eng.waiting = []
                         eng.up = False
+                        eng.down = True
             elif t == EventType.ARRIVED:
                 rid = self._by_key.get(e.req_id)
                 if rid in self._arrived:

@@ -320,3 +320,31 @@ def test_publish_after_an_early_release_is_not_an_error(fake):
     fake.events.append([ev(ET.RELEASED, request_key("e1"))])
     assert w.get_finished() == ({"e1"}, set())
     w.shutdown()
+
+
+def test_an_engine_that_went_down_is_reconnected_by_the_next_pull(fake):
+    sched, w = decode_pair(stream=False)
+    w.register_kv_caches(caches())
+    fake.next_engine = 4
+    w.add_remote_engine(PREFILL, [("10.0.0.1", 18500)])
+    fake.events.append([ev(ET.ENGINE_UP, engine=4)])
+    w.poll()
+    # closed while idle (say idle_ms passed between two requests)
+    fake.events.append([ev(ET.ENGINE_DOWN, engine=4, status=-errno.ETIMEDOUT)])
+    w.poll()
+    req = Request("n1", range(20), params(5, [1, 2], stream=False, tokens=20))
+    sched.update_state_after_alloc(req, Blocks([7, 8]), 20)
+    w.bind_connector_metadata(sched.build_connector_meta())
+    fake.ret["pull_from"] = -errno.EAGAIN        # the reconnect starts
+    w.start_load_kv()
+    assert fake.names().count("pull_from") == 1
+    del fake.ret["pull_from"]
+    w.poll()
+    assert fake.names().count("pull_from") == 1  # waits for ENGINE_UP
+    fake.events.append([ev(ET.ENGINE_UP, engine=4)])
+    w.poll()
+    assert fake.names().count("pull_from") == 2
+    assert fake.seen["pull_from"]["groups"][0]["local"].tolist() == [7, 8]
+    fake.events.append([ev(ET.DONE, 5, 4)])
+    assert w.get_finished() == (set(), {"n1"})
+    w.shutdown()
