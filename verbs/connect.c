@@ -190,7 +190,7 @@ static int consumer_route(kvp_agent *a, struct kvp_conn *c)
 	c->qp = c->id->qp;
 	/* A peer on our own port: the READs never leave the device, so the
 	 * default READ window (which keeps a path's bursts short) only
-	 * costs posting rounds there (README, "READs in flight"). */
+	 * costs posting rounds there (docs/read-window.md). */
 	c->loop = a->rd_win_default && c->id->route.num_paths > 0 &&
 		  c->id->route.path_rec &&
 		  !memcmp(&c->id->route.path_rec->sgid,

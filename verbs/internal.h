@@ -1101,7 +1101,7 @@ static inline void kvp__eng_window(const kvp_agent *a, struct kvp_eng *e,
 		e->sig_every = a->sig_every;
 }
 
-/* The floors of verbs/ (README.md, "Floors of verbs/"): each file calls
+/* The floors of verbs/ (docs/internals.md, "Floors of verbs/"): each file calls
  * only the files of the floors below its own.
  *   agent.c                 the public agent calls, the poll loop; hands
  *                           each completion and rdma_cm event to its side

@@ -26,7 +26,7 @@
  * are chained only while the queue pair has fewer than its engine's
  * kvp_eng.win WRs outstanding, the rest waiting in their chunks; across a
  * path, RC's go-back-N turns a longer burst's reordering or loss into
- * the resending of all of it (README, "READs in flight"). Notifications,
+ * the resending of all of it (docs/read-window.md). Notifications,
  * lease and credit READs, FOLLOWs and markers need only send queue room
  * and are chained first, so the window never holds them back. The window
  * in READs follows the average READ of each doorbell (the bytes bound),
